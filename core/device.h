@@ -1,0 +1,32 @@
+/* Devices (cpu, cuda:N) and the per-device-type memory interface. The CUDA backend registers
+ * its allocator and copy functions at start-up, so core needs no CUDA headers. */
+#ifndef FLOW_DEVICE_H
+#define FLOW_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum flow_devtype { FLOW_CPU, FLOW_CUDA, FLOW_NDEVTYPES } flow_devtype;
+
+typedef struct flow_device {
+  flow_devtype type;
+  int index;
+} flow_device;
+
+typedef struct flow_device_impl {
+  void *(*alloc)(int index, size_t nbytes);          /* NULL + flow_error_set on failure */
+  void (*free)(int index, void *p, size_t nbytes);
+  /* Copy nbytes; either side may be host memory (the other device's type is given). */
+  int (*copy)(void *dst, flow_device dst_dev, const void *src, flow_device src_dev, size_t nbytes);
+  int (*synchronize)(int index);
+} flow_device_impl;
+
+extern const flow_device FLOW_DEVICE_CPU;
+
+void flow_device_register(flow_devtype type, const flow_device_impl *impl);
+const flow_device_impl *flow_device_get(flow_devtype type); /* NULL if that backend is absent */
+int flow_device_parse(const char *s, flow_device *out);      /* "cpu", "cuda", "cuda:1" */
+void flow_device_name(flow_device d, char *buf, size_t n);   /* "cpu", "cuda:0" */
+bool flow_device_eq(flow_device a, flow_device b);
+
+#endif

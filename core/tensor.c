@@ -1,0 +1,161 @@
+/* Storage and tensor headers (see tensor.h). */
+#include "tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+void flow_attrs_init(flow_attrs *a) {
+  memset(a, 0, sizeof *a);
+  a->ignore_index = -100;
+}
+
+flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
+  const flow_device_impl *impl = flow_device_get(dev.type);
+  if (!impl) {
+    char name[32];
+    flow_device_name(dev, name, sizeof name);
+    flow_error_set("device %s is not available in this build", name);
+    return NULL;
+  }
+  flow_storage *s = malloc(sizeof *s);
+  if (!s) { flow_error_set("out of host memory"); return NULL; }
+  s->data = impl->alloc(dev.index, nbytes);
+  if (!s->data) { free(s); return NULL; }
+  s->refcount = 1;
+  s->device = dev;
+  s->nbytes = nbytes;
+  s->version = 0;
+  return s;
+}
+
+void flow_storage_decref(flow_storage *s) {
+  if (!s || --s->refcount > 0) return;
+  flow_device_get(s->device.type)->free(s->device.index, s->data, s->nbytes);
+  free(s);
+}
+
+int64_t flow_shape_numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+void flow_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    stride[i] = s;
+    s *= shape[i] > 1 ? shape[i] : 1;
+  }
+}
+
+bool flow_tensor_is_contiguous(const flow_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return false;
+    s *= t->shape[i];
+  }
+  return true;
+}
+
+static flow_tensor *header(flow_dtype dtype, flow_device dev, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > FLOW_MAX_DIMS) {
+    flow_error_set("tensors have at most %d dimensions (got %d)", FLOW_MAX_DIMS, ndim);
+    return NULL;
+  }
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) {
+      char buf[128];
+      flow_error_set("negative size in shape %s", flow_shape_str(ndim, shape, buf, sizeof buf));
+      return NULL;
+    }
+  flow_tensor *t = calloc(1, sizeof *t);
+  if (!t) { flow_error_set("out of host memory"); return NULL; }
+  t->refcount = 1;
+  t->dtype = dtype;
+  t->device = dev;
+  t->ndim = ndim;
+  if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  return t;
+}
+
+flow_tensor *flow_tensor_new(flow_dtype dtype, flow_device dev, int ndim, const int64_t *shape) {
+  flow_tensor *t = header(dtype, dev, ndim, shape);
+  if (!t) return NULL;
+  flow_contiguous_strides(ndim, shape, t->stride);
+  t->storage = flow_storage_new(dev, (size_t)flow_shape_numel(ndim, shape) * flow_dtype_size(dtype));
+  if (!t->storage) { free(t); return NULL; }
+  return t;
+}
+
+flow_tensor *flow_tensor_view_of(const flow_tensor *src, int ndim, const int64_t *shape,
+                                 const int64_t *stride, int64_t offset) {
+  flow_tensor *t = header(src->dtype, src->device, ndim, shape);
+  if (!t) return NULL;
+  if (ndim) memcpy(t->stride, stride, (size_t)ndim * sizeof *stride);
+  t->offset = offset;
+  t->storage = src->storage;
+  t->storage->refcount++;
+  return t;
+}
+
+flow_tensor *flow_tensor_alias(const flow_tensor *t) {
+  flow_tensor *a = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
+  if (a && t->global) {
+    a->global = t->global;
+    a->global_retain = t->global_retain;
+    a->global_free = t->global_free;
+    if (a->global_retain) a->global_retain(a->global);
+  }
+  return a;
+}
+
+void flow_tensor_decref(flow_tensor *t) {
+  if (!t || --t->refcount > 0) return;
+  extern void flow_autograd_release(flow_tensor *t); /* ops/autograd.c */
+  flow_autograd_release(t);
+  if (t->global && t->global_free) t->global_free(t->global);
+  flow_storage_decref(t->storage);
+  free(t);
+}
+
+bool flow_shape_eq(int na, const int64_t *a, int nb, const int64_t *b) {
+  return na == nb && (na == 0 || memcmp(a, b, (size_t)na * sizeof *a) == 0);
+}
+
+int flow_axis_norm(const char *op, int64_t axis, int ndim, int64_t *out) {
+  int64_t n = ndim ? ndim : 1;
+  if (axis < -n || axis >= n)
+    return flow_error_set("%s: axis %lld out of range for a tensor of %d dimensions (expected %lld..%lld)",
+                          op, (long long)axis, ndim, (long long)-n, (long long)n - 1);
+  *out = axis < 0 ? axis + n : axis;
+  return 0;
+}
+
+int flow_broadcast_shape(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                         int *nout, int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int64_t x = i < n - na ? 1 : a[i - (n - na)];
+    int64_t y = i < n - nb ? 1 : b[i - (n - nb)];
+    if (x != y && x != 1 && y != 1) {
+      char sa[128], sb[128];
+      return flow_error_set("%s: shapes %s and %s cannot be broadcast (axis %d: %lld vs %lld)", op,
+                            flow_shape_str(na, a, sa, sizeof sa), flow_shape_str(nb, b, sb, sizeof sb),
+                            i, (long long)x, (long long)y);
+    }
+    out[i] = x == 1 ? y : x;
+  }
+  *nout = n;
+  return 0;
+}
+
+char *flow_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "{");
+  for (int i = 0; i < ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%lld" : "%lld", (long long)shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "}");
+  return buf;
+}

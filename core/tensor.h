@@ -1,0 +1,117 @@
+/* Tensors: a refcounted storage plus a view (offset, shape, strides), a dtype and a device.
+ * Autograd and global (SBP) metadata hang off the tensor but are owned by higher layers. */
+#ifndef FLOW_TENSOR_H
+#define FLOW_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "dtype.h"
+
+#define FLOW_MAX_DIMS 8
+
+typedef struct flow_storage {
+  int refcount;
+  flow_device device;
+  size_t nbytes;
+  void *data;
+  uint64_t version;   /* bumped by every in-place write; autograd checks it */
+} flow_storage;
+
+struct flow_node;
+
+typedef struct flow_tensor {
+  int refcount;
+  flow_dtype dtype;
+  flow_device device;
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+  int64_t stride[FLOW_MAX_DIMS];   /* in elements */
+  int64_t offset;                  /* in elements, into storage */
+  flow_storage *storage;
+  /* autograd (ops/autograd.c) */
+  bool requires_grad;
+  struct flow_tensor *grad;
+  struct flow_node *grad_fn;       /* the node that produced this tensor, NULL for leaves */
+  int out_index;                   /* which output of grad_fn */
+  /* global tensors (sbp/global.c): NULL for local tensors. For a global tensor the view above
+   * is this rank's shard; the logical shape, placement and SBP live here. */
+  void *global;
+  void (*global_retain)(void *global);
+  void (*global_free)(void *global);
+} flow_tensor;
+
+/* Attributes of an op call: one bag of fields; each op documents which it reads. */
+typedef struct flow_attrs {
+  int64_t axes[FLOW_MAX_DIMS]; int naxes;    /* reduce axes, permutation, split sizes */
+  int64_t shape[FLOW_MAX_DIMS]; int nshape;  /* target shape: view, expand, creation */
+  int64_t axis;                              /* softmax/cat/narrow/select/gather axis */
+  int64_t start, length, k;                  /* narrow/select start, length; tril/triu diagonal */
+  int keepdim;
+  int flags;                                 /* op-specific booleans (FLOW_ATTR_*) */
+  double scalar, scalar2, eps;               /* fill value, exponent, clamp bounds, dropout p */
+  flow_dtype dtype;                          /* cast / creation dtype */
+  flow_device device;                        /* creation device (source ops) */
+  uint64_t seed, rng_offset;                 /* random ops: element i depends on (seed, offset, i) */
+  int64_t ignore_index;
+  /* random ops on a shard: this tensor is the box [box_start, box_start+shape) of a logical
+   * tensor of shape logical_shape (nlogical == 0: the tensor is the whole logical tensor). */
+  int64_t box_start[FLOW_MAX_DIMS];
+  int64_t logical_shape[FLOW_MAX_DIMS]; int nlogical;
+} flow_attrs;
+
+enum {
+  FLOW_ATTR_CAUSAL = 1 << 0,
+  FLOW_ATTR_TRANS_A = 1 << 1,
+  FLOW_ATTR_TRANS_B = 1 << 2,
+  FLOW_ATTR_HAS_MIN = 1 << 3,
+  FLOW_ATTR_HAS_MAX = 1 << 4,
+  FLOW_ATTR_UPPER = 1 << 5,
+  FLOW_ATTR_UNBIASED = 1 << 6,
+};
+
+void flow_attrs_init(flow_attrs *a);
+
+/* The signature every kernel has (flow_kernel_fn in ops/op.h). */
+#define FLOW_KERNEL(name) \
+  int name(flow_tensor *const *in, int nin, flow_tensor **out, int nout, const flow_attrs *a)
+
+/* Storage */
+flow_storage *flow_storage_new(flow_device dev, size_t nbytes);
+void flow_storage_decref(flow_storage *s);
+
+/* Creation: a contiguous tensor with uninitialised memory. NULL + error on failure. */
+flow_tensor *flow_tensor_new(flow_dtype dtype, flow_device dev, int ndim, const int64_t *shape);
+/* A new tensor header viewing t's storage with the given geometry (no autograd, no global). */
+flow_tensor *flow_tensor_view_of(const flow_tensor *t, int ndim, const int64_t *shape,
+                                 const int64_t *stride, int64_t offset);
+/* Same view as t, sharing storage and global metadata, without autograd state: what autograd
+ * saves and what detach returns. */
+flow_tensor *flow_tensor_alias(const flow_tensor *t);
+
+static inline void flow_tensor_incref(flow_tensor *t) { t->refcount++; }
+void flow_tensor_decref(flow_tensor *t);
+
+int64_t flow_shape_numel(int ndim, const int64_t *shape);
+static inline int64_t flow_tensor_numel(const flow_tensor *t) { return flow_shape_numel(t->ndim, t->shape); }
+bool flow_tensor_is_contiguous(const flow_tensor *t);
+void flow_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+static inline void *flow_tensor_data(const flow_tensor *t) {
+  return (char *)t->storage->data + t->offset * (int64_t)flow_dtype_size(t->dtype);
+}
+static inline size_t flow_tensor_nbytes(const flow_tensor *t) {
+  return (size_t)flow_tensor_numel(t) * flow_dtype_size(t->dtype);
+}
+bool flow_shape_eq(int na, const int64_t *a, int nb, const int64_t *b);
+
+/* Normalise a possibly negative axis against ndim; -1 + error naming `op` if out of range. */
+int flow_axis_norm(const char *op, int64_t axis, int ndim, int64_t *out);
+/* Broadcast two shapes (numpy rules). -1 + error naming `op` on mismatch. */
+int flow_broadcast_shape(const char *op, int na, const int64_t *a, int nb, const int64_t *b,
+                         int *nout, int64_t *out);
+/* "{4,8}" into buf; returns buf. */
+char *flow_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
+#endif

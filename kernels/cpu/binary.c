@@ -1,0 +1,108 @@
+/* Elementwise binary kernels: one generic loop, instantiated per op and dtype. Float ops run in
+ * float32/float64 (and int64/int32 where the op is exact); comparisons write bool. */
+#include <math.h>
+#include <stdint.h>
+
+#include "../../core/error.h"
+#include "cpu.h"
+#include "iter.h"
+
+#define OP_ADD(x, y) ((x) + (y))
+#define OP_SUB(x, y) ((x) - (y))
+#define OP_MUL(x, y) ((x) * (y))
+#define OP_DIV(x, y) ((x) / (y))
+#define OP_MAX(x, y) ((x) > (y) || (x) != (x) ? (x) : (y))
+#define OP_MIN(x, y) ((x) < (y) || (x) != (x) ? (x) : (y))
+#define OP_EQ(x, y) ((x) == (y))
+#define OP_NE(x, y) ((x) != (y))
+#define OP_LT(x, y) ((x) < (y))
+#define OP_LE(x, y) ((x) <= (y))
+#define OP_GT(x, y) ((x) > (y))
+#define OP_GE(x, y) ((x) >= (y))
+#define OP_POWF(x, y) powf((x), (y))
+#define OP_POWD(x, y) pow((x), (y))
+#define OP_POWI(x, y) ipow((x), (y))
+#define OP_DIVI(x, y) ((y) == 0 ? 0 : (x) / (y))
+
+static int64_t ipow(int64_t b, int64_t e) {
+  int64_t r = 1;
+  if (e < 0) return b == 1 ? 1 : (b == -1 ? (e & 1 ? -1 : 1) : 0);
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+  return r;
+}
+
+/* The loop: dense, x-scalar-broadcast and strided variants so the common cases vectorise. */
+#define DEF_LOOP(fname, TI, TO, EXPR)                                                 \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {               \
+    (void)ctx;                                                                        \
+    TO *o = (TO *)p[0];                                                               \
+    const TI *x = (const TI *)p[1], *y = (const TI *)p[2];                            \
+    if (s[0] == sizeof(TO) && s[1] == sizeof(TI) && s[2] == sizeof(TI)) {             \
+      for (int64_t i = 0; i < n; i++) o[i] = (TO)EXPR(x[i], y[i]);                    \
+    } else if (s[0] == sizeof(TO) && s[1] == sizeof(TI) && s[2] == 0) {               \
+      const TI yv = *y;                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = (TO)EXPR(x[i], yv);                      \
+    } else {                                                                          \
+      char *po = p[0];                                                                \
+      const char *px = p[1], *py = p[2];                                              \
+      for (int64_t i = 0; i < n; i++, po += s[0], px += s[1], py += s[2])             \
+        *(TO *)po = (TO)EXPR(*(const TI *)px, *(const TI *)py);                       \
+    }                                                                                 \
+  }
+
+#define DEF_ARITH(NAME, EXPRF, EXPRD, EXPRI)                                          \
+  DEF_LOOP(NAME##_f32, float, float, EXPRF)                                           \
+  DEF_LOOP(NAME##_f64, double, double, EXPRD)                                         \
+  DEF_LOOP(NAME##_i64, int64_t, int64_t, EXPRI)                                       \
+  DEF_LOOP(NAME##_i32, int32_t, int32_t, EXPRI)                                       \
+  DEF_LOOP(NAME##_u8, uint8_t, uint8_t, EXPRI)
+
+#define DEF_CMP(NAME, EXPR)                                                           \
+  DEF_LOOP(NAME##_f32, float, uint8_t, EXPR)                                          \
+  DEF_LOOP(NAME##_f64, double, uint8_t, EXPR)                                         \
+  DEF_LOOP(NAME##_i64, int64_t, uint8_t, EXPR)                                        \
+  DEF_LOOP(NAME##_i32, int32_t, uint8_t, EXPR)                                        \
+  DEF_LOOP(NAME##_u8, uint8_t, uint8_t, EXPR)
+
+DEF_ARITH(add, OP_ADD, OP_ADD, OP_ADD)
+DEF_ARITH(sub, OP_SUB, OP_SUB, OP_SUB)
+DEF_ARITH(mul, OP_MUL, OP_MUL, OP_MUL)
+DEF_ARITH(div, OP_DIV, OP_DIV, OP_DIVI)
+DEF_ARITH(pow, OP_POWF, OP_POWD, OP_POWI)
+DEF_ARITH(max, OP_MAX, OP_MAX, OP_MAX)
+DEF_ARITH(min, OP_MIN, OP_MIN, OP_MIN)
+DEF_CMP(eq, OP_EQ)
+DEF_CMP(ne, OP_NE)
+DEF_CMP(lt, OP_LT)
+DEF_CMP(le, OP_LE)
+DEF_CMP(gt, OP_GT)
+DEF_CMP(ge, OP_GE)
+
+/* [op][dtype]: f32 f64 i64 i32 u8/bool; NULL where not supported */
+#define ROW(NAME) {NAME##_f32, NAME##_f64, NAME##_i64, NAME##_i32, NAME##_u8}
+static const flow_iter_fn table[FLOW_NBINARY][5] = {
+  ROW(add), ROW(sub), ROW(mul), ROW(div), ROW(pow), ROW(max), ROW(min),
+  ROW(eq), ROW(ne), ROW(lt), ROW(le), ROW(gt), ROW(ge),
+};
+
+static int dtype_slot(flow_dtype d) {
+  switch (d) {
+  case FLOW_F32: return 0;
+  case FLOW_F64: return 1;
+  case FLOW_I64: return 2;
+  case FLOW_I32: return 3;
+  case FLOW_U8: case FLOW_BOOL: return 4;
+  default: return -1;
+  }
+}
+
+int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y) {
+  int slot = dtype_slot(x->dtype);
+  if (slot < 0)
+    return flow_error_set("no CPU kernel for dtype %s (cast to float32 first)", flow_dtype_name(x->dtype));
+  flow_iter it;
+  flow_tensor *ops[3] = {out, (flow_tensor *)x, (flow_tensor *)y};
+  flow_iter_init(&it, ops, 3);
+  flow_iter_run(&it, table[code][slot], NULL);
+  return 0;
+}

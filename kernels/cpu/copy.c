@@ -1,0 +1,85 @@
+/* Copy with any strides, and dtype conversion (cast), and fill. */
+#include <string.h>
+
+#include "cpu.h"
+#include "iter.h"
+
+#define DEF_MOVE(fname, T)                                                        \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {           \
+    (void)ctx;                                                                    \
+    if (s[0] == sizeof(T) && s[1] == sizeof(T)) { memcpy(p[0], p[1], (size_t)n * sizeof(T)); return; } \
+    char *o = p[0];                                                               \
+    const char *x = p[1];                                                         \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1]) *(T *)o = *(const T *)x; \
+  }
+DEF_MOVE(move1, uint8_t)
+DEF_MOVE(move2, uint16_t)
+DEF_MOVE(move4, uint32_t)
+DEF_MOVE(move8, uint64_t)
+
+typedef struct { flow_dtype from, to; } cast_ctx;
+
+static void cast_f32_to_bf16(char **p, const int64_t *s, int64_t n, void *ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; i++)
+    *(uint16_t *)(p[0] + i * s[0]) = flow_float_to_bf16(*(const float *)(p[1] + i * s[1]));
+}
+
+static void cast_bf16_to_f32(char **p, const int64_t *s, int64_t n, void *ctx) {
+  (void)ctx;
+  for (int64_t i = 0; i < n; i++)
+    *(float *)(p[0] + i * s[0]) = flow_bf16_to_float(*(const uint16_t *)(p[1] + i * s[1]));
+}
+
+/* General conversion through double: exact for every pair except int64 beyond 2^53. */
+static void cast_any(char **p, const int64_t *s, int64_t n, void *vctx) {
+  const cast_ctx *c = vctx;
+  if (c->from == FLOW_I64 && c->to == FLOW_I64) return;
+  for (int64_t i = 0; i < n; i++) {
+    const char *x = p[1] + i * s[1];
+    char *o = p[0] + i * s[0];
+    if (c->from == FLOW_I64 && c->to == FLOW_I32) *(int32_t *)o = (int32_t) * (const int64_t *)x;
+    else if (c->to == FLOW_I64 && c->from == FLOW_I32) *(int64_t *)o = *(const int32_t *)x;
+    else flow_dtype_store(c->to, o, flow_dtype_load(c->from, x));
+  }
+}
+
+int flow_cpu_copy(flow_tensor *out, const flow_tensor *x) {
+  flow_iter it;
+  flow_tensor *ops[2] = {out, (flow_tensor *)x};
+  flow_iter_init(&it, ops, 2);
+  if (out->dtype == x->dtype || (out->dtype == FLOW_BOOL && x->dtype == FLOW_U8)) {
+    static const flow_iter_fn by_size[9] = {[1] = move1, [2] = move2, [4] = move4, [8] = move8};
+    flow_iter_run(&it, by_size[flow_dtype_size(x->dtype)], NULL);
+  } else if (x->dtype == FLOW_F32 && out->dtype == FLOW_BF16) {
+    flow_iter_run(&it, cast_f32_to_bf16, NULL);
+  } else if (x->dtype == FLOW_BF16 && out->dtype == FLOW_F32) {
+    flow_iter_run(&it, cast_bf16_to_f32, NULL);
+  } else {
+    cast_ctx c = {x->dtype, out->dtype};
+    flow_iter_run(&it, cast_any, &c);
+  }
+  return 0;
+}
+
+int flow_cpu_fill(flow_tensor *out, double v) {
+  char one[8];
+  flow_dtype_store(out->dtype, one, v);
+  size_t es = flow_dtype_size(out->dtype);
+  int64_t n = flow_tensor_numel(out);
+  char *p = flow_tensor_data(out);
+  if (flow_tensor_is_contiguous(out)) {
+    if (v == 0) { memset(p, 0, (size_t)n * es); return 0; }
+    for (int64_t i = 0; i < n; i++) memcpy(p + i * (int64_t)es, one, es);
+    return 0;
+  }
+  /* strided: iterate with the output as its own (unused) source */
+  int64_t idx[FLOW_MAX_DIMS] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = 0;
+    for (int d = 0; d < out->ndim; d++) off += idx[d] * out->stride[d];
+    memcpy(p + off * (int64_t)es, one, es);
+    for (int d = out->ndim - 1; d >= 0; d--) { if (++idx[d] < out->shape[d]) break; idx[d] = 0; }
+  }
+  return 0;
+}

@@ -1,0 +1,171 @@
+/* Shared binding helpers (see bind.h). */
+#include "bind.h"
+
+#include <string.h>
+
+#include "../ops/elementwise.h"
+
+static char methods_key, module_key;
+
+flow_tensor *flow_lua_test(lua_State *L, int idx) {
+  flow_lua_box *b = luaL_testudata(L, idx, FLOW_TENSOR_MT);
+  return b ? b->t : NULL;
+}
+
+flow_tensor *flow_lua_check(lua_State *L, int idx, const char *fn) {
+  flow_lua_box *b = luaL_testudata(L, idx, FLOW_TENSOR_MT);
+  if (!b) {
+    luaL_error(L, "%s: argument %d must be a tensor (got %s)", fn, idx, luaL_typename(L, idx));
+    return NULL;
+  }
+  if (!b->t) luaL_error(L, "%s: argument %d is a freed tensor", fn, idx);
+  return b->t;
+}
+
+int flow_lua_error(lua_State *L) {
+  lua_pushstring(L, flow_error_get());
+  return lua_error(L);
+}
+
+flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, const char *fn) {
+  int ty = lua_type(L, idx);
+  if (ty == LUA_TNUMBER || ty == LUA_TBOOLEAN) {
+    double v = ty == LUA_TBOOLEAN ? lua_toboolean(L, idx) : lua_tonumber(L, idx);
+    flow_dtype dt = like ? like->dtype : (lua_isinteger(L, idx) ? FLOW_I64 : FLOW_F32);
+    if (like && flow_dtype_is_int(dt) && ty == LUA_TNUMBER && !lua_isinteger(L, idx) && v != (double)(int64_t)v)
+      dt = FLOW_F32; /* 1.5 with an int tensor: let the op report the dtype mismatch */
+    flow_tensor *t = flow_scalar_tensor(v, dt, like ? like->device : FLOW_DEVICE_CPU);
+    if (!t) flow_lua_error(L);
+    return t;
+  }
+  flow_tensor *t = flow_lua_check(L, idx, fn);
+  flow_tensor_incref(t);
+  return t;
+}
+
+void flow_lua_account(lua_State *L, size_t nbytes) {
+  if (nbytes >= (1u << 16)) lua_gc(L, LUA_GCSTEP, (int)(nbytes >> 10));
+}
+
+int flow_lua_push(lua_State *L, flow_tensor *t) {
+  if (!t) return flow_lua_error(L);
+  flow_lua_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->t = t;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key); /* the metatable is stored beside */
+  lua_getfield(L, -1, "__mt");
+  lua_setmetatable(L, -3);
+  lua_pop(L, 1);
+  if (t->storage && t->storage->refcount == 1) flow_lua_account(L, t->storage->nbytes);
+  return 1;
+}
+
+int flow_lua_shape(lua_State *L, int idx, int64_t *shape, const char *fn) {
+  int n = 0;
+  if (lua_istable(L, idx)) {
+    n = (int)luaL_len(L, idx);
+    if (n > FLOW_MAX_DIMS) return luaL_error(L, "%s: at most %d dimensions (got %d)", fn, FLOW_MAX_DIMS, n);
+    for (int i = 0; i < n; i++) {
+      lua_geti(L, idx, i + 1);
+      int ok;
+      lua_Integer v = lua_tointegerx(L, -1, &ok);
+      if (!ok) return luaL_error(L, "%s: shape entry %d must be an integer (got %s)", fn, i + 1, luaL_typename(L, -1));
+      shape[i] = v;
+      lua_pop(L, 1);
+    }
+    return n;
+  }
+  int top = lua_gettop(L);
+  for (int i = idx; i <= top && lua_type(L, i) == LUA_TNUMBER; i++) {
+    if (n == FLOW_MAX_DIMS) return luaL_error(L, "%s: at most %d dimensions", fn, FLOW_MAX_DIMS);
+    int ok;
+    shape[n++] = lua_tointegerx(L, i, &ok);
+    if (!ok) return luaL_error(L, "%s: size %d must be an integer", fn, n);
+  }
+  return n;
+}
+
+int flow_lua_axes(lua_State *L, int idx, int64_t *axes, const char *fn) {
+  if (lua_isnoneornil(L, idx)) return 0;
+  if (lua_type(L, idx) == LUA_TNUMBER) {
+    int ok;
+    axes[0] = lua_tointegerx(L, idx, &ok);
+    if (!ok) return luaL_error(L, "%s: axis must be an integer", fn);
+    return 1;
+  }
+  if (!lua_istable(L, idx)) return luaL_error(L, "%s: axes must be an integer or a list (got %s)", fn, luaL_typename(L, idx));
+  return flow_lua_shape(L, idx, axes, fn);
+}
+
+flow_dtype flow_lua_check_dtype(lua_State *L, int idx) {
+  const char *s = luaL_checkstring(L, idx);
+  flow_dtype d;
+  if (flow_dtype_parse(s, &d) != 0)
+    luaL_error(L, "unknown dtype '%s' (expected float32, float64, float16, bfloat16, int64, int32, uint8 or bool)", s);
+  return d;
+}
+
+flow_dtype flow_lua_opt_dtype(lua_State *L, int idx, flow_dtype def) {
+  if (!lua_istable(L, idx)) return def;
+  lua_getfield(L, idx, "dtype");
+  flow_dtype d = lua_isnil(L, -1) ? def : flow_lua_check_dtype(L, -1);
+  lua_pop(L, 1);
+  return d;
+}
+
+flow_device flow_lua_opt_device(lua_State *L, int idx, flow_device def) {
+  if (!lua_istable(L, idx)) return def;
+  lua_getfield(L, idx, "device");
+  flow_device d = def;
+  if (!lua_isnil(L, -1) && flow_device_parse(luaL_checkstring(L, -1), &d) != 0) flow_lua_error(L);
+  lua_pop(L, 1);
+  return d;
+}
+
+double flow_lua_opt_number(lua_State *L, int idx, const char *key, double def) {
+  if (!lua_istable(L, idx)) return def;
+  lua_getfield(L, idx, key);
+  double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+int flow_lua_opt_bool(lua_State *L, int idx, const char *key, int def) {
+  if (!lua_istable(L, idx)) return def;
+  lua_getfield(L, idx, key);
+  int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+int flow_lua_call(lua_State *L, const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a) {
+  flow_tensor *out[8];
+  if (flow_op_call(op, in, nin, a, out) != 0) return flow_lua_error(L);
+  for (int j = 0; j < op->nout; j++) flow_lua_push(L, out[j]);
+  return op->nout;
+}
+
+void flow_lua_register(lua_State *L, const luaL_Reg *funcs, const luaL_Reg *methods) {
+  if (funcs) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &module_key);
+    luaL_setfuncs(L, funcs, 0);
+    lua_pop(L, 1);
+  }
+  if (methods) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key);
+    luaL_setfuncs(L, methods, 0);
+    lua_pop(L, 1);
+  }
+}
+
+/* Called first by luaopen_flow with the module table on top: sets up the registry slots. */
+void flow_lua_init_tables(lua_State *L) {
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
+  lua_newtable(L); /* methods */
+  luaL_newmetatable(L, FLOW_TENSOR_MT);
+  lua_setfield(L, -2, "__mt");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &methods_key);
+}
+
+/* The methods table (for __index). */
+void flow_lua_push_methods(lua_State *L) { lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key); }

@@ -1,0 +1,61 @@
+/* Shared helpers for the Lua bindings: tensor userdata, argument parsing, error raising.
+ * Every bind_*.c file registers its functions with flow_lua_register. */
+#ifndef FLOW_BIND_H
+#define FLOW_BIND_H
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "../ops/op.h"
+
+#define FLOW_TENSOR_MT "flow.Tensor"
+
+/* Tensor userdata: a box holding one reference; NULL after t:free(). */
+typedef struct flow_lua_box { flow_tensor *t; } flow_lua_box;
+
+/* Argument idx must be a live tensor, else a Lua error naming `fn`. */
+flow_tensor *flow_lua_check(lua_State *L, int idx, const char *fn);
+flow_tensor *flow_lua_test(lua_State *L, int idx);   /* NULL if not a live tensor */
+/* A tensor, or a Lua number/boolean turned into a 0-d tensor like `like` (a new reference). */
+flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, const char *fn);
+/* Push t, taking over the caller's reference. t == NULL raises the current flow error. */
+int flow_lua_push(lua_State *L, flow_tensor *t);
+/* Raise the current flow error as a Lua error (never returns). */
+int flow_lua_error(lua_State *L);
+
+/* A shape from a Lua list at idx ({2,3}) or from integers idx..top (2, 3). Returns ndim. */
+int flow_lua_shape(lua_State *L, int idx, int64_t *shape, const char *fn);
+/* Axes from an integer or a list (nil: none, all axes). Returns count. */
+int flow_lua_axes(lua_State *L, int idx, int64_t *axes, const char *fn);
+/* Options table at idx (may be nil/absent): dtype and device. */
+flow_dtype flow_lua_opt_dtype(lua_State *L, int idx, flow_dtype def);
+flow_device flow_lua_opt_device(lua_State *L, int idx, flow_device def);
+/* opts.key as a number / boolean / integer, or def when absent. */
+double flow_lua_opt_number(lua_State *L, int idx, const char *key, double def);
+int flow_lua_opt_bool(lua_State *L, int idx, const char *key, int def);
+/* Parse a dtype from a string at idx. */
+flow_dtype flow_lua_check_dtype(lua_State *L, int idx);
+
+/* Call an op from a binding: raises on error; pushes the outputs; returns nout. */
+int flow_lua_call(lua_State *L, const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a);
+
+/* Register module functions (into the flow table) and tensor methods (t:name()).
+ * Either list may be NULL. Both tables are found in the registry. */
+void flow_lua_register(lua_State *L, const luaL_Reg *funcs, const luaL_Reg *methods);
+
+/* Lua's GC does not see tensor memory: tell it about large allocations. */
+void flow_lua_account(lua_State *L, size_t nbytes);
+
+/* Per-area openers, called by luaopen_flow in order. */
+void flow_lua_open_tensor(lua_State *L);
+void flow_lua_open_elementwise(lua_State *L);
+void flow_lua_open_reduce(lua_State *L);
+void flow_lua_open_shape(lua_State *L);
+void flow_lua_open_create(lua_State *L);
+void flow_lua_open_nn(lua_State *L);
+void flow_lua_open_autograd(lua_State *L);
+void flow_lua_open_io(lua_State *L);
+void flow_lua_open_global(lua_State *L);
+void flow_lua_open_cuda(lua_State *L);
+
+#endif

@@ -1,0 +1,99 @@
+/* flowlua: a Lua 5.4 interpreter with the flow module built in.
+ *   flowlua [options] [script [args...]]
+ *   -e CHUNK  run CHUNK     -i  REPL after the script     -v  print the version
+ * With no script the REPL opens (see repl.c). `flow` is a global. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "repl.h"
+
+int luaopen_flow(lua_State *L);
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* Run the function on top of the stack with nargs arguments under a traceback handler. */
+int flow_main_pcall(lua_State *L, int nargs, int nres) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, nres, base);
+  lua_remove(L, base);
+  return rc;
+}
+
+void flow_main_report(lua_State *L, const char *prog) {
+  const char *msg = lua_tostring(L, -1);
+  flow_repl_print_error(L, prog, msg ? msg : "(error object is not a string)");
+  lua_pop(L, 1);
+}
+
+static void create_arg_table(lua_State *L, char **argv, int argc, int script) {
+  lua_createtable(L, argc - script, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int run_script(lua_State *L, const char *path, int nargs_from, int argc, char **argv) {
+  if (luaL_loadfile(L, strcmp(path, "-") == 0 ? NULL : path) != LUA_OK) return 1;
+  int n = 0;
+  for (int i = nargs_from; i < argc; i++, n++) lua_pushstring(L, argv[i]);
+  return flow_main_pcall(L, n, 0) != LUA_OK;
+}
+
+static void usage(const char *prog) {
+  fprintf(stderr, "usage: %s [-e chunk] [-i] [-v] [script [args]]\n", prog);
+}
+
+int main(int argc, char **argv) {
+  const char *prog = argv[0];
+  lua_State *L = luaL_newstate();
+  if (!L) { fprintf(stderr, "%s: cannot create Lua state\n", prog); return 1; }
+  luaL_openlibs(L);
+  luaL_requiref(L, "flow", luaopen_flow, 1);
+  lua_pop(L, 1);
+  flow_repl_init(L);
+
+  int script = 0, interactive = 0, ran_chunk = 0, status = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || strcmp(a, "-") == 0) { script = i; break; }
+    if (strcmp(a, "--") == 0) { if (i + 1 < argc) script = i + 1; break; }
+    if (strcmp(a, "-i") == 0) interactive = 1;
+    else if (strcmp(a, "-v") == 0) { printf("flowlua 0.1 (%s)\n", LUA_RELEASE); ran_chunk = 1; }
+    else if (strcmp(a, "-e") == 0 || strncmp(a, "-e", 2) == 0) {
+      const char *chunk = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
+      if (!chunk) { usage(prog); lua_close(L); return 1; }
+      create_arg_table(L, argv, argc, 0);
+      if (luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)") != LUA_OK ||
+          flow_main_pcall(L, 0, 0) != LUA_OK) {
+        flow_main_report(L, prog);
+        status = 1;
+        break;
+      }
+      ran_chunk = 1;
+    } else { usage(prog); lua_close(L); return 1; }
+  }
+  if (status == 0 && script) {
+    create_arg_table(L, argv, argc, script);
+    if (run_script(L, argv[script], script + 1, argc, argv)) { flow_main_report(L, prog); status = 1; }
+  }
+  if (status == 0 && (interactive || (!script && !ran_chunk))) flow_repl_run(L);
+  status = flow_repl_finish(L, status);
+  lua_close(L);
+  return status;
+}

@@ -1,0 +1,129 @@
+/* The op registry and the eager dispatcher: one path for every op call. */
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "op.h"
+
+static flow_op *registry_head;
+static flow_global_dispatch_fn global_dispatch;
+
+void flow_op_register(flow_op *op) {
+  op->next = registry_head;
+  registry_head = op;
+}
+
+const flow_op *flow_op_find(const char *name) {
+  for (const flow_op *op = registry_head; op; op = op->next)
+    if (strcmp(op->name, name) == 0) return op;
+  return NULL;
+}
+
+const flow_op *flow_op_first(void) { return registry_head; }
+
+void flow_op_set_global_dispatch(flow_global_dispatch_fn fn) { global_dispatch = fn; }
+
+void flow_meta_from(flow_meta *m, const flow_tensor *t) {
+  m->dtype = t->dtype;
+  m->device = t->device;
+  m->ndim = t->ndim;
+  memcpy(m->shape, t->shape, sizeof m->shape);
+}
+
+int flow_check_same_dtype(const flow_op *op, flow_tensor *const *in, int nin) {
+  for (int i = 1; i < nin; i++)
+    if (in[i]->dtype != in[0]->dtype)
+      return flow_error_set("%s: dtype mismatch: input 1 is %s, input %d is %s (cast one with :to())",
+                            op->name, flow_dtype_name(in[0]->dtype), i + 1, flow_dtype_name(in[i]->dtype));
+  return 0;
+}
+
+int flow_check_float(const flow_op *op, const flow_tensor *t, const char *what) {
+  if (!flow_dtype_is_float(t->dtype))
+    return flow_error_set("%s: %s must be a floating-point tensor (got %s)", op->name, what,
+                          flow_dtype_name(t->dtype));
+  return 0;
+}
+
+static int check_inputs(const flow_op *op, flow_tensor *const *in, int nin) {
+  if (op->nin >= 0 && nin != op->nin)
+    return flow_error_set("%s: expected %d tensor inputs, got %d", op->name, op->nin, nin);
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]) return flow_error_set("%s: input %d is missing", op->name, i + 1);
+    if (i && !flow_device_eq(in[i]->device, in[0]->device)) {
+      char a[32], b[32];
+      flow_device_name(in[0]->device, a, sizeof a);
+      flow_device_name(in[i]->device, b, sizeof b);
+      return flow_error_set("%s: inputs are on different devices (%s and %s)", op->name, a, b);
+    }
+  }
+  return 0;
+}
+
+int flow_op_call_local(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                       flow_tensor **out) {
+  flow_meta meta[8];
+  int nout = op->nout;
+  for (int j = 0; j < nout; j++) out[j] = NULL;
+  if (op->infer(op, in, nin, a, meta) != 0) return -1;
+  flow_devtype dt = op->kind == FLOW_OP_SOURCE ? meta[0].device.type : in[0]->device.type;
+  flow_kernel_fn k = op->kernel[dt];
+  if (!k) {
+    char dev[32];
+    flow_device_name(op->kind == FLOW_OP_SOURCE ? meta[0].device : in[0]->device, dev, sizeof dev);
+    return flow_error_set("%s: no kernel for device %s", op->name, dev);
+  }
+  if (op->kind == FLOW_OP_COMPUTE || op->kind == FLOW_OP_SOURCE) {
+    for (int j = 0; j < nout; j++) {
+      out[j] = flow_tensor_new(meta[j].dtype, meta[j].device, meta[j].ndim, meta[j].shape);
+      if (!out[j]) goto fail;
+    }
+  } else if (op->kind == FLOW_OP_INPLACE) {
+    out[0] = in[0];
+    flow_tensor_incref(in[0]);
+  }
+  if (k(in, nin, out, nout, a) != 0) {
+    if (strncmp(flow_error_get(), op->name, strlen(op->name)) != 0) flow_error_prefix("%s", op->name);
+    goto fail;
+  }
+  if (op->kind == FLOW_OP_INPLACE) in[0]->storage->version++;
+  return 0;
+fail:
+  for (int j = 0; j < nout; j++) {
+    flow_tensor_decref(out[j]);
+    out[j] = NULL;
+  }
+  return -1;
+}
+
+int flow_op_call(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                 flow_tensor **out) {
+  if (check_inputs(op, in, nin) != 0) return -1;
+  if (op->kind == FLOW_OP_INPLACE && flow_grad_enabled() && in[0]->requires_grad)
+    return flow_error_set("%s: in-place operation on a tensor that requires grad (use flow.no_grad "
+                          "or an out-of-place op)", op->name);
+  bool global = false;
+  for (int i = 0; i < nin; i++) global |= in[i]->global != NULL;
+  int rc;
+  if (global) {
+    if (!global_dispatch) return flow_error_set("%s: global tensors are not available in this build", op->name);
+    bool prev = flow_grad_set_enabled(false);
+    rc = global_dispatch(op, in, nin, a, out);
+    flow_grad_set_enabled(prev);
+  } else {
+    rc = flow_op_call_local(op, in, nin, a, out);
+  }
+  if (rc != 0) return -1;
+  if (op->grad && flow_grad_enabled() && flow_autograd_record(op, in, nin, a, out, op->nout) != 0) {
+    for (int j = 0; j < op->nout; j++) { flow_tensor_decref(out[j]); out[j] = NULL; }
+    return -1;
+  }
+  return 0;
+}
+
+flow_tensor *flow_op_call1(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a) {
+  flow_tensor *out[8];
+  if (flow_op_call(op, in, nin, a, out) != 0) return NULL;
+  for (int j = 1; j < op->nout; j++) flow_tensor_decref(out[j]);
+  return out[0];
+}

@@ -1,0 +1,69 @@
+/* Matmul: Y = op(A) @ op(B) over broadcast batch axes (op = optional transpose of the last two
+ * axes, so gradients need no transpose copies). Shape, dtype and gradient rules. */
+#include "matmul.h"
+
+#include "../kernels/cpu/cpu.h"
+#include "reduce.h"
+
+static int infer_matmul(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  (void)nin;
+  const flow_tensor *x = in[0], *y = in[1];
+  char sa[128], sb[128];
+  if (x->ndim < 2 || y->ndim < 2)
+    return flow_error_set("%s: expected tensors of at least 2 dimensions, got shapes %s and %s", op->name,
+                          flow_shape_str(x->ndim, x->shape, sa, sizeof sa),
+                          flow_shape_str(y->ndim, y->shape, sb, sizeof sb));
+  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
+  if (flow_check_float(op, x, "input") != 0) return -1;
+  bool ta = a->flags & FLOW_ATTR_TRANS_A, tb = a->flags & FLOW_ATTR_TRANS_B;
+  int64_t m = x->shape[x->ndim - (ta ? 1 : 2)], k1 = x->shape[x->ndim - (ta ? 2 : 1)];
+  int64_t k2 = y->shape[y->ndim - (tb ? 1 : 2)], n = y->shape[y->ndim - (tb ? 2 : 1)];
+  if (k1 != k2)
+    return flow_error_set("%s: shapes %s and %s do not match on the contracted axis (%lld vs %lld)",
+                          op->name, flow_shape_str(x->ndim, x->shape, sa, sizeof sa),
+                          flow_shape_str(y->ndim, y->shape, sb, sizeof sb), (long long)k1, (long long)k2);
+  if (flow_broadcast_shape(op->name, x->ndim - 2, x->shape, y->ndim - 2, y->shape, &out->ndim, out->shape) != 0)
+    return -1;
+  out->shape[out->ndim++] = m;
+  out->shape[out->ndim++] = n;
+  out->dtype = x->dtype;
+  out->device = x->device;
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_matmul) {
+  (void)nin; (void)nout;
+  return flow_cpu_matmul(out[0], in[0], in[1], a->flags & FLOW_ATTR_TRANS_A, a->flags & FLOW_ATTR_TRANS_B);
+}
+
+/* Y = A B:  dA = G B^T,  dB = A^T G  (with the transpose flags folded in), then summed over
+ * batch axes the input was broadcast along. */
+static int grad_matmul(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0];
+  if (!g) return 0;
+  bool ta = c->attrs->flags & FLOW_ATTR_TRANS_A, tb = c->attrs->flags & FLOW_ATTR_TRANS_B;
+  flow_tensor *A = c->in[0], *B = c->in[1];
+  for (int i = 0; i < 2; i++) {
+    if (!c->need[i]) continue;
+    flow_tensor *d;
+    if (i == 0) d = ta ? flow_matmul(B, g, tb, true) : flow_matmul(g, B, false, !tb);
+    else d = tb ? flow_matmul(g, A, true, ta) : flow_matmul(A, g, !ta, false);
+    if (!d) return -1;
+    gin[i] = flow_sum_to_shape(d, c->in_meta[i].ndim, c->in_meta[i].shape);
+    flow_tensor_decref(d);
+    if (!gin[i]) return -1;
+  }
+  return 0;
+}
+
+FLOW_OP(matmul) {.name = "matmul", .nin = 2, .nout = 1, .infer = infer_matmul,
+                 .kernel = {[FLOW_CPU] = cpu_matmul}, .grad = grad_matmul, .save_in = 3};
+
+flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool trans_b) {
+  flow_tensor *in[2] = {a, b};
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.flags = (trans_a ? FLOW_ATTR_TRANS_A : 0) | (trans_b ? FLOW_ATTR_TRANS_B : 0);
+  return flow_op_call1(&flow_op_matmul, in, 2, &at);
+}

@@ -1,0 +1,106 @@
+/* The op registry: every op is defined once, with shape/dtype inference, a kernel per device type,
+ * its gradient rule and (for global tensors) its SBP signatures. Eager local, eager global and the
+ * graph tracer all call ops through flow_op_call. */
+#ifndef FLOW_OP_H
+#define FLOW_OP_H
+
+#include <stdbool.h>
+
+#include "../core/error.h"
+#include "../core/tensor.h"
+
+typedef struct flow_op flow_op;
+
+/* What inference says about one output. */
+typedef struct flow_meta {
+  flow_dtype dtype;
+  flow_device device;
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+} flow_meta;
+
+/* Fill out[0..nout) from the inputs and attrs; -1 + flow_error_set naming the op on bad input. */
+typedef int (*flow_infer_fn)(const flow_op *op, flow_tensor *const *in, int nin,
+                             const flow_attrs *a, flow_meta *out);
+/* Compute: outputs are allocated (contiguous, per inference) before the call, except for
+ * FLOW_OP_VIEW ops, whose kernel creates out[i] as views of the inputs. */
+typedef int (*flow_kernel_fn)(flow_tensor *const *in, int nin, flow_tensor **out, int nout,
+                              const flow_attrs *a);
+
+/* Everything a gradient rule sees. in[i]/out[j] are saved aliases (NULL unless the op asked to
+ * save them in save_in/save_out); in_meta/out_meta always hold shapes. gout[j] may be NULL:
+ * that output received no gradient (treat it as zeros). */
+typedef struct flow_grad_ctx {
+  const flow_op *op;
+  const flow_attrs *attrs;
+  int nin, nout;
+  flow_tensor *const *in;
+  flow_tensor *const *out;
+  const flow_meta *in_meta;
+  const flow_meta *out_meta;
+  flow_tensor *const *gout;
+  const bool *need;            /* need[i]: input i wants a gradient */
+} flow_grad_ctx;
+
+/* Set gin[i] (a new reference) for each i with need[i]; leaving gin[i] NULL means zero. */
+typedef int (*flow_grad_fn)(const flow_grad_ctx *c, flow_tensor **gin);
+
+struct flow_sbp_rule; /* sbp/signature.h */
+
+enum flow_op_kind {
+  FLOW_OP_COMPUTE,   /* fresh contiguous outputs */
+  FLOW_OP_VIEW,      /* outputs alias input 0's storage; the kernel makes them */
+  FLOW_OP_INPLACE,   /* writes into input 0, which is also output 0 */
+  FLOW_OP_SOURCE,    /* no tensor inputs (creation, random) */
+};
+
+struct flow_op {
+  const char *name;
+  int nin;                    /* -1: variadic (cat, stack) */
+  int nout;
+  enum flow_op_kind kind;
+  flow_infer_fn infer;
+  flow_kernel_fn kernel[FLOW_NDEVTYPES];
+  flow_grad_fn grad;          /* NULL: not differentiable */
+  unsigned save_in, save_out; /* bitmasks: which inputs/outputs the grad rule reads */
+  unsigned nondiff_in;        /* bitmask: inputs that never receive gradients (ids, masks) */
+  const struct flow_sbp_rule *sbp;
+  struct flow_op *next;       /* registry list, set by flow_op_register */
+};
+
+#define FLOW_ALL (~0u)
+
+void flow_op_register(flow_op *op);
+const flow_op *flow_op_find(const char *name);
+const flow_op *flow_op_first(void);   /* iterate with op->next */
+
+/* Define and self-register an op: FLOW_OP(add) { .name = "add", ... }; declares flow_op_add. */
+#define FLOW_OP(id)                                                            \
+  flow_op flow_op_##id;                                                        \
+  __attribute__((constructor)) static void flow_register_##id(void) {          \
+    flow_op_register(&flow_op_##id);                                           \
+  }                                                                            \
+  flow_op flow_op_##id =
+
+/* Run an op: checks inputs, dispatches to the global layer when any input is global, infers,
+ * allocates, runs the kernel and records autograd. out[] receives new references.
+ * For variadic ops nin is the count. Returns 0 or -1 with the error set. */
+int flow_op_call(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                 flow_tensor **out);
+/* Single-output convenience: NULL on error. */
+flow_tensor *flow_op_call1(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a);
+/* The local path alone (no global dispatch, no autograd): what the global layer runs on shards. */
+int flow_op_call_local(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                       flow_tensor **out);
+
+/* The global layer registers itself here (dependency inversion: ops does not include sbp/). */
+typedef int (*flow_global_dispatch_fn)(const flow_op *op, flow_tensor *const *in, int nin,
+                                       const flow_attrs *a, flow_tensor **out);
+void flow_op_set_global_dispatch(flow_global_dispatch_fn fn);
+
+/* Same dtype/device checks used by many infer functions; name the op in the message. */
+int flow_check_same_dtype(const flow_op *op, flow_tensor *const *in, int nin);
+int flow_check_float(const flow_op *op, const flow_tensor *t, const char *what);
+void flow_meta_from(flow_meta *m, const flow_tensor *t);
+
+#endif
