@@ -9,6 +9,7 @@ if [ "${FLOW_SKIP_SETUP:-0}" != 1 ]; then
   scripts/setup.sh || exit 1
 fi
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+export FLOW_BIN=$PWD/$BUILD/flowlua   # specs that drive the binary (REPL) use this
 export OMPI_MCA_rmaps_base_oversubscribe=1
 mpirun_args=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpirun_args+=(--allow-run-as-root)
