@@ -52,6 +52,7 @@ typedef struct flow_attrs {
   int keepdim;
   int flags;                                 /* op-specific booleans (FLOW_ATTR_*) */
   double scalar, scalar2, eps;               /* fill value, exponent, clamp bounds, dropout p */
+  double lr, beta1, beta2, weight_decay;     /* adamw_ (its eps is eps, its 1-based step is k) */
   flow_dtype dtype;                          /* cast / creation dtype */
   flow_device device;                        /* creation device (source ops) */
   uint64_t seed, rng_offset;                 /* random ops: element i depends on (seed, offset, i) */
