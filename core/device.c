@@ -9,9 +9,35 @@
 
 const flow_device FLOW_DEVICE_CPU = {FLOW_CPU, 0};
 
+/* Small host blocks are cached per thread in power-of-two size classes (64 B .. 64 KiB): eager
+ * code creates and drops many small tensors, and malloc's bookkeeping for them dominated the cost
+ * of a small op. Larger blocks go straight to the C allocator. */
+#define SMALL_CLASSES 11            /* 64 << 10 == 64 KiB */
+#define SMALL_CACHE_BYTES (8u << 20) /* per class */
+
+typedef struct block { struct block *next; } block;
+static _Thread_local block *small_free[SMALL_CLASSES];
+static _Thread_local size_t small_cached[SMALL_CLASSES];
+
+static int size_class(size_t nbytes) {
+  int c = 0;
+  while (((size_t)64 << c) < nbytes) c++;
+  return c;
+}
+
 /* 64-byte alignment keeps AVX-512 loads and cache lines happy. */
 static void *cpu_alloc(int index, size_t nbytes) {
   (void)index;
+  int c = size_class(nbytes);
+  if (c < SMALL_CLASSES) {
+    block *b = small_free[c];
+    if (b) {
+      small_free[c] = b->next;
+      small_cached[c] -= (size_t)64 << c;
+      return b;
+    }
+    nbytes = (size_t)64 << c;
+  }
   void *p = NULL;
   if (posix_memalign(&p, 64, nbytes ? nbytes : 64) != 0) {
     flow_error_set("out of host memory allocating %zu bytes", nbytes);
@@ -21,7 +47,15 @@ static void *cpu_alloc(int index, size_t nbytes) {
 }
 
 static void cpu_free(int index, void *p, size_t nbytes) {
-  (void)index; (void)nbytes;
+  (void)index;
+  int c = size_class(nbytes);
+  if (c < SMALL_CLASSES && small_cached[c] < SMALL_CACHE_BYTES) {
+    block *b = p;
+    b->next = small_free[c];
+    small_free[c] = b;
+    small_cached[c] += (size_t)64 << c;
+    return;
+  }
   free(p);
 }
 

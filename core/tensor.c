@@ -7,10 +7,35 @@
 
 #include "error.h"
 
+/* Tensor and storage headers are recycled through per-thread free lists (see cpu_alloc). */
+#define HEADER_CACHE 4096
+
+typedef struct header_cache { void *head; int count; } header_cache;
+static _Thread_local header_cache tensor_cache, storage_cache;
+
+static void *cache_get(header_cache *c, size_t size) {
+  void *p = c->head;
+  if (!p) return malloc(size);
+  c->head = *(void **)p;
+  c->count--;
+  return p;
+}
+
+static void cache_put(header_cache *c, void *p) {
+  if (c->count >= HEADER_CACHE) { free(p); return; }
+  *(void **)p = c->head;
+  c->head = p;
+  c->count++;
+}
+
 void flow_attrs_init(flow_attrs *a) {
   memset(a, 0, sizeof *a);
   a->ignore_index = -100;
 }
+
+static const flow_attrs default_attrs = {.ignore_index = -100};
+
+const flow_attrs *flow_attrs_default(void) { return &default_attrs; }
 
 flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
   const flow_device_impl *impl = flow_device_get(dev.type);
@@ -20,10 +45,10 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
     flow_error_set("device %s is not available in this build", name);
     return NULL;
   }
-  flow_storage *s = malloc(sizeof *s);
+  flow_storage *s = cache_get(&storage_cache, sizeof *s);
   if (!s) { flow_error_set("out of host memory"); return NULL; }
   s->data = impl->alloc(dev.index, nbytes);
-  if (!s->data) { free(s); return NULL; }
+  if (!s->data) { cache_put(&storage_cache, s); return NULL; }
   s->refcount = 1;
   s->device = dev;
   s->nbytes = nbytes;
@@ -34,7 +59,7 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
 void flow_storage_decref(flow_storage *s) {
   if (!s || --s->refcount > 0) return;
   flow_device_get(s->device.type)->free(s->device.index, s->data, s->nbytes);
-  free(s);
+  cache_put(&storage_cache, s);
 }
 
 int64_t flow_shape_numel(int ndim, const int64_t *shape) {
@@ -71,8 +96,9 @@ static flow_tensor *header(flow_dtype dtype, flow_device dev, int ndim, const in
       flow_error_set("negative size in shape %s", flow_shape_str(ndim, shape, buf, sizeof buf));
       return NULL;
     }
-  flow_tensor *t = calloc(1, sizeof *t);
+  flow_tensor *t = cache_get(&tensor_cache, sizeof *t);
   if (!t) { flow_error_set("out of host memory"); return NULL; }
+  memset(t, 0, sizeof *t);
   t->refcount = 1;
   t->dtype = dtype;
   t->device = dev;
@@ -118,7 +144,7 @@ void flow_tensor_decref(flow_tensor *t) {
   flow_autograd_release(t);
   if (t->global && t->global_free) t->global_free(t->global);
   flow_storage_decref(t->storage);
-  free(t);
+  cache_put(&tensor_cache, t);
 }
 
 bool flow_shape_eq(int na, const int64_t *a, int nb, const int64_t *b) {

@@ -74,6 +74,8 @@ enum {
 };
 
 void flow_attrs_init(flow_attrs *a);
+/* Shared read-only default attrs, for ops that take none (saves a memset per call). */
+const flow_attrs *flow_attrs_default(void);
 
 /* The signature every kernel has (flow_kernel_fn in ops/op.h). */
 #define FLOW_KERNEL(name) \

@@ -5,15 +5,27 @@
 
 #include "../ops/elementwise.h"
 
-static char methods_key, module_key;
+static char methods_key, module_key, mt_key;
+
+
+/* luaL_testudata, but comparing with the metatable kept under a pointer key: no string lookup
+ * on the hot path of every op. */
+static flow_lua_box *test_box(lua_State *L, int idx) {
+  flow_lua_box *b = lua_touserdata(L, idx);
+  if (!b || !lua_getmetatable(L, idx)) return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same ? b : NULL;
+}
 
 flow_tensor *flow_lua_test(lua_State *L, int idx) {
-  flow_lua_box *b = luaL_testudata(L, idx, FLOW_TENSOR_MT);
+  flow_lua_box *b = test_box(L, idx);
   return b ? b->t : NULL;
 }
 
 flow_tensor *flow_lua_check(lua_State *L, int idx, const char *fn) {
-  flow_lua_box *b = luaL_testudata(L, idx, FLOW_TENSOR_MT);
+  flow_lua_box *b = test_box(L, idx);
   if (!b) {
     luaL_error(L, "%s: argument %d must be a tensor (got %s)", fn, idx, luaL_typename(L, idx));
     return NULL;
@@ -51,10 +63,8 @@ int flow_lua_push(lua_State *L, flow_tensor *t) {
   if (!t) return flow_lua_error(L);
   flow_lua_box *b = lua_newuserdatauv(L, sizeof *b, 0);
   b->t = t;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &methods_key); /* the metatable is stored beside */
-  lua_getfield(L, -1, "__mt");
-  lua_setmetatable(L, -3);
-  lua_pop(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
+  lua_setmetatable(L, -2);
   if (t->storage && t->storage->refcount == 1) flow_lua_account(L, t->storage->nbytes);
   return 1;
 }
@@ -163,7 +173,7 @@ void flow_lua_init_tables(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
   lua_newtable(L); /* methods */
   luaL_newmetatable(L, FLOW_TENSOR_MT);
-  lua_setfield(L, -2, "__mt");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &mt_key);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &methods_key);
 }
 
