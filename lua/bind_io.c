@@ -1,4 +1,138 @@
-/* Lua bindings: io. */
+/* Lua bindings: io. flow.save/flow.load (safetensors checkpoints) and flow.read_file (a whole
+ * file as a Lua string, gunzipped when compressed). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/io.h"
+#include "../ops/elementwise.h"
 #include "bind.h"
 
-void flow_lua_open_io(lua_State *L) { (void)L; }
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A number as metadata text that reads back as the same Lua number: integers in decimal,
+ * floats with 17 significant digits and always a '.' or exponent so they stay floats. */
+static const char *number_text(lua_State *L, int idx) {
+  if (lua_isinteger(L, idx)) return lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, idx));
+  char s[64];
+  snprintf(s, sizeof s, "%.17g", lua_tonumber(L, idx));
+  if (!strpbrk(s, ".eEn")) strcat(s, ".0"); /* "n": nan and inf stay as printed */
+  return lua_pushstring(L, s);
+}
+
+/* The host-side contiguous copy that goes into the file (a new reference). */
+static flow_tensor *file_tensor(lua_State *L, flow_tensor *t) {
+  if (t->device.type != FLOW_CPU) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "flow.to_host"); /* set by the CUDA binding */
+    if (lua_isnil(L, -1)) { lua_pop(L, 1); flow_error_set("save: tensor is on a device this build cannot read"); return NULL; }
+    flow_tensor_incref(t);
+    flow_lua_push(L, t);
+    lua_call(L, 1, 1);
+    t = flow_lua_check(L, -1, "save");
+    flow_tensor_incref(t);
+    lua_pop(L, 1);
+  } else {
+    flow_tensor_incref(t);
+  }
+  if (flow_tensor_is_contiguous(t)) return t;
+  flow_tensor *c = flow_contiguous_copy(t);
+  flow_tensor_decref(t);
+  return c;
+}
+
+/* flow.save(tbl, path): tensors under string keys become safetensors entries; numbers and
+ * strings go into "__metadata__". Keys are written sorted, so equal tables give equal files. */
+static int l_save(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  const char *path = luaL_checkstring(L, 2);
+  int n = 0, nmeta = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 1)) {
+    if (lua_type(L, -2) != LUA_TSTRING)
+      return luaL_error(L, "save: table keys must be strings (got a %s key)", luaL_typename(L, -2));
+    const char *k = lua_tostring(L, -2);
+    if (flow_lua_test(L, -1)) n++;
+    else if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING) nmeta++;
+    else if (lua_isuserdata(L, -1) && luaL_testudata(L, -1, FLOW_TENSOR_MT))
+      return luaL_error(L, "save: '%s' is a freed tensor", k);
+    else return luaL_error(L, "save: '%s' is a %s (expected a tensor, number or string)", k, luaL_typename(L, -1));
+    if (strcmp(k, "__metadata__") == 0) return luaL_error(L, "save: the key '__metadata__' is reserved");
+    lua_pop(L, 1);
+  }
+  /* Scratch arrays live in userdata, so a Lua error below cannot leak them. */
+  char **names = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n + 1), 0);
+  char **mkeys = lua_newuserdatauv(L, sizeof(char *) * (size_t)(nmeta + 1), 0);
+  char **mvals = lua_newuserdatauv(L, sizeof(char *) * (size_t)(nmeta + 1), 0);
+  int i = 0, m = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 1)) {
+    int top = lua_gettop(L);
+    if (flow_lua_test(L, -1)) {
+      names[i++] = (char *)lua_tostring(L, -2);
+      lua_pop(L, 1);
+      continue;
+    }
+    mkeys[m] = (char *)lua_tostring(L, -2);
+    mvals[m++] = (char *)(lua_type(L, -1) == LUA_TNUMBER ? number_text(L, top) : lua_tostring(L, -1));
+    /* keep a pushed number text alive (it stays on the stack, below the iteration key) */
+    if (lua_gettop(L) > top) lua_insert(L, top - 1);
+    lua_pop(L, 1);
+  }
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  for (int a = 1; a < nmeta; a++) /* insertion sort of the (key, value) pairs: metadata is small */
+    for (int b = a; b > 0 && strcmp(mkeys[b - 1], mkeys[b]) > 0; b--) {
+      char *tk = mkeys[b], *tv = mvals[b];
+      mkeys[b] = mkeys[b - 1]; mvals[b] = mvals[b - 1];
+      mkeys[b - 1] = tk; mvals[b - 1] = tv;
+    }
+  flow_tensor **ts = lua_newuserdatauv(L, sizeof(flow_tensor *) * (size_t)(n + 1), 0);
+  int rc = 0;
+  for (i = 0; i < n; i++) {
+    lua_getfield(L, 1, names[i]);
+    ts[i] = file_tensor(L, flow_lua_test(L, -1));
+    lua_pop(L, 1);
+    if (!ts[i]) { rc = -1; break; }
+  }
+  if (rc == 0) {
+    flow_io_file f = {n, names, ts, nmeta, mkeys, mvals};
+    rc = flow_io_save(path, &f);
+  }
+  for (int k = 0; k < i; k++) flow_tensor_decref(ts[k]);
+  if (rc != 0) return flow_lua_error(L);
+  return 0;
+}
+
+/* flow.load(path) -> table: tensors by name, plus the metadata entries (text that reads as a
+ * Lua number comes back as that number, so a saved step count is a number again). */
+static int l_load(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  flow_io_file f;
+  if (flow_io_load(path, &f) != 0) return flow_lua_error(L);
+  if (!lua_checkstack(L, 8)) { flow_io_file_free(&f); return luaL_error(L, "load: Lua stack overflow"); }
+  lua_createtable(L, 0, f.n + f.nmeta);
+  for (int i = 0; i < f.nmeta; i++) {
+    if (lua_stringtonumber(L, f.meta_values[i]) == 0) lua_pushstring(L, f.meta_values[i]);
+    lua_setfield(L, -2, f.meta_keys[i]);
+  }
+  for (int i = 0; i < f.n; i++) {
+    flow_lua_push(L, f.tensors[i]);
+    f.tensors[i] = NULL; /* the userdata owns it now */
+    lua_setfield(L, -2, f.names[i]);
+  }
+  flow_io_file_free(&f);
+  return 1;
+}
+
+static int l_read_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  char *data;
+  size_t len;
+  if (flow_io_read_file(path, &data, &len) != 0) return flow_lua_error(L);
+  lua_pushlstring(L, data, len);
+  free(data);
+  return 1;
+}
+
+void flow_lua_open_io(lua_State *L) {
+  static const luaL_Reg funcs[] = {{"save", l_save}, {"load", l_load}, {"read_file", l_read_file}, {NULL, NULL}};
+  flow_lua_register(L, funcs, NULL);
+}
