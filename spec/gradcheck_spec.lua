@@ -1,0 +1,281 @@
+-- Every differentiable op in the registry against central finite differences, in float64.
+-- For inputs x and a random projection r of the outputs, L(x) = sum_j sum(out_j * r_j); the
+-- gradient autograd gives for each input must match (L(x + eps e_i) - L(x - eps e_i)) / 2eps.
+-- A differentiable op without an entry in `cases` fails: new ops must come with a case.
+local flow = require "flow"
+
+local EPS, RTOL, ATOL = 1e-6, 1e-6, 1e-6
+
+local F64 = "float64"
+
+-- Deterministic values away from the kinks of relu/abs/clamp (|v| >= 0.1) and from ties.
+local rng_state = 12345
+local function uniform()
+  rng_state = (rng_state * 1103515245 + 12345) % 2147483648
+  return rng_state / 2147483648
+end
+local function value()
+  local v = 0.1 + 0.9 * uniform()
+  return uniform() < 0.5 and -v or v
+end
+local function positive() return 0.2 + 1.8 * uniform() end
+
+local function numel(shape)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return n
+end
+
+-- Nested Lua table of the flat row-major `values` for `shape` (a number for a 0-d shape).
+local function nest(values, shape)
+  if #shape == 0 then return values[1] end
+  local pos = 0
+  local function build(d)
+    local t = {}
+    for i = 1, shape[d] do
+      if d == #shape then pos = pos + 1; t[i] = values[pos] else t[i] = build(d + 1) end
+    end
+    return t
+  end
+  return build(1)
+end
+
+local function flatten(v, out)
+  out = out or {}
+  if type(v) ~= "table" then out[#out + 1] = v; return out end
+  for _, x in ipairs(v) do flatten(x, out) end
+  return out
+end
+
+-- ---- input makers ---------------------------------------------------------------------------
+-- A case input is one of:
+--   {2, 3}                          a float64 leaf of that shape with values in ±[0.1, 1]
+--   leaf({2, 3}, {gen=, prep=})     the same with a value generator and/or a function applied to
+--                                   the leaf before the op (a transposed view, an expand: this is
+--                                   how non-contiguous inputs reach the op; the check is on the leaf)
+--   fixed(tensor)                   a constant input that is not checked (ids, masks, targets)
+local function leaf(shape, opts)
+  opts = opts or {}
+  return {shape = shape, gen = opts.gen or value, prep = opts.prep}
+end
+local function fixed(t) return {fixed = t} end
+local function pos(shape, opts)
+  opts = opts or {}
+  opts.gen = positive
+  return leaf(shape, opts)
+end
+
+-- A [.., a, b] input the op sees as a non-contiguous transposed view of a [.., b, a] leaf.
+local function transposed(shape)
+  local s = {table.unpack(shape)}
+  s[#s - 1], s[#s] = s[#s], s[#s - 1]
+  return leaf(s, {prep = function(t) return flow.transpose(t, -2, -1) end})
+end
+
+-- An input of `shape` that the op sees as an expand (stride 0) of a leaf of `base` shape.
+local function expanded(base, shape)
+  return leaf(base, {prep = function(t) return flow.expand(t, shape) end})
+end
+
+local function normalize(spec)
+  if spec.fixed or spec.shape then return spec end
+  return leaf(spec)
+end
+
+local function make(spec, values, requires_grad)
+  return flow.tensor(nest(values, spec.shape), {dtype = F64, requires_grad = requires_grad})
+end
+
+-- ---- the check ------------------------------------------------------------------------------
+
+local function is_float(t) return t.dtype == "float64" or t.dtype == "float32" end
+
+-- Outputs of fn on the given leaves (after each input's prep).
+local function run(fn, specs, leaves)
+  local args = {}
+  for i, s in ipairs(specs) do
+    local x = s.fixed or leaves[i]
+    if s.prep then x = s.prep(x) end
+    args[i] = x
+  end
+  return table.pack(fn(table.unpack(args, 1, #specs)))
+end
+
+-- L = sum_j <out_j, r_j> in plain Lua (for finite differences).
+local function projection(outs, r)
+  local L = 0
+  for j = 1, outs.n do
+    if r[j] then
+      local v = flatten(outs[j]:totable())
+      for k = 1, #v do L = L + v[k] * r[j][k] end
+    end
+  end
+  return L
+end
+
+-- fn(inputs...) -> outputs is the function under test; name labels the messages.
+local function check_case(name, fn, case)
+  local specs = {}
+  for i, s in ipairs(case.inputs) do specs[i] = normalize(s) end
+  local values = {}
+  for i, s in ipairs(specs) do
+    if not s.fixed then
+      values[i] = {}
+      for k = 1, numel(s.shape) do values[i][k] = s.gen() end
+    end
+  end
+
+  -- analytic: backward of sum(out_j * r_j)
+  local leaves = {}
+  for i, s in ipairs(specs) do
+    if not s.fixed then leaves[i] = make(s, values[i], true) end
+  end
+  local outs = run(fn, specs, leaves)
+  local r, L = {}, nil
+  for j = 1, outs.n do
+    local o = outs[j]
+    if is_float(o) then
+      local n = o:numel()
+      r[j] = {}
+      for k = 1, n do r[j][k] = value() end
+      local rt = flow.tensor(nest(r[j], o:shape()), {dtype = o.dtype})
+      local term = (o * rt):sum()
+      L = L and L + term or term
+    end
+  end
+  assert(L, name .. ": the op has no floating-point output to check")
+  L:backward()
+
+  -- numeric, one element at a time, with the other leaves held fixed
+  local current = {}
+  flow.no_grad(function()
+    for i, s in ipairs(specs) do
+      if not s.fixed then current[i] = make(s, values[i], false) end
+    end
+  end)
+  for i, s in ipairs(specs) do
+    if not s.fixed then
+      local g = leaves[i].grad
+      assert(g, ("%s: input %d received no gradient"):format(name, i))
+      assert.are.same(s.shape, g:shape(), ("%s: gradient of input %d has the wrong shape"):format(name, i))
+      local analytic = flatten(g:totable())
+      local vals = values[i]
+      for k = 1, #vals do
+        local v0 = vals[k]
+        local function at(v)
+          vals[k] = v
+          current[i] = make(s, vals, false)
+          return flow.no_grad(function() return projection(run(fn, specs, current), r) end)
+        end
+        local numeric = (at(v0 + EPS) - at(v0 - EPS)) / (2 * EPS)
+        vals[k] = v0
+        current[i] = make(s, vals, false)
+        local err = math.abs(analytic[k] - numeric)
+        if err > ATOL + RTOL * math.abs(numeric) then
+          error(("%s (%s): input %d element %d: autograd %.10g, finite differences %.10g (error %.3g)")
+            :format(name, case.label or "case", i, k, analytic[k], numeric, err), 0)
+        end
+      end
+    end
+  end
+end
+
+-- ---- cases: op name -> list of {label=, inputs=, attrs=} ------------------------------------
+
+local cases = {}
+
+local function binary_cases()
+  return {
+    {label = "same shape", inputs = {{2, 3}, {2, 3}}},
+    {label = "broadcast", inputs = {{2, 1, 3}, {4, 1}}},
+    {label = "0-d operand", inputs = {{2, 3}, {}}},
+    {label = "expanded", inputs = {expanded({3, 1}, {3, 4}), {3, 4}}},
+  }
+end
+cases.add = binary_cases()
+cases.sub = binary_cases()
+cases.mul = binary_cases()
+cases.div = {
+  {label = "same shape", inputs = {{2, 3}, pos({2, 3})}},
+  {label = "broadcast", inputs = {{2, 1, 3}, pos({4, 1})}},
+  {label = "expanded denominator", inputs = {{3, 4}, expanded({1, 4}, {3, 4})}},
+}
+
+cases.sum = {
+  {label = "all", inputs = {{2, 3}}},
+  {label = "axis 1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {1}, keepdim = true}},
+  {label = "axes 0,2", inputs = {{2, 3, 2}}, attrs = {axes = {0, -1}}},
+  {label = "expanded", inputs = {expanded({1, 3}, {2, 3})}, attrs = {axes = {0}}},
+}
+
+cases.matmul = {
+  {label = "2-d", inputs = {{2, 3}, {3, 4}}},
+  {label = "batched broadcast", inputs = {{2, 1, 2, 3}, {3, 3, 2}}},
+  {label = "transpose_a", inputs = {{3, 2}, {3, 4}}, attrs = {transpose_a = true}},
+  {label = "transpose_b", inputs = {{2, 3}, {4, 3}}, attrs = {transpose_b = true}},
+  {label = "both", inputs = {{2, 3, 2}, {4, 3}}, attrs = {transpose_a = true, transpose_b = true}},
+  {label = "expanded", inputs = {expanded({1, 3}, {2, 3}), {3, 2}}},
+}
+
+cases.view = {
+  {label = "split an axis", inputs = {{2, 6}}, attrs = {shape = {2, 2, 3}}},
+  {label = "-1", inputs = {{2, 3, 2}}, attrs = {shape = {-1, 2}}},
+}
+cases.expand = {
+  {label = "size-1 axis", inputs = {{2, 1}}, attrs = {shape = {2, 3}}},
+  {label = "new leading axes", inputs = {{3}}, attrs = {shape = {2, 2, 3}}},
+}
+cases.contiguous = {
+  {label = "copy", inputs = {{2, 3}}},
+  {label = "of an expand", inputs = {expanded({3, 1}, {3, 2})}},
+}
+cases.cast = {
+  {label = "float64 to float64", inputs = {{2, 3}}, attrs = {dtype = F64}},
+}
+
+-- Variants that need ops other helpers are adding: only registered once those ops exist.
+if flow.transpose then
+  table.insert(cases.matmul, {label = "transposed view", inputs = {transposed({2, 3}), {3, 2}}})
+  table.insert(cases.add, {label = "transposed view", inputs = {transposed({2, 3}), {2, 3}}})
+  table.insert(cases.mul, {label = "transposed view", inputs = {{3, 2}, transposed({3, 2})}})
+end
+
+-- ---- the specs ------------------------------------------------------------------------------
+
+describe("gradient check", function()
+  local ops = flow._ops()
+  table.sort(ops, function(a, b) return a.name < b.name end)
+  for _, op in ipairs(ops) do
+    if op.differentiable then
+      local list = cases[op.name]
+      if not list then
+        it(op.name .. " has a gradient check case", function()
+          error(("op '%s' is differentiable but spec/gradcheck_spec.lua has no case for it: add one")
+            :format(op.name), 0)
+        end)
+      else
+        for _, case in ipairs(list) do
+          it(("%s: %s"):format(op.name, case.label), function()
+            check_case(op.name, function(...) return flow._call(op.name, case.attrs or {}, ...) end, case)
+          end)
+        end
+      end
+    end
+  end
+
+  it("no case names an op registered as non-differentiable", function()
+    for _, op in ipairs(ops) do
+      assert.is_true(op.differentiable or cases[op.name] == nil,
+        ("case for '%s', which has no gradient rule"):format(op.name))
+    end
+  end)
+
+  it("catches a wrong gradient", function()
+    -- x * detach(x) has autograd gradient x where finite differences see 2x
+    local wrong = function(x) return x * x:detach() end
+    local ok, err = pcall(check_case, "x*detach(x)", wrong, {label = "self-test", inputs = {{3}}})
+    assert.is_false(ok)
+    assert.matches("x%*detach%(x%) %(self%-test%): input 1 element 1: autograd", err)
+    check_case("x*x", function(x) return x * x end, {label = "self-test", inputs = {{3}}})
+  end)
+end)
