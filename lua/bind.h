@@ -57,5 +57,6 @@ void flow_lua_open_autograd(lua_State *L);
 void flow_lua_open_io(lua_State *L);
 void flow_lua_open_global(lua_State *L);
 void flow_lua_open_cuda(lua_State *L);
+void flow_lua_open_bench(lua_State *L);
 
 #endif
