@@ -1,0 +1,109 @@
+-- flow.gpt: the GPT-2 model (learned positions, pre-LN blocks, GELU MLP 4x, tied embeddings),
+-- with parameter names following Hugging Face's GPT-2 (wte, wpe, h.N.attn.c_attn, ...).
+local flow = require "flow"
+local nn = flow.nn
+local F = nn.functional
+
+local gpt = {}
+
+local Block = nn.class("Block", nn.Module)
+gpt.Block = Block
+function Block:__init(cfg)
+  self.ln_1 = nn.LayerNorm(cfg.n_embd)
+  self.attn = nn.CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.dropout)
+  self.ln_2 = nn.LayerNorm(cfg.n_embd)
+  self.mlp = nn.MLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout)
+end
+function Block:forward(x)
+  x = x + self.attn(self.ln_1(x))
+  return x + self.mlp(self.ln_2(x))
+end
+
+-- cfg: vocab_size, block_size (longest sequence), n_layer, n_head, n_embd, dropout (0).
+local GPT = nn.class("GPT", nn.Module)
+gpt.GPT = GPT
+function GPT:__init(cfg)
+  for _, k in ipairs({ "vocab_size", "block_size", "n_layer", "n_head", "n_embd" }) do
+    if not math.tointeger(cfg[k]) or cfg[k] < 1 then error(("GPT: config.%s must be a positive integer"):format(k), 3) end
+  end
+  self.config = cfg
+  self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+  self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+  self.drop = nn.Dropout(cfg.dropout or 0)
+  local blocks = {}
+  for i = 1, cfg.n_layer do blocks[i] = Block(cfg) end
+  self.h = nn.ModuleList(blocks)
+  self.ln_f = nn.LayerNorm(cfg.n_embd)
+  self:init_weights()
+end
+
+-- GPT-2's init: weights N(0, 0.02), biases 0, LayerNorm (1, 0); the projections that write into
+-- the residual stream (attn.c_proj, mlp.c_proj) get std 0.02/sqrt(2 n_layer), so the residual's
+-- variance does not grow with depth.
+function GPT:init_weights()
+  local resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+  for _, nt in ipairs(self:named_parameters()) do
+    local name, p = nt[1], nt[2]
+    if name:match("ln_%w+%.weight$") then nn.init.ones_(p)
+    elseif name:match("%.bias$") then nn.init.zeros_(p)
+    elseif name:match("c_proj%.weight$") then nn.init.normal_(p, 0, resid_std)
+    else nn.init.normal_(p, 0, 0.02) end
+  end
+end
+
+-- idx int64 [B, T] -> logits [B, T, vocab]; with targets [B, T] also the mean cross-entropy.
+function GPT:forward(idx, targets)
+  local s = idx:shape()
+  local T = s[2]
+  if T > self.config.block_size then
+    error(("GPT: sequence length %d is longer than block_size %d"):format(T, self.config.block_size), 2)
+  end
+  local pos = flow.arange(0, T, 1, { dtype = "int64" })
+  local x = self.drop(self.wte(idx) + self.wpe(pos))
+  for i = 1, #self.h do x = self.h[i](x) end
+  x = self.ln_f(x)
+  local logits = F.linear(x, self.wte.weight) -- tied: logits = x wte^T
+  if targets then return logits, F.cross_entropy(logits, targets) end
+  return logits
+end
+
+-- AdamW over the model: 2-D weights decay, biases/LayerNorm/... do not (GPT-2 practice).
+function GPT:configure_optimizer(opts)
+  local decay, no_decay = {}, {}
+  for _, p in ipairs(self:parameters()) do
+    if #p:shape() >= 2 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
+  end
+  return flow.optim.AdamW({ { params = decay, weight_decay = opts.weight_decay or 0.1 }, { params = no_decay, weight_decay = 0 } },
+    { lr = opts.lr, betas = opts.betas or { 0.9, 0.95 }, eps = opts.eps or 1e-8 })
+end
+
+-- Sample n tokens after prompt (a Lua list of token ids), with temperature, drawing from rng
+-- (a utils.Generator). Returns the new tokens as a Lua list.
+function GPT:generate(prompt, n, temperature, rng)
+  local was_training = self.training
+  self:eval()
+  local ctx = { table.unpack(prompt) }
+  local out = {}
+  flow.no_grad(function()
+    for _ = 1, n do
+      local start = math.max(1, #ctx - self.config.block_size + 1)
+      local window = table.move(ctx, start, #ctx, 1, {})
+      local logits = self(flow.tensor({ window }, { dtype = "int64" }))
+      local last = flow.select(flow.select(logits, 0, 0), 0, #window - 1)
+      local probs = flow.softmax(last / (temperature or 1.0), -1):totable()
+      local tok = rng:categorical(probs)
+      ctx[#ctx + 1], out[#out + 1] = tok, tok
+    end
+  end)
+  self:train(was_training)
+  return out
+end
+
+-- Count of parameter elements.
+function GPT:num_parameters()
+  local n = 0
+  for _, p in ipairs(self:parameters()) do n = n + p:numel() end
+  return n
+end
+
+return gpt

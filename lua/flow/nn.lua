@@ -1,0 +1,333 @@
+-- flow.nn: modules in the style of Torch7/PyTorch, written in Lua over flow ops, and
+-- flow.nn.functional (F), the stateless functions the modules call.
+local flow = require "flow"
+
+local nn = {}
+local F = {}
+nn.functional = F
+
+-------------------------------------------------------------------------------- functional
+
+function F.linear(x, weight, bias)
+  local y = flow.matmul(x, weight, { transpose_b = true })
+  if bias then y = y + bias end
+  return y
+end
+
+function F.gelu(x) return flow.gelu(x) end
+function F.relu(x) return flow.relu(x) end
+function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
+function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
+function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
+function F.cross_entropy(logits, target, opts) return flow.cross_entropy(logits, target, opts) end
+function F.dropout(x, p, training)
+  if training == false or (p or 0.5) == 0 then return x end
+  return flow.dropout(x, p or 0.5, true)
+end
+function F.embedding(ids, weight) return flow.embedding(ids, weight) end
+function F.scaled_dot_product_attention(q, k, v, opts) return flow.scaled_dot_product_attention(q, k, v, opts) end
+
+-------------------------------------------------------------------------------- Module
+
+-- A module table keeps, in `_order`, the names of its parameters and submodules in the order they
+-- were assigned: that order is the order of parameters() and state_dict() keys.
+local Module = {}
+nn.Module = Module
+
+local function is_tensor(v) return flow.is_tensor(v) end
+local function is_module(v) return type(v) == "table" and v._order ~= nil end
+
+-- Assigning a submodule, or a tensor that requires grad, registers it under that name.
+local function newindex(self, k, v)
+  if is_module(v) or (is_tensor(v) and v.requires_grad) then
+    local order = rawget(self, "_order")
+    order[#order + 1] = k
+  end
+  rawset(self, k, v)
+end
+
+-- A new module class. Calling the class builds an instance and runs its __init; calling an
+-- instance runs forward.
+function nn.class(name, parent)
+  local cls = {}
+  cls.__index = cls
+  cls.__name = name
+  cls.__newindex = newindex
+  cls.__call = function(self, ...) return self:forward(...) end
+  cls.__tostring = function(self) return self:__repr() end
+  return setmetatable(cls, {
+    __index = parent,
+    __call = function(c, ...)
+      local o = setmetatable({ _order = {}, training = true }, c)
+      o:__init(...)
+      return o
+    end,
+  })
+end
+
+function Module:__init() end
+
+function Module:forward()
+  error(("%s: forward is not defined"):format(getmetatable(self).__name), 2)
+end
+
+-- The name a key gets in dotted paths: list entries (ModuleList, Sequential) count from 0.
+local function key_name(k)
+  if math.type(k) == "integer" then return tostring(k - 1) end
+  return k
+end
+
+function Module:__repr()
+  local lines = { getmetatable(self).__name .. "(" }
+  for _, k in ipairs(self._order) do
+    local v = self[k]
+    if is_module(v) then
+      lines[#lines + 1] = ("  (%s): %s"):format(key_name(k), (tostring(v):gsub("\n", "\n  ")))
+    end
+  end
+  if #lines == 1 then return lines[1] .. ")" end
+  lines[#lines + 1] = ")"
+  return table.concat(lines, "\n")
+end
+
+-- Visit every (owner, key, prefix..name, tensor) parameter, depth first in assignment order.
+local function each_parameter(m, prefix, fn)
+  for _, k in ipairs(m._order) do
+    local v = m[k]
+    local name = prefix .. key_name(k)
+    if is_module(v) then each_parameter(v, name .. ".", fn)
+    elseif is_tensor(v) then fn(m, k, name, v) end
+  end
+end
+
+-- {{name, tensor}, ...}: a stable order (assignment order, depth first).
+function Module:named_parameters()
+  local out, seen = {}, {}
+  each_parameter(self, "", function(_, _, name, t)
+    if not seen[t] then -- a tied tensor is listed once, under its first name
+      seen[t] = true
+      out[#out + 1] = { name, t }
+    end
+  end)
+  return out
+end
+
+function Module:parameters()
+  local out = {}
+  for i, nt in ipairs(self:named_parameters()) do out[i] = nt[2] end
+  return out
+end
+
+-- Direct submodules, in order.
+function Module:children()
+  local out = {}
+  for _, k in ipairs(self._order) do
+    if is_module(self[k]) then out[#out + 1] = self[k] end
+  end
+  return out
+end
+
+-- fn(m) on every submodule (children first) and then on self, as PyTorch's apply.
+function Module:apply(fn)
+  for _, c in ipairs(self:children()) do c:apply(fn) end
+  fn(self)
+  return self
+end
+
+function Module:train(mode)
+  if mode == nil then mode = true end
+  return self:apply(function(m) m.training = mode end)
+end
+
+function Module:eval() return self:train(false) end
+
+function Module:zero_grad()
+  for _, p in ipairs(self:parameters()) do p.grad = nil end
+end
+
+-- name -> tensor for every parameter (tied tensors appear under each name, as in PyTorch).
+function Module:state_dict()
+  local sd = {}
+  each_parameter(self, "", function(_, _, name, t) sd[name] = t end)
+  return sd
+end
+
+local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
+
+-- Copy values from sd into the parameters. Every parameter must be present with its shape and
+-- no other key may be (strict = false skips the checks for missing and unexpected keys).
+-- Keys of sd that do not hold tensors (checkpoint metadata) are ignored.
+function Module:load_state_dict(sd, strict)
+  strict = strict ~= false
+  local mine = {}
+  each_parameter(self, "", function(_, _, name, t) mine[name] = t end)
+  local missing, unexpected = {}, {}
+  for name in pairs(mine) do
+    if sd[name] == nil then missing[#missing + 1] = name end
+  end
+  for name, v in pairs(sd) do
+    if is_tensor(v) and mine[name] == nil then unexpected[#unexpected + 1] = name end
+  end
+  table.sort(missing)
+  table.sort(unexpected)
+  if strict and #missing > 0 then
+    error(("load_state_dict: missing key '%s'%s"):format(missing[1], #missing > 1 and (" (and %d more)"):format(#missing - 1) or ""), 2)
+  end
+  if strict and #unexpected > 0 then
+    error(("load_state_dict: unexpected key '%s'%s"):format(unexpected[1], #unexpected > 1 and (" (and %d more)"):format(#unexpected - 1) or ""), 2)
+  end
+  for name, p in pairs(mine) do
+    local src = sd[name]
+    if src ~= nil then
+      if not is_tensor(src) then error(("load_state_dict: key '%s' is a %s, not a tensor"):format(name, type(src)), 2) end
+      local ps, ss = p:shape(), src:shape()
+      if shape_str(ps) ~= shape_str(ss) then
+        error(("load_state_dict: key '%s' has shape %s but the parameter has shape %s"):format(name, shape_str(ss), shape_str(ps)), 2)
+      end
+      if src.dtype ~= p.dtype then src = src:cast(p.dtype) end
+      flow.no_grad(function() p:copy_(src) end)
+    end
+  end
+  return self
+end
+
+-- Make every parameter a global tensor on placement with sbp (data parallel: sbp = broadcast).
+function Module:to_global(placement, sbp)
+  each_parameter(self, "", function(owner, k, name, t)
+    if not t.to_global then error("to_global: global tensors are not available in this build (parameter '" .. name .. "')", 0) end
+    local g = flow.no_grad(function() return t:to_global(placement, sbp) end):detach()
+    g:requires_grad_(true)
+    rawset(owner, k, g)
+  end)
+  return self
+end
+
+-- A leaf parameter with the given values (built without recording autograd).
+function nn.Parameter(t)
+  local p = t:detach()
+  p:requires_grad_(true)
+  return p
+end
+
+-- In-place re-initialisations used by the modules and by GPT's init.
+nn.init = {}
+function nn.init.normal_(t, mean, std)
+  flow.no_grad(function() t:copy_(flow.randn(t:shape(), { dtype = t.dtype }) * (std or 1) + (mean or 0)) end)
+  return t
+end
+function nn.init.uniform_(t, a, b)
+  flow.no_grad(function() t:copy_(flow.rand(t:shape(), { dtype = t.dtype }) * (b - a) + a) end)
+  return t
+end
+function nn.init.zeros_(t) flow.no_grad(function() t:zero_() end) return t end
+function nn.init.ones_(t) flow.no_grad(function() t:fill_(1) end) return t end
+
+-------------------------------------------------------------------------------- layers
+
+-- y = x W^T + b with W [out, in]; PyTorch's default init U(-1/sqrt(in), 1/sqrt(in)).
+local Linear = nn.class("Linear", Module)
+nn.Linear = Linear
+function Linear:__init(in_features, out_features, bias, opts)
+  if type(bias) == "table" then opts, bias = bias, bias.bias end
+  opts = opts or {}
+  self.in_features, self.out_features = in_features, out_features
+  local bound = 1 / math.sqrt(in_features)
+  self.weight = nn.Parameter(nn.init.uniform_(flow.zeros({ out_features, in_features }, opts), -bound, bound))
+  if bias ~= false then
+    self.bias = nn.Parameter(nn.init.uniform_(flow.zeros({ out_features }, opts), -bound, bound))
+  end
+end
+function Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+function Linear:__repr() return ("Linear(%d -> %d%s)"):format(self.in_features, self.out_features, self.bias and "" or ", no bias") end
+
+local Embedding = nn.class("Embedding", Module)
+nn.Embedding = Embedding
+function Embedding:__init(num, dim, opts)
+  self.num_embeddings, self.embedding_dim = num, dim
+  self.weight = nn.Parameter(flow.randn({ num, dim }, opts))
+end
+function Embedding:forward(ids) return F.embedding(ids, self.weight) end
+function Embedding:__repr() return ("Embedding(%d, %d)"):format(self.num_embeddings, self.embedding_dim) end
+
+local LayerNorm = nn.class("LayerNorm", Module)
+nn.LayerNorm = LayerNorm
+function LayerNorm:__init(dim, eps, opts)
+  self.dim, self.eps = dim, eps or 1e-5
+  self.weight = nn.Parameter(flow.ones({ dim }, opts))
+  self.bias = nn.Parameter(flow.zeros({ dim }, opts))
+end
+function LayerNorm:forward(x) return F.layer_norm(x, self.weight, self.bias, self.eps) end
+function LayerNorm:__repr() return ("LayerNorm(%d, eps=%g)"):format(self.dim, self.eps) end
+
+local GELU = nn.class("GELU", Module)
+nn.GELU = GELU
+function GELU:forward(x) return F.gelu(x) end
+
+local ReLU = nn.class("ReLU", Module)
+nn.ReLU = ReLU
+function ReLU:forward(x) return F.relu(x) end
+
+local Dropout = nn.class("Dropout", Module)
+nn.Dropout = Dropout
+function Dropout:__init(p) self.p = p or 0.5 end
+function Dropout:forward(x) return F.dropout(x, self.p, self.training) end
+function Dropout:__repr() return ("Dropout(p=%g)"):format(self.p) end
+
+-- A list of modules, indexed 1..n in Lua and named "0".."n-1" in state_dict keys.
+local ModuleList = nn.class("ModuleList", Module)
+nn.ModuleList = ModuleList
+function ModuleList:__init(mods)
+  for _, m in ipairs(mods or {}) do self:append(m) end
+end
+function ModuleList:append(m)
+  self[#self + 1] = m
+  return self
+end
+function ModuleList:forward() error("ModuleList: has no forward; iterate over it", 2) end
+
+local Sequential = nn.class("Sequential", ModuleList)
+nn.Sequential = Sequential
+function Sequential:__init(...)
+  for _, m in ipairs({ ... }) do self:append(m) end
+end
+function Sequential:forward(x)
+  for i = 1, #self._order do x = self[i](x) end
+  return x
+end
+
+-- The transformer MLP: Linear(d, hidden) -> GELU -> Linear(hidden, d) -> Dropout.
+local MLP = nn.class("MLP", Module)
+nn.MLP = MLP
+function MLP:__init(dim, hidden, dropout, opts)
+  hidden = hidden or 4 * dim
+  self.c_fc = Linear(dim, hidden, true, opts)
+  self.c_proj = Linear(hidden, dim, true, opts)
+  self.dropout = Dropout(dropout or 0)
+end
+function MLP:forward(x) return self.dropout(self.c_proj(F.gelu(self.c_fc(x)))) end
+
+-- Multi-head causal self-attention: one fused qkv projection, heads as [B, H, T, D].
+local CausalSelfAttention = nn.class("CausalSelfAttention", Module)
+nn.CausalSelfAttention = CausalSelfAttention
+function CausalSelfAttention:__init(dim, heads, dropout, opts)
+  if dim % heads ~= 0 then
+    error(("CausalSelfAttention: dim %d is not divisible by heads %d"):format(dim, heads), 3)
+  end
+  self.dim, self.heads = dim, heads
+  self.c_attn = Linear(dim, 3 * dim, true, opts)
+  self.c_proj = Linear(dim, dim, true, opts)
+  self.dropout = Dropout(dropout or 0)
+end
+function CausalSelfAttention:forward(x)
+  local s = x:shape()
+  local B, T, C = s[1], s[2], s[3]
+  local H = self.heads
+  local D = C // H
+  local qkv = flow.split(self.c_attn(x), C, 2)
+  local function heads(t) return flow.transpose(flow.reshape(t, { B, T, H, D }), 1, 2) end
+  local y = F.scaled_dot_product_attention(heads(qkv[1]), heads(qkv[2]), heads(qkv[3]), { causal = true })
+  y = flow.reshape(flow.contiguous(flow.transpose(y, 1, 2)), { B, T, C })
+  return self.dropout(self.c_proj(y))
+end
+
+return nn

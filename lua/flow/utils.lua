@@ -1,0 +1,103 @@
+-- Small helpers for scripts: a seeded random generator whose state fits in a checkpoint,
+-- command-line flags, and human-readable times.
+local flow = require "flow"
+
+local utils = {}
+
+-- Generator: splitmix64 (Steele, Lea, Flood 2014) on Lua's wrapping 64-bit integers. Its whole
+-- state is one integer, so a checkpoint can carry it and a resumed run draws the same numbers.
+local Generator = {}
+Generator.__index = Generator
+
+function utils.Generator(seed)
+  return setmetatable({ state = math.tointeger(seed or 0) or error("Generator: seed must be an integer") }, Generator)
+end
+
+-- The next 64 random bits as a (possibly negative) Lua integer.
+function Generator:next()
+  self.state = self.state + 0x9E3779B97F4A7C15
+  local z = self.state
+  z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9
+  z = (z ~ (z >> 27)) * 0x94D049BB133111EB
+  return z ~ (z >> 31)
+end
+
+-- Uniform float in [0, 1) from the top 53 bits.
+function Generator:uniform()
+  return (self:next() >> 11) * (1.0 / 9007199254740992.0)
+end
+
+-- Uniform integer in [0, n): the modulo bias is below 2^-40 for any n < 2^23, far below noise.
+function Generator:integer(n)
+  assert(n >= 1, "Generator:integer: n must be at least 1")
+  return (self:next() >> 1) % n
+end
+
+-- Index in [0, #weights) drawn with probability proportional to weights (a Lua list).
+function Generator:categorical(weights)
+  local total = 0
+  for i = 1, #weights do total = total + weights[i] end
+  local r, acc = self:uniform() * total, 0
+  for i = 1, #weights do
+    acc = acc + weights[i]
+    if r < acc then return i - 1 end
+  end
+  return #weights - 1
+end
+
+-- Flags: parse_args(arg, spec) with spec = {name = default, ...}; "--name value" or
+-- "--name=value"; dashes in names map to underscores ("--min-lr" sets min_lr). The value is
+-- converted to the default's type; a flag not in spec is an error that lists the known ones.
+function utils.parse_args(argv, spec)
+  local out = {}
+  for k, v in pairs(spec) do out[k] = v end
+  local function known()
+    local names = {}
+    for k in pairs(spec) do names[#names + 1] = "--" .. k:gsub("_", "-") end
+    table.sort(names)
+    return table.concat(names, " ")
+  end
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    local name, value = a:match("^%-%-([%w%-_]+)=(.*)$")
+    if not name then
+      name = a:match("^%-%-([%w%-_]+)$")
+      if not name then error(("unexpected argument '%s' (flags: %s)"):format(a, known()), 0) end
+      i = i + 1
+      value = argv[i]
+    end
+    local key = name:gsub("%-", "_")
+    local def = spec[key]
+    if def == nil then error(("unknown flag --%s (flags: %s)"):format(name, known()), 0) end
+    if value == nil then error(("flag --%s needs a value"):format(name), 0) end
+    if type(def) == "number" then
+      local n = tonumber(value)
+      if not n then error(("flag --%s needs a number (got '%s')"):format(name, value), 0) end
+      if math.type(def) == "integer" then
+        n = math.tointeger(n)
+        if not n then error(("flag --%s needs an integer (got '%s')"):format(name, value), 0) end
+      end
+      out[key] = n
+    else
+      out[key] = value
+    end
+    i = i + 1
+  end
+  return out
+end
+
+-- "1h02m", "3m05s", "12.3s"
+function utils.format_seconds(s)
+  if s ~= s or s == math.huge then return "?" end
+  if s >= 3600 then return ("%dh%02dm"):format(s // 3600, (s % 3600) // 60) end
+  if s >= 60 then return ("%dm%02ds"):format(s // 60, math.floor(s % 60)) end
+  return ("%.1fs"):format(s)
+end
+
+-- Seconds on a monotonic clock.
+function utils.now()
+  return flow.now and flow.now() or os.clock()
+end
+
+return utils
