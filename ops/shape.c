@@ -1,9 +1,12 @@
-/* Shape and view ops: view/reshape, expand. Each view's gradient maps the output gradient back
- * to the input's geometry. */
+/* Shape and view ops: view/reshape, expand, permute/transpose, narrow/select, squeeze/unsqueeze/
+ * flatten, cat/stack, tril/triu. Each view's gradient maps the output gradient back to the
+ * input's geometry. */
 #include "shape.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/cpu/shape.h"
 #include "elementwise.h"
 #include "reduce.h"
 
@@ -168,4 +171,380 @@ flow_tensor *flow_expand(flow_tensor *t, int ndim, const int64_t *shape) {
   at.nshape = ndim;
   for (int i = 0; i < ndim && i < FLOW_MAX_DIMS; i++) at.shape[i] = shape[i];
   return flow_op_call1(&flow_op_expand, &t, 1, &at);
+}
+
+/* Kernels run after inference has validated the attrs: this only resolves a negative axis. */
+static int axis_of(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + ndim : axis); }
+
+static flow_tensor *view_as(flow_tensor *t, int ndim, const int64_t *shape) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.nshape = ndim;
+  memcpy(at.shape, shape, (size_t)ndim * sizeof *shape);
+  return flow_op_call1(&flow_op_view, &t, 1, &at);
+}
+
+/* ---- permute / transpose ------------------------------------------------------------------- */
+
+static int check_permutation(const char *op, const flow_tensor *t, int n, const int64_t *dims, int64_t *perm) {
+  char a[128], b[128];
+  bool seen[FLOW_MAX_DIMS] = {false};
+  if (n != t->ndim) goto bad;
+  for (int i = 0; i < n; i++) {
+    if (dims[i] < -n || dims[i] >= n) goto bad;
+    perm[i] = dims[i] < 0 ? dims[i] + n : dims[i];
+    if (seen[perm[i]]) goto bad;
+    seen[perm[i]] = true;
+  }
+  return 0;
+bad:
+  return flow_error_set("%s: dims %s are not a permutation of the %d axes of a tensor of shape %s", op,
+                        flow_shape_str(n, dims, a, sizeof a), t->ndim, flow_shape_str(t->ndim, t->shape, b, sizeof b));
+}
+
+static int infer_permute(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                         flow_meta *out) {
+  (void)nin;
+  int64_t perm[FLOW_MAX_DIMS];
+  if (check_permutation(op->name, in[0], a->naxes, a->axes, perm) != 0) return -1;
+  flow_meta_from(out, in[0]);
+  for (int i = 0; i < a->naxes; i++) out->shape[i] = in[0]->shape[perm[i]];
+  return 0;
+}
+
+static FLOW_KERNEL(kernel_permute) {
+  (void)nin; (void)nout;
+  int64_t shape[FLOW_MAX_DIMS], st[FLOW_MAX_DIMS];
+  for (int i = 0; i < a->naxes; i++) {
+    int d = axis_of(a->axes[i], a->naxes);
+    shape[i] = in[0]->shape[d];
+    st[i] = in[0]->stride[d];
+  }
+  out[0] = flow_tensor_view_of(in[0], a->naxes, shape, st, in[0]->offset);
+  return out[0] ? 0 : -1;
+}
+
+/* out axis i is input axis perm[i], so the gradient goes back through the inverse permutation */
+static int grad_permute(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  int n = c->attrs->naxes;
+  int64_t inv[FLOW_MAX_DIMS];
+  for (int i = 0; i < n; i++) inv[axis_of(c->attrs->axes[i], n)] = i;
+  gin[0] = flow_permute(c->gout[0], n, inv);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(permute) {.name = "permute", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_permute,
+                  .kernel = {[FLOW_CPU] = kernel_permute, [FLOW_CUDA] = kernel_permute}, .grad = grad_permute};
+
+flow_tensor *flow_permute(flow_tensor *t, int n, const int64_t *dims) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  if (n > FLOW_MAX_DIMS) { flow_error_set("permute: at most %d dimensions", FLOW_MAX_DIMS); return NULL; }
+  at.naxes = n;
+  memcpy(at.axes, dims, (size_t)n * sizeof *dims);
+  return flow_op_call1(&flow_op_permute, &t, 1, &at);
+}
+
+flow_tensor *flow_transpose(flow_tensor *t, int64_t a, int64_t b) {
+  int64_t perm[FLOW_MAX_DIMS], x, y;
+  if (flow_axis_norm("transpose", a, t->ndim, &x) != 0 || flow_axis_norm("transpose", b, t->ndim, &y) != 0)
+    return NULL;
+  if (t->ndim == 0) { flow_tensor_incref(t); return t; }
+  for (int i = 0; i < t->ndim; i++) perm[i] = i;
+  perm[x] = y;
+  perm[y] = x;
+  return flow_permute(t, t->ndim, perm);
+}
+
+/* ---- narrow and its backward ---------------------------------------------------------------- */
+
+/* attrs: axis, start (negative counts from the end), length. */
+static int narrow_geometry(const char *op, const flow_tensor *t, const flow_attrs *a, int *axis, int64_t *start) {
+  char s[128];
+  int64_t ax;
+  if (t->ndim == 0) return flow_error_set("%s: cannot narrow a 0-d tensor", op);
+  if (flow_axis_norm(op, a->axis, t->ndim, &ax) != 0) return -1;
+  int64_t size = t->shape[ax], st = a->start < 0 ? a->start + size : a->start;
+  if (st < 0 || st > size)
+    return flow_error_set("%s: start %lld out of range for axis %lld of size %lld (shape %s)", op,
+                          (long long)a->start, (long long)ax, (long long)size, flow_shape_str(t->ndim, t->shape, s, sizeof s));
+  if (a->length < 0 || a->length > size - st)
+    return flow_error_set("%s: start %lld + length %lld goes past the end of axis %lld (size %lld, shape %s)", op,
+                          (long long)st, (long long)a->length, (long long)ax, (long long)size,
+                          flow_shape_str(t->ndim, t->shape, s, sizeof s));
+  *axis = (int)ax;
+  *start = st;
+  return 0;
+}
+
+static int infer_narrow(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  (void)nin;
+  int axis;
+  int64_t start;
+  if (narrow_geometry(op->name, in[0], a, &axis, &start) != 0) return -1;
+  flow_meta_from(out, in[0]);
+  out->shape[axis] = a->length;
+  return 0;
+}
+
+static FLOW_KERNEL(kernel_narrow) {
+  (void)nin; (void)nout;
+  int axis;
+  int64_t start, shape[FLOW_MAX_DIMS];
+  if (narrow_geometry("narrow", in[0], a, &axis, &start) != 0) return -1;
+  memcpy(shape, in[0]->shape, sizeof shape);
+  shape[axis] = a->length;
+  out[0] = flow_tensor_view_of(in[0], in[0]->ndim, shape, in[0]->stride,
+                               in[0]->offset + start * in[0]->stride[axis]);
+  return out[0] ? 0 : -1;
+}
+
+/* The gradient of narrow: g placed at [start, start+len) along axis of zeros of the input's shape
+ * (attrs: shape/nshape = the input's shape, axis and start normalised). */
+static flow_tensor *narrow_backward(flow_tensor *g, const flow_meta *in, int axis, int64_t start);
+
+static int grad_narrow(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  const flow_meta *m = &c->in_meta[0];
+  int axis = axis_of(c->attrs->axis, m->ndim);
+  int64_t start = c->attrs->start < 0 ? c->attrs->start + m->shape[axis] : c->attrs->start;
+  gin[0] = narrow_backward(c->gout[0], m, axis, start);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(narrow) {.name = "narrow", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_narrow,
+                 .kernel = {[FLOW_CPU] = kernel_narrow, [FLOW_CUDA] = kernel_narrow}, .grad = grad_narrow};
+
+static int infer_narrow_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                                 flow_meta *out) {
+  (void)nin;
+  flow_meta_from(out, in[0]);
+  out->ndim = a->nshape;
+  memcpy(out->shape, a->shape, sizeof out->shape);
+  bool ok = a->nshape == in[0]->ndim && a->axis >= 0 && a->axis < a->nshape && a->start >= 0 &&
+            a->start + in[0]->shape[a->axis] <= a->shape[a->axis];
+  for (int d = 0; ok && d < a->nshape; d++) ok = d == a->axis || a->shape[d] == in[0]->shape[d];
+  if (!ok) {
+    char s[128], t[128];
+    return flow_error_set("%s: a gradient of shape %s does not fit at %lld on axis %lld of shape %s", op->name,
+                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s), (long long)a->start,
+                          (long long)a->axis, flow_shape_str(a->nshape, a->shape, t, sizeof t));
+  }
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_narrow_backward) {
+  (void)nin; (void)nout;
+  return flow_cpu_narrow_scatter(out[0], in[0], (int)a->axis, a->start);
+}
+
+static int grad_narrow_backward(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  gin[0] = flow_narrow(c->gout[0], c->attrs->axis, c->attrs->start, c->in_meta[0].shape[c->attrs->axis]);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(narrow_backward) {.name = "narrow_backward", .nin = 1, .nout = 1, .infer = infer_narrow_backward,
+                          .kernel = {[FLOW_CPU] = cpu_narrow_backward}, .grad = grad_narrow_backward};
+
+static flow_tensor *narrow_backward(flow_tensor *g, const flow_meta *in, int axis, int64_t start) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.nshape = in->ndim;
+  memcpy(at.shape, in->shape, sizeof at.shape);
+  at.axis = axis;
+  at.start = start;
+  return flow_op_call1(&flow_op_narrow_backward, &g, 1, &at);
+}
+
+flow_tensor *flow_narrow(flow_tensor *t, int64_t axis, int64_t start, int64_t length) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.axis = axis;
+  at.start = start;
+  at.length = length;
+  return flow_op_call1(&flow_op_narrow, &t, 1, &at);
+}
+
+/* select = a narrow of length 1, then a view without that axis. */
+flow_tensor *flow_select(flow_tensor *t, int64_t axis, int64_t index) {
+  int64_t ax, shape[FLOW_MAX_DIMS];
+  if (t->ndim == 0) { flow_error_set("select: cannot select from a 0-d tensor"); return NULL; }
+  if (flow_axis_norm("select", axis, t->ndim, &ax) != 0) return NULL;
+  int64_t size = t->shape[ax];
+  if (index < -size || index >= size) {
+    char s[128];
+    flow_error_set("select: index %lld out of range for axis %lld of size %lld (expected %lld..%lld; shape %s)",
+                   (long long)index, (long long)ax, (long long)size, (long long)-size, (long long)size - 1,
+                   flow_shape_str(t->ndim, t->shape, s, sizeof s));
+    return NULL;
+  }
+  flow_tensor *n = flow_narrow(t, ax, index < 0 ? index + size : index, 1);
+  if (!n) return NULL;
+  for (int d = 0, k = 0; d < t->ndim; d++)
+    if (d != ax) shape[k++] = t->shape[d];
+  flow_tensor *r = view_as(n, t->ndim - 1, shape);
+  flow_tensor_decref(n);
+  return r;
+}
+
+/* ---- squeeze / unsqueeze / flatten: views through the view op ------------------------------- */
+
+flow_tensor *flow_squeeze(flow_tensor *t, int naxes, const int64_t *axes) {
+  bool drop[FLOW_MAX_DIMS] = {false};
+  int64_t shape[FLOW_MAX_DIMS], ax;
+  for (int i = 0; i < naxes; i++) {
+    if (flow_axis_norm("squeeze", axes[i], t->ndim, &ax) != 0) return NULL;
+    if (t->ndim) drop[ax] = t->shape[ax] == 1;
+  }
+  int n = 0;
+  for (int d = 0; d < t->ndim; d++)
+    if (!(naxes ? drop[d] : t->shape[d] == 1)) shape[n++] = t->shape[d];
+  return view_as(t, n, shape);
+}
+
+flow_tensor *flow_unsqueeze(flow_tensor *t, int64_t axis) {
+  int64_t ax, shape[FLOW_MAX_DIMS];
+  if (t->ndim == FLOW_MAX_DIMS) {
+    flow_error_set("unsqueeze: the tensor already has the maximum of %d dimensions", FLOW_MAX_DIMS);
+    return NULL;
+  }
+  if (flow_axis_norm("unsqueeze", axis, t->ndim + 1, &ax) != 0) return NULL;
+  for (int d = 0, k = 0; d <= t->ndim; d++) shape[d] = d == ax ? 1 : t->shape[k++];
+  return view_as(t, t->ndim + 1, shape);
+}
+
+flow_tensor *flow_flatten(flow_tensor *t, int64_t start, int64_t end) {
+  int64_t s, e, shape[FLOW_MAX_DIMS];
+  if (flow_axis_norm("flatten", start, t->ndim, &s) != 0 || flow_axis_norm("flatten", end, t->ndim, &e) != 0)
+    return NULL;
+  if (t->ndim == 0) return flow_reshape(t, 1, (int64_t[]){1});
+  if (s > e) {
+    flow_error_set("flatten: start axis %lld comes after end axis %lld", (long long)s, (long long)e);
+    return NULL;
+  }
+  int n = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (d <= s || d > e) shape[n++] = t->shape[d];
+    else shape[n - 1] *= t->shape[d];
+  }
+  return flow_reshape(t, n, shape);
+}
+
+/* ---- cat / stack ---------------------------------------------------------------------------- */
+
+static int infer_cat(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                     flow_meta *out) {
+  int64_t ax;
+  if (nin < 1) return flow_error_set("%s: needs at least one tensor", op->name);
+  if (flow_check_same_dtype(op, in, nin) != 0) return -1;
+  if (in[0]->ndim == 0) return flow_error_set("%s: cannot concatenate 0-d tensors (unsqueeze them or use stack)", op->name);
+  if (flow_axis_norm(op->name, a->axis, in[0]->ndim, &ax) != 0) return -1;
+  flow_meta_from(out, in[0]);
+  for (int i = 1; i < nin; i++) {
+    bool ok = in[i]->ndim == in[0]->ndim;
+    for (int d = 0; ok && d < in[0]->ndim; d++) ok = d == ax || in[i]->shape[d] == in[0]->shape[d];
+    if (!ok) {
+      char s0[128], s1[128];
+      return flow_error_set("%s: shapes %s (input 1) and %s (input %d) differ outside the concatenation axis %lld",
+                            op->name, flow_shape_str(in[0]->ndim, in[0]->shape, s0, sizeof s0),
+                            flow_shape_str(in[i]->ndim, in[i]->shape, s1, sizeof s1), i + 1, (long long)ax);
+    }
+    out->shape[ax] += in[i]->shape[ax];
+  }
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_cat) {
+  (void)nout;
+  return flow_cpu_cat(out[0], in, nin, axis_of(a->axis, in[0]->ndim));
+}
+
+/* Each input's gradient is its window of the output gradient. */
+static int grad_cat(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0]) return 0;
+  int axis = axis_of(c->attrs->axis, c->in_meta[0].ndim);
+  int64_t at = 0;
+  for (int i = 0; i < c->nin; i++) {
+    int64_t len = c->in_meta[i].shape[axis];
+    if (c->need[i] && !(gin[i] = flow_narrow(c->gout[0], axis, at, len))) return -1;
+    at += len;
+  }
+  return 0;
+}
+
+FLOW_OP(cat) {.name = "cat", .nin = -1, .nout = 1, .infer = infer_cat, .kernel = {[FLOW_CPU] = cpu_cat},
+              .grad = grad_cat};
+
+flow_tensor *flow_cat(int n, flow_tensor *const *ts, int64_t axis) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.axis = axis;
+  return flow_op_call1(&flow_op_cat, ts, n, &at);
+}
+
+/* stack = unsqueeze each at axis, then cat. */
+flow_tensor *flow_stack(int n, flow_tensor *const *ts, int64_t axis) {
+  if (n < 1) { flow_error_set("stack: needs at least one tensor"); return NULL; }
+  for (int i = 1; i < n; i++)
+    if (!flow_shape_eq(ts[i]->ndim, ts[i]->shape, ts[0]->ndim, ts[0]->shape)) {
+      char s0[128], s1[128];
+      flow_error_set("stack: all tensors must have the same shape: %s (input 1) and %s (input %d)",
+                     flow_shape_str(ts[0]->ndim, ts[0]->shape, s0, sizeof s0),
+                     flow_shape_str(ts[i]->ndim, ts[i]->shape, s1, sizeof s1), i + 1);
+      return NULL;
+    }
+  int64_t ax;
+  if (flow_axis_norm("stack", axis, ts[0]->ndim + 1, &ax) != 0) return NULL;
+  flow_tensor **u = calloc((size_t)n, sizeof *u), *r = NULL;
+  if (!u) { flow_error_set("stack: out of memory"); return NULL; }
+  int k = 0;
+  while (k < n && (u[k] = flow_unsqueeze(ts[k], ax))) k++;
+  if (k == n) r = flow_cat(n, u, ax);
+  if (!r) flow_error_prefix("stack");
+  for (int i = 0; i < k; i++) flow_tensor_decref(u[i]);
+  free(u);
+  return r;
+}
+
+/* ---- tril / triu ------------------------------------------------------------------------------ */
+
+/* attrs: k (diagonal offset), flags & FLOW_ATTR_UPPER (set for triu). */
+static int infer_tri(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                     flow_meta *out) {
+  (void)nin; (void)a;
+  if (in[0]->ndim < 2) {
+    char s[128];
+    return flow_error_set("%s: needs a tensor of at least 2 dimensions (got shape %s)", op->name,
+                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s));
+  }
+  flow_meta_from(out, in[0]);
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_tri) {
+  (void)nin; (void)nout;
+  return flow_cpu_tri(out[0], in[0], a->k, (a->flags & FLOW_ATTR_UPPER) != 0);
+}
+
+/* The mask is linear: the gradient is masked the same way. */
+static int grad_tri(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  gin[0] = flow_tri(c->gout[0], c->attrs->k, (c->attrs->flags & FLOW_ATTR_UPPER) != 0);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tri},
+               .grad = grad_tri};
+FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tri},
+               .grad = grad_tri};
+
+flow_tensor *flow_tri(flow_tensor *t, int64_t k, bool upper) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.k = k;
+  if (upper) at.flags |= FLOW_ATTR_UPPER;
+  return flow_op_call1(upper ? &flow_op_triu : &flow_op_tril, &t, 1, &at);
 }

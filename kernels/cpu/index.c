@@ -1,0 +1,109 @@
+/* Gather, scatter-add and embedding on the CPU. The walk over the index tensor keeps one element
+ * offset per operand and updates it as an odometer, so any strides (and stride-0 broadcast
+ * indices, which index_select and embedding's backward use) cost the same. */
+#include "index.h"
+
+#include <string.h>
+
+#include "../../core/error.h"
+
+enum { OP_A, OP_B, OP_IDX, NOPS };
+
+typedef struct walk {
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+  int64_t stride[NOPS][FLOW_MAX_DIMS];   /* elements */
+  int64_t pos[FLOW_MAX_DIMS];
+  int64_t off[NOPS];
+} walk;
+
+/* The walk covers idx's shape. The indexed operand (OP_A or OP_B, or -1 for none) gets stride 0
+ * on axis: its coordinate there comes from the index value, not from the position. */
+static void walk_init(walk *w, const flow_tensor *a, const flow_tensor *b, const flow_tensor *idx,
+                      int indexed, int axis) {
+  memset(w, 0, sizeof *w);
+  w->ndim = idx->ndim;
+  const flow_tensor *ops[NOPS] = {a, b, idx};
+  for (int d = 0; d < w->ndim; d++) {
+    w->shape[d] = idx->shape[d];
+    for (int k = 0; k < NOPS; k++) w->stride[k][d] = ops[k] && !(k == indexed && d == axis) ? ops[k]->stride[d] : 0;
+  }
+}
+
+static void walk_next(walk *w) {
+  for (int d = w->ndim - 1; d >= 0; d--) {
+    if (++w->pos[d] < w->shape[d]) {
+      for (int k = 0; k < NOPS; k++) w->off[k] += w->stride[k][d];
+      return;
+    }
+    w->pos[d] = 0;
+    for (int k = 0; k < NOPS; k++) w->off[k] -= (w->shape[d] - 1) * w->stride[k][d];
+  }
+}
+
+static int out_of_range(int64_t i, int64_t size, int axis) {
+  return flow_error_set("index %lld out of range [0, %lld) on axis %d", (long long)i, (long long)size, axis);
+}
+
+int flow_cpu_gather(flow_tensor *out, const flow_tensor *t, const flow_tensor *idx, int axis) {
+  walk w;
+  walk_init(&w, out, t, idx, OP_B, axis);
+  size_t es = flow_dtype_size(t->dtype);
+  char *po = flow_tensor_data(out);
+  const char *pt = flow_tensor_data(t);
+  const int64_t *pi = flow_tensor_data(idx);
+  int64_t n = flow_tensor_numel(idx), size = t->shape[axis];
+  for (int64_t e = 0; e < n; e++, walk_next(&w)) {
+    int64_t i = pi[w.off[OP_IDX]];
+    if (i < 0 || i >= size) return out_of_range(i, size, axis);
+    memcpy(po + w.off[OP_A] * (int64_t)es, pt + (w.off[OP_B] + i * t->stride[axis]) * (int64_t)es, es);
+  }
+  return 0;
+}
+
+#define SCATTER_ADD(T)                                                                  \
+  for (int64_t e = 0; e < n; e++, walk_next(&w)) {                                      \
+    int64_t i = pi[w.off[OP_IDX]];                                                      \
+    if (i < 0 || i >= size) return out_of_range(i, size, axis);                         \
+    ((T *)po)[w.off[OP_A] + i * out->stride[axis]] += ((const T *)ps)[w.off[OP_B]];     \
+  }                                                                                     \
+  return 0;
+
+int flow_cpu_scatter_add(flow_tensor *out, const flow_tensor *idx, const flow_tensor *src, int axis) {
+  walk w;
+  walk_init(&w, out, src, idx, OP_A, axis);
+  char *po = flow_tensor_data(out);
+  const char *ps = flow_tensor_data(src);
+  const int64_t *pi = flow_tensor_data(idx);
+  int64_t n = flow_tensor_numel(idx), size = out->shape[axis];
+  switch (out->dtype) {
+  case FLOW_F32: SCATTER_ADD(float)
+  case FLOW_F64: SCATTER_ADD(double)
+  case FLOW_I64: SCATTER_ADD(int64_t)
+  case FLOW_I32: SCATTER_ADD(int32_t)
+  default: return flow_error_set("no kernel for dtype %s", flow_dtype_name(out->dtype));
+  }
+}
+
+int flow_cpu_embedding(flow_tensor *out, const flow_tensor *ids, const flow_tensor *weight) {
+  walk w;
+  walk_init(&w, NULL, NULL, ids, -1, -1);
+  int64_t rows = weight->shape[0], dim = weight->shape[1];
+  size_t es = flow_dtype_size(weight->dtype);
+  char *po = flow_tensor_data(out);
+  const char *pw = flow_tensor_data(weight);
+  const int64_t *pi = flow_tensor_data(ids);
+  int64_t n = flow_tensor_numel(ids);
+  bool dense = weight->stride[1] == 1;
+  for (int64_t e = 0; e < n; e++, walk_next(&w)) {
+    int64_t i = pi[w.off[OP_IDX]];
+    if (i < 0 || i >= rows) return flow_error_set("index %lld out of range [0, %lld) (the rows of weight)",
+                                                  (long long)i, (long long)rows);
+    const char *row = pw + i * weight->stride[0] * (int64_t)es;
+    char *dst = po + e * dim * (int64_t)es;
+    if (dense) memcpy(dst, row, (size_t)dim * es);
+    else
+      for (int64_t d = 0; d < dim; d++) memcpy(dst + d * (int64_t)es, row + d * weight->stride[1] * (int64_t)es, es);
+  }
+  return 0;
+}
