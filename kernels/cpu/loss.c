@@ -1,0 +1,116 @@
+/* Cross-entropy from logits: fused log-softmax + NLL forward and fused backward, float32 and
+ * float64. The kernels after `#else` are written once against `real`: this file includes itself
+ * once per dtype (Torch7's THGenerate pattern). */
+#ifndef real
+
+#include <tgmath.h>
+
+#include "nn.h"
+
+#define real float
+#define GEN(name) name##_f32
+#include "loss.c"
+#undef real
+#undef GEN
+#define real double
+#define GEN(name) name##_f64
+#include "loss.c"
+#undef real
+#undef GEN
+
+/* Every target is ignore_index or in [0, C); counts the others. */
+static int check_targets(const int64_t *t, int64_t rows, int64_t C, int64_t ignore_index, int64_t *count) {
+  *count = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    if (t[r] == ignore_index) continue;
+    if (t[r] < 0 || t[r] >= C)
+      return flow_error_set("cross_entropy: target %lld is out of range for %lld classes (expected 0 <= "
+                            "target < %lld, or ignore_index %lld)", (long long)t[r], (long long)C,
+                            (long long)C, (long long)ignore_index);
+    (*count)++;
+  }
+  return 0;
+}
+
+int flow_cpu_cross_entropy_forward(flow_tensor *loss, flow_tensor *lse, const flow_tensor *logits,
+                                   const flow_tensor *target, int64_t ignore_index, bool reduce, bool mean) {
+  flow_tensor *tx, *tt;
+  const void *x = flow_cpu_dense(logits, &tx);
+  const int64_t *t = x ? flow_cpu_dense(target, &tt) : NULL;
+  if (!t) { flow_tensor_decref(tx); return -1; }
+  int64_t C = logits->shape[logits->ndim - 1], rows = flow_tensor_numel(target), count;
+  int rc = check_targets(t, rows, C, ignore_index, &count);
+  if (rc == 0) {
+    /* summed in double: a mean over many rows should not lose digits in float32 */
+    double total = logits->dtype == FLOW_F32
+        ? cross_entropy_forward_f32(flow_tensor_data(loss), flow_tensor_data(lse), x, t, rows, C, ignore_index, reduce)
+        : cross_entropy_forward_f64(flow_tensor_data(loss), flow_tensor_data(lse), x, t, rows, C, ignore_index, reduce);
+    if (reduce) flow_dtype_store(loss->dtype, flow_tensor_data(loss), mean ? total / (double)count : total);
+  }
+  flow_tensor_decref(tx);
+  flow_tensor_decref(tt);
+  return rc;
+}
+
+int flow_cpu_cross_entropy_backward(flow_tensor *dlogits, const flow_tensor *logits, const flow_tensor *target,
+                                    const flow_tensor *lse, const flow_tensor *g, const flow_tensor *glse,
+                                    int64_t ignore_index, bool reduce, bool mean) {
+  flow_tensor *tmp[5] = {NULL, NULL, NULL, NULL, NULL};
+  const void *x = flow_cpu_dense(logits, &tmp[0]);
+  const int64_t *t = x ? flow_cpu_dense(target, &tmp[1]) : NULL;
+  const void *l = t ? flow_cpu_dense(lse, &tmp[2]) : NULL;
+  const void *gp = l ? flow_cpu_dense(g, &tmp[3]) : NULL;
+  const void *gl = gp ? flow_cpu_dense(glse, &tmp[4]) : NULL;
+  int rc = gl ? 0 : -1;
+  int64_t C = logits->shape[logits->ndim - 1], rows = flow_tensor_numel(target), count = 0;
+  if (rc == 0 && mean) rc = check_targets(t, rows, C, ignore_index, &count);
+  if (rc == 0) {
+    /* per-row gradient scale: g[r] (none), g (sum), g / count (mean) */
+    double scale = reduce ? flow_dtype_load(g->dtype, gp) / (mean ? (double)count : 1.0) : 0;
+    if (logits->dtype == FLOW_F32)
+      cross_entropy_backward_f32(flow_tensor_data(dlogits), x, t, l, reduce ? NULL : gp, (float)scale, gl, rows,
+                                 C, ignore_index);
+    else
+      cross_entropy_backward_f64(flow_tensor_data(dlogits), x, t, l, reduce ? NULL : gp, scale, gl, rows, C,
+                                 ignore_index);
+  }
+  for (int i = 0; i < 5; i++) flow_tensor_decref(tmp[i]);
+  return rc;
+}
+
+#else
+
+/* Per row: lse = m + log sum exp(x - m) (m = max x),  loss = lse - x[target]; ignored rows lose 0.
+ * Writes per-row losses unless reduce; returns their sum. */
+static double GEN(cross_entropy_forward)(real *loss, real *lse, const real *x, const int64_t *t, int64_t rows,
+                                         int64_t C, int64_t ignore_index, bool reduce) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    const real *xr = x + r * C;
+    real m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < C; j++) if (xr[j] > m) m = xr[j];
+    for (int64_t j = 0; j < C; j++) s += exp(xr[j] - m);
+    lse[r] = m + log(s);
+    real l = t[r] == ignore_index ? 0 : lse[r] - xr[t[r]];
+    if (!reduce) loss[r] = l;
+    total += l;
+  }
+  return total;
+}
+
+/* dlogits = (exp(x - lse) - onehot(target)) * scale_r + exp(x - lse) * glse_r, with scale_r = g[r]
+ * when g is given, else `scale`, and 0 for rows with an ignored target. */
+static void GEN(cross_entropy_backward)(real *dx, const real *x, const int64_t *t, const real *lse, const real *g,
+                                        real scale, const real *glse, int64_t rows, int64_t C,
+                                        int64_t ignore_index) {
+  for (int64_t r = 0; r < rows; r++) {
+    const real *xr = x + r * C;
+    real *dr = dx + r * C;
+    bool ignored = t[r] == ignore_index;
+    real sr = ignored ? 0 : g ? g[r] : scale, l = lse[r], sp = sr + glse[r];
+    for (int64_t j = 0; j < C; j++) dr[j] = exp(xr[j] - l) * sp;
+    if (!ignored) dr[t[r]] -= sr;
+  }
+}
+
+#endif
