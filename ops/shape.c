@@ -269,7 +269,8 @@ static int narrow_geometry(const char *op, const flow_tensor *t, const flow_attr
   if (st < 0 || st > size)
     return flow_error_set("%s: start %lld out of range for axis %lld of size %lld (shape %s)", op,
                           (long long)a->start, (long long)ax, (long long)size, flow_shape_str(t->ndim, t->shape, s, sizeof s));
-  if (a->length < 0 || a->length > size - st)
+  if (a->length < 0) return flow_error_set("%s: negative length %lld", op, (long long)a->length);
+  if (a->length > size - st)
     return flow_error_set("%s: start %lld + length %lld goes past the end of axis %lld (size %lld, shape %s)", op,
                           (long long)st, (long long)a->length, (long long)ax, (long long)size,
                           flow_shape_str(t->ndim, t->shape, s, sizeof s));
