@@ -1,14 +1,30 @@
-/* The flowlua REPL: expressions print their value, statements run, incomplete input continues on
- * the next line (as lua5.4's REPL does). */
+/* The flowlua REPL: readline editing with history and tab completion, expressions print their
+ * values, incomplete chunks continue on a ">>" prompt, Ctrl-C interrupts a running chunk (or
+ * clears the line at the prompt). Under mpirun every rank runs what rank 0 reads. */
 #include "repl.h"
 
+#include <errno.h>
 #include <lauxlib.h>
+#include <mpi.h>
 #include <readline/history.h>
 #include <readline/readline.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <unistd.h>
+
+#include "bind.h"
+
+#define HISTORY_FILE ".flowlua_history"
+#define HISTORY_LINES 1000
+
+void flow_lua_push_methods(lua_State *L); /* lua/bind.c: the tensor methods table */
+
+static lua_State *repl_L;               /* the state Ctrl-C interrupts, and completion reads */
+static volatile sig_atomic_t sigint_at_prompt;
+static int rank = 0, nranks = 1;        /* the MPI world, when MPI is running */
 
 void flow_repl_init(lua_State *L) {
   lua_pushglobaltable(L);
@@ -20,11 +36,239 @@ void flow_repl_init(lua_State *L) {
 
 void flow_repl_print_error(lua_State *L, const char *prog, const char *msg) {
   (void)L;
+  fflush(stdout);
   fprintf(stderr, "%s: %s\n", prog, msg);
   fflush(stderr);
 }
 
 int flow_repl_finish(lua_State *L, int status) { (void)L; return status; }
+
+/* ---- Ctrl-C ------------------------------------------------------------------------------- */
+
+/* While Lua runs, SIGINT sets a hook that raises at the next call, return or count step (as
+ * lua.c does: a signal handler may not touch the Lua state beyond lua_sethook). The handler then
+ * falls back to the default, so a second Ctrl-C kills a run stuck in a long C call. */
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  luaL_error(L, "interrupted");
+}
+
+static void on_sigint_running(int sig) {
+  signal(sig, SIG_DFL);
+  lua_sethook(repl_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+static void on_sigint_prompt(int sig) {
+  (void)sig;
+  sigint_at_prompt = 1;
+}
+
+static void set_sigint(void (*handler)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+}
+
+/* ---- tab completion ----------------------------------------------------------------------- */
+
+static const char *const keywords[] = {"and", "break", "do", "else", "elseif", "end", "false", "for",
+                                       "function", "goto", "if", "in", "local", "nil", "not", "or",
+                                       "repeat", "return", "then", "true", "until", "while", NULL};
+
+typedef struct completions {
+  char **items;
+  int n, cap;
+} completions;
+
+static void add_completion(completions *c, const char *prefix, size_t plen, const char *key) {
+  for (int i = 0; i < c->n; i++)
+    if (strcmp(c->items[i] + plen, key) == 0) return;
+  if (c->n == c->cap) {
+    int cap = c->cap ? 2 * c->cap : 32;
+    char **items = realloc(c->items, (size_t)cap * sizeof *items);
+    if (!items) return;
+    c->items = items;
+    c->cap = cap;
+  }
+  char *s = malloc(plen + strlen(key) + 1);
+  if (!s) return;
+  memcpy(s, prefix, plen);
+  strcpy(s + plen, key);
+  c->items[c->n++] = s;
+}
+
+static int is_ident(const char *s) {
+  if (!(*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z'))) return 0;
+  for (; *s; s++)
+    if (!(*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9'))) return 0;
+  return 1;
+}
+
+/* Add the string keys of the table at idx starting with `part` (functions only when asked). */
+static void table_keys(lua_State *L, int idx, const char *part, int functions_only, completions *c,
+                       const char *prefix, size_t plen) {
+  size_t n = strlen(part);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (lua_type(L, -2) == LUA_TSTRING) {
+      const char *k = lua_tostring(L, -2);
+      if (strncmp(k, part, n) == 0 && is_ident(k) && (!functions_only || lua_isfunction(L, -1)))
+        add_completion(c, prefix, plen, k);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+/* Keys reachable from the value at idx: a tensor's methods (and fields after "."); else its own
+ * keys (a table), then its metatable's __index chain while that is a table (objects, classes). */
+static void value_keys(lua_State *L, int idx, const char *part, int functions_only, completions *c,
+                       const char *prefix, size_t plen) {
+  static const char *const tensor_fields[] = {"dtype", "device", "requires_grad", "grad", "is_leaf",
+                                              "is_global", "ndim", "placement", "sbp", NULL};
+  if (luaL_testudata(L, idx, FLOW_TENSOR_MT)) {
+    flow_lua_push_methods(L);
+    table_keys(L, lua_gettop(L), part, functions_only, c, prefix, plen);
+    for (int i = 0; !functions_only && tensor_fields[i]; i++)
+      if (strncmp(tensor_fields[i], part, strlen(part)) == 0) add_completion(c, prefix, plen, tensor_fields[i]);
+    lua_settop(L, idx);
+    return;
+  }
+  lua_pushvalue(L, idx);
+  for (int depth = 0; depth < 8; depth++) {
+    if (lua_istable(L, -1)) table_keys(L, lua_gettop(L), part, functions_only, c, prefix, plen);
+    if (luaL_getmetafield(L, -1, "__index") == LUA_TNIL) break;
+    if (!lua_istable(L, -1)) break;
+    lua_remove(L, -2);
+  }
+  lua_settop(L, idx);
+}
+
+/* Protected part of completion: resolve the dotted path, list candidates. Arguments: the word
+ * (light userdata), the completions (light userdata). */
+static int collect(lua_State *L) {
+  const char *word = lua_touserdata(L, 1);
+  completions *c = lua_touserdata(L, 2);
+  const char *sep = NULL;
+  for (const char *p = word; *p; p++)
+    if (*p == '.' || *p == ':') sep = p;
+  lua_settop(L, 0);
+  if (!sep) {
+    lua_pushglobaltable(L);
+    table_keys(L, 1, word, 0, c, "", 0);
+    for (int i = 0; keywords[i]; i++)
+      if (strncmp(keywords[i], word, strlen(word)) == 0) add_completion(c, "", 0, keywords[i]);
+    return 0;
+  }
+  lua_pushglobaltable(L);
+  const char *seg = word;
+  while (seg < sep) {
+    const char *end = seg;
+    while (end < sep && *end != '.' && *end != ':') end++;
+    if (!lua_istable(L, -1) && !lua_isuserdata(L, -1)) return 0;
+    lua_pushlstring(L, seg, (size_t)(end - seg));
+    lua_gettable(L, -2); /* may run __index (flow.nn loads here): we are protected */
+    lua_remove(L, -2);
+    seg = end + 1;
+  }
+  if (lua_isnil(L, -1)) return 0;
+  value_keys(L, lua_gettop(L), sep + 1, *sep == ':', c, word, (size_t)(sep + 1 - word));
+  return 0;
+}
+
+static completions current;
+static int current_next;
+
+static char *next_completion(const char *text, int state) {
+  (void)text;
+  if (state == 0) current_next = 0;
+  return current_next < current.n ? strdup(current.items[current_next++]) : NULL;
+}
+
+static char **complete(const char *text, int start, int end) {
+  (void)start; (void)end;
+  rl_attempted_completion_over = 1; /* never fall back to file names */
+  for (int i = 0; i < current.n; i++) free(current.items[i]);
+  current.n = 0;
+  lua_State *L = repl_L;
+  int top = lua_gettop(L);
+  lua_pushcfunction(L, collect);
+  lua_pushlightuserdata(L, (void *)text);
+  lua_pushlightuserdata(L, &current);
+  lua_pcall(L, 2, 0, 0);
+  lua_settop(L, top);
+  rl_completion_append_character = '\0';
+  return current.n ? rl_completion_matches(text, next_completion) : NULL;
+}
+
+/* ---- reading lines ------------------------------------------------------------------------ */
+
+enum { LINE_OK, LINE_EOF, LINE_CANCEL };
+
+static char *cb_line;
+static int cb_done;
+
+static void on_line(char *line) {
+  cb_line = line;
+  cb_done = 1;
+  rl_callback_handler_remove();
+}
+
+/* readline in callback mode, so that Ctrl-C (which only sets a flag) can clear the line. */
+static int read_tty(const char *prompt, char **line) {
+  cb_done = 0;
+  cb_line = NULL;
+  sigint_at_prompt = 0;
+  set_sigint(on_sigint_prompt);
+  rl_callback_handler_install(prompt, on_line);
+  while (!cb_done) {
+    fd_set fds;
+    FD_ZERO(&fds);
+    FD_SET(fileno(rl_instream), &fds);
+    int r = select(fileno(rl_instream) + 1, &fds, NULL, NULL, NULL);
+    if (sigint_at_prompt) {
+      rl_free_line_state();
+      rl_callback_sigcleanup();
+      rl_callback_handler_remove();
+      fputs("\n", stdout);
+      fflush(stdout);
+      return LINE_CANCEL;
+    }
+    if (r < 0 && errno != EINTR) break;
+    if (r > 0) rl_callback_read_char();
+  }
+  *line = cb_line;
+  return cb_line ? LINE_OK : LINE_EOF;
+}
+
+static int read_pipe(char **line) {
+  size_t cap = 0;
+  *line = NULL;
+  ssize_t n = getline(line, &cap, stdin);
+  if (n < 0) { free(*line); *line = NULL; return LINE_EOF; }
+  if (n > 0 && (*line)[n - 1] == '\n') (*line)[n - 1] = 0;
+  return LINE_OK;
+}
+
+/* Rank 0 reads; under MPI the line (or EOF / cancel) goes to every rank: a length (-1 EOF,
+ * -2 cancel), then the bytes. */
+static int next_line(int tty, const char *prompt, char **line) {
+  int kind = LINE_OK;
+  *line = NULL;
+  if (rank == 0) kind = tty ? read_tty(prompt, line) : read_pipe(line);
+  if (nranks == 1) return kind;
+  long len = kind == LINE_EOF ? -1 : kind == LINE_CANCEL ? -2 : (long)strlen(*line);
+  MPI_Bcast(&len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  if (len < 0) return len == -1 ? LINE_EOF : LINE_CANCEL;
+  if (rank != 0 && !(*line = malloc((size_t)len + 1))) abort();
+  MPI_Bcast(*line, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  (*line)[len] = 0;
+  return LINE_OK;
+}
+
+/* ---- evaluation --------------------------------------------------------------------------- */
 
 static int incomplete(lua_State *L, int status) {
   if (status != LUA_ERRSYNTAX) return 0;
@@ -33,67 +277,162 @@ static int incomplete(lua_State *L, int status) {
   return n >= 5 && strcmp(msg + n - 5, "<eof>") == 0;
 }
 
-/* Compile line as "return line" first (an expression), else as a statement. */
+enum { CHUNK_OK, CHUNK_INCOMPLETE, CHUNK_ERROR };
+
+/* Compile code as "return <code>" (an expression: its values print), else as a statement.
+ * Incomplete when either form ran out of input ("1 +" and "for i = 1, 3 do" both wait for
+ * more). Leaves the function, or the syntax error of the statement form, on top. */
 static int compile(lua_State *L, const char *code) {
-  const char *ret = lua_pushfstring(L, "return %s;", code);
+  const char *ret = lua_pushfstring(L, "return %s", code);
   int status = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
   lua_remove(L, -2);
-  if (status == LUA_OK) return status;
+  if (status == LUA_OK) return CHUNK_OK;
+  int more = incomplete(L, status);
   lua_pop(L, 1);
-  return luaL_loadbuffer(L, code, strlen(code), "=stdin");
+  status = luaL_loadbuffer(L, code, strlen(code), "=stdin");
+  if (status == LUA_OK) return CHUNK_OK;
+  return more || incomplete(L, status) ? CHUNK_INCOMPLETE : CHUNK_ERROR;
 }
 
-static void print_results(lua_State *L, int base) {
-  int n = lua_gettop(L) - base;
-  if (n <= 0) return;
-  lua_getglobal(L, "print");
-  lua_insert(L, base + 1);
-  if (lua_pcall(L, n, 0, 0) != LUA_OK) {
-    fprintf(stderr, "error printing result: %s\n", lua_tostring(L, -1));
-    lua_pop(L, 1);
+/* Turn the results above base into one tab-separated string (every rank does this: printing a
+ * global tensor may need its peers). Leaves the string, or an error message, on top. */
+static int results_text(lua_State *L) {
+  int n = lua_gettop(L);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 1; i <= n; i++) {
+    luaL_tolstring(L, i, NULL);
+    luaL_addvalue(&b);
+    if (i < n) luaL_addchar(&b, '\t');
   }
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* Print errors: alone, as "flowlua: msg"; under MPI, rank 0 prints every failing rank's message
+ * as "[rank r,s] msg" (ranks with the same message share a line). */
+static void report(lua_State *L, const char *msg) {
+  if (nranks == 1) {
+    if (msg) flow_repl_print_error(L, "flowlua", msg);
+    return;
+  }
+  int len = msg ? (int)strlen(msg) + 1 : 0;
+  int *lens = rank == 0 ? calloc((size_t)nranks, sizeof *lens) : NULL, *displs = NULL;
+  char *all = NULL;
+  MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    displs = calloc((size_t)nranks, sizeof *displs);
+    int total = 0;
+    for (int r = 0; r < nranks; r++) { displs[r] = total; total += lens[r]; }
+    all = malloc((size_t)total + 1);
+  }
+  MPI_Gatherv(msg ? msg : "", len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    fflush(stdout);
+    for (int r = 0; r < nranks; r++) {
+      if (!lens[r]) continue;
+      int seen = 0;
+      for (int q = 0; q < r && !seen; q++) seen = lens[q] && strcmp(all + displs[q], all + displs[r]) == 0;
+      if (seen) continue;
+      fprintf(stderr, "[rank %d", r);
+      for (int q = r + 1; q < nranks; q++)
+        if (lens[q] && strcmp(all + displs[q], all + displs[r]) == 0) fprintf(stderr, ",%d", q);
+      fprintf(stderr, "] %s\n", all + displs[r]);
+    }
+    fflush(stderr);
+  }
+  free(lens);
+  free(displs);
+  free(all);
+}
+
+/* Run the compiled chunk on top; print its values (rank 0) or the error (see report). */
+static void run_chunk(lua_State *L) {
+  int base = lua_gettop(L) - 1;
+  set_sigint(on_sigint_running);
+  int status = flow_main_pcall(L, 0, LUA_MULTRET);
+  if (status == LUA_OK && lua_gettop(L) > base) {
+    lua_pushcfunction(L, results_text);
+    lua_insert(L, base + 1);
+    status = lua_pcall(L, lua_gettop(L) - base - 1, 1, 0);
+    if (status == LUA_OK && rank == 0) {
+      fputs(lua_tostring(L, -1), stdout);
+      fputs("\n", stdout);
+    }
+  }
+  set_sigint(SIG_DFL);
+  lua_sethook(L, NULL, 0, 0);
+  fflush(stdout);
+  report(L, status == LUA_OK ? NULL : lua_tostring(L, -1) ? lua_tostring(L, -1) : "(error object is not a string)");
+  lua_settop(L, base);
+}
+
+static void history_start(char *path, size_t n) {
+  const char *home = getenv("HOME");
+  path[0] = 0;
+  if (!home) return;
+  snprintf(path, n, "%s/%s", home, HISTORY_FILE);
+  using_history();
+  if (read_history(path) != 0) write_history(path); /* create it, so append_history works */
+  history_truncate_file(path, HISTORY_LINES);
 }
 
 void flow_repl_run(lua_State *L) {
-  int tty = isatty(0);
-  char *line;
-  luaL_Buffer *unused = NULL;
-  (void)unused;
-  char *pending = NULL;
+  int mpi_on = 0, mpi_done = 0;
+  MPI_Initialized(&mpi_on);
+  MPI_Finalized(&mpi_done);
+  if (mpi_on && !mpi_done) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  }
+  repl_L = L;
+  int tty = rank == 0 && isatty(0);
+  char history[4096] = "";
+  if (tty) {
+    rl_readline_name = "flowlua";
+    rl_catch_signals = 0; /* SIGINT is ours: see read_tty */
+    rl_attempted_completion_function = complete;
+    rl_completer_word_break_characters = " \t\n\"\\'`@$><=;|&{}()[],+-*/%^~#";
+    history_start(history, sizeof history);
+  }
+  char *pending = NULL; /* an incomplete chunk waiting for more lines */
   for (;;) {
-    const char *prompt = pending ? ">> " : "> ";
-    if (tty) line = readline(prompt);
-    else {
-      static char buf[65536];
-      if (!fgets(buf, sizeof buf, stdin)) line = NULL;
-      else { buf[strcspn(buf, "\n")] = 0; line = strdup(buf); }
-    }
-    if (!line) break;
-    char *code;
+    char *line;
+    int kind = next_line(tty, pending ? ">> " : "> ", &line);
+    if (kind == LINE_EOF) break;
+    if (kind == LINE_CANCEL) { free(pending); pending = NULL; continue; }
+    char *code = line;
     if (pending) {
-      code = malloc(strlen(pending) + strlen(line) + 2);
-      sprintf(code, "%s\n%s", pending, line);
+      size_t a = strlen(pending), b = strlen(line);
+      code = malloc(a + b + 2);
+      if (!code) abort();
+      memcpy(code, pending, a);
+      code[a] = '\n';
+      memcpy(code + a + 1, line, b + 1);
       free(pending);
+      free(line);
       pending = NULL;
-    } else code = strdup(line);
-    free(line);
-    int base = lua_gettop(L);
+    }
     int status = compile(L, code);
-    if (incomplete(L, status)) {
+    if (status == CHUNK_INCOMPLETE) {
       lua_pop(L, 1);
       pending = code;
       continue;
     }
-    if (tty && code[0]) add_history(code);
-    free(code);
-    if (status == LUA_OK) status = flow_main_pcall(L, 0, LUA_MULTRET);
-    if (status == LUA_OK) print_results(L, base);
-    else {
-      flow_repl_print_error(L, "flowlua", lua_tostring(L, -1));
-      lua_settop(L, base);
+    if (tty && code[0]) {
+      add_history(code);
+      if (history[0]) append_history(1, history);
     }
-    lua_settop(L, base);
+    free(code);
+    if (status == CHUNK_OK) run_chunk(L);
+    else {
+      report(L, lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
   }
   free(pending);
-  if (tty) printf("\n");
+  for (int i = 0; i < current.n; i++) free(current.items[i]);
+  free(current.items);
+  current = (completions){0};
+  if (tty) fputs("\n", stdout);
 }
