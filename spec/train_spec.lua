@@ -1,0 +1,176 @@
+local flow = require "flow"
+local utils = require "flow.utils"
+local data = require "flow.data"
+local gpt = require "flow.gpt"
+
+-- A small repetitive text: a tiny model learns it within a few steps.
+local TEXT = string.rep("the quick brown fox jumps over the lazy dog. ", 60)
+
+local function text_file()
+  local p = os.tmpname()
+  local f = assert(io.open(p, "wb"))
+  f:write(TEXT)
+  f:close()
+  return p
+end
+
+local CFG = { vocab_size = 256, block_size = 16, n_layer = 2, n_head = 2, n_embd = 32 }
+
+-- Train `steps` steps from model/opt/rng state; returns the list of losses.
+local function train(model, opt, ds, rng, from, to)
+  local lr = flow.optim.cosine_schedule({ lr = 1e-2, min_lr = 1e-3, warmup = 2, steps = 12 })
+  local losses = {}
+  for step = from, to - 1 do
+    opt:set_lr(lr(step))
+    local x, y = ds:batch("train", 4, 16, rng)
+    local _, loss = model(x, y)
+    loss:backward()
+    flow.optim.clip_grad_norm(model:parameters(), 1.0)
+    opt:step()
+    opt:zero_grad()
+    losses[#losses + 1] = loss:item()
+  end
+  return losses
+end
+
+describe("flow.data", function()
+  it("splits a byte file into train and val and draws aligned x, y windows", function()
+    local p = text_file()
+    local ds = data.load(p, { val_fraction = 0.1 })
+    os.remove(p)
+    assert.are.equal(256, ds.vocab_size)
+    assert.are.equal(#TEXT - math.floor(#TEXT * 0.1), ds.train:len())
+    assert.are.equal(math.floor(#TEXT * 0.1), ds.val:len())
+    local x, y = ds:batch("train", 3, 8, utils.Generator(5))
+    assert.are.equal("int64", x.dtype)
+    assert.are.same({ 3, 8 }, x:shape())
+    local xt, yt = x:totable(), y:totable()
+    for b = 1, 3 do
+      local s = data.decode_bytes(xt[b])
+      assert.truthy(TEXT:find(s, 1, true), s)
+      for t = 1, 7 do assert.are.equal(xt[b][t + 1], yt[b][t]) end
+    end
+    -- the same generator seed draws the same batch
+    assert.are.same(xt, ds:batch("train", 3, 8, utils.Generator(5)):totable())
+  end)
+
+  it("reads llm.c .bin shards and checks their header", function()
+    local p = os.tmpname()
+    local toks = {}
+    for i = 1, 50 do toks[i] = (i * 1000) % 50257 end
+    data.write_shard(p, toks)
+    local ds = data.load(p, { val_fraction = 0.2 })
+    assert.are.equal(50257, ds.vocab_size)
+    assert.are.same({ 1000, 2000, 3000 }, ds.train:slice(0, 3))
+    assert.are.same({ 41000, 42000 }, ds.val:slice(0, 2))
+    local f = assert(io.open(p, "r+b"))
+    f:write(string.pack("<i4", 123))
+    f:close()
+    assert.has_error(function() data.load(p) end, "data: '" .. p .. "' has magic 123, expected 20240520 (an llm.c .bin shard)")
+    os.remove(p)
+  end)
+end)
+
+describe("GPT training", function()
+  it("has GPT-2's parameter layout and tied embeddings", function()
+    flow.manual_seed(0)
+    local m = gpt.GPT(CFG)
+    local names = {}
+    for i, nt in ipairs(m:named_parameters()) do names[i] = nt[1] end
+    assert.are.equal("wte.weight", names[1])
+    assert.are.equal("wpe.weight", names[2])
+    assert.are.equal("h.0.ln_1.weight", names[3])
+    assert.are.equal("h.0.attn.c_attn.weight", names[5])
+    assert.are.equal("ln_f.bias", names[#names])
+    -- 2 layers * (2*2*32 LN + 32*96+96 + 32*32+32 + 32*128+128 + 128*32+32) + wte + wpe + ln_f
+    local per_layer = 4 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)
+    assert.are.equal(2 * per_layer + 256 * 32 + 16 * 32 + 2 * 32, m:num_parameters())
+    local logits = m(flow.tensor({ { 1, 2, 3 } }, { dtype = "int64" }))
+    assert.are.same({ 1, 3, 256 }, logits:shape())
+  end)
+
+  it("starts near ln(vocab) and the loss falls within a few steps", function()
+    local p = text_file()
+    local ds = data.load(p)
+    os.remove(p)
+    flow.manual_seed(1)
+    local m = gpt.GPT(CFG)
+    local opt = m:configure_optimizer({ lr = 1e-2, weight_decay = 0.1 })
+    local losses = train(m, opt, ds, utils.Generator(1), 0, 12)
+    assert(math.abs(losses[1] - math.log(256)) < 0.3, "first loss " .. losses[1])
+    assert(losses[12] < losses[1] - 1.0, ("loss %.3f -> %.3f"):format(losses[1], losses[12]))
+  end)
+
+  it("save and resume reproduce the uninterrupted losses exactly", function()
+    local p = text_file()
+    local ds = data.load(p)
+    os.remove(p)
+    flow.manual_seed(2)
+    local m = gpt.GPT(CFG)
+    local opt = m:configure_optimizer({ lr = 1e-2 })
+    local rng = utils.Generator(7)
+    local first = train(m, opt, ds, rng, 0, 4)
+    local ck = os.tmpname()
+    local state = { data_rng = rng.state }
+    for k, v in pairs(m:state_dict()) do state["model." .. k] = v end
+    for k, v in pairs(opt:state_dict()) do state["optim." .. k] = v end
+    flow.save(state, ck)
+    local rest = train(m, opt, ds, rng, 4, 8)
+
+    flow.manual_seed(99) -- a different init, overwritten by the checkpoint
+    local m2 = gpt.GPT(CFG)
+    local opt2 = m2:configure_optimizer({ lr = 1e-2 })
+    local loaded = flow.load(ck)
+    os.remove(ck)
+    local msd, osd = {}, {}
+    for k, v in pairs(loaded) do
+      if k:match("^model%.") then msd[k:sub(7)] = v elseif k:match("^optim%.") then osd[k:sub(7)] = v end
+    end
+    m2:load_state_dict(msd)
+    opt2:load_state_dict(osd)
+    local rng2 = utils.Generator(0)
+    rng2.state = loaded.data_rng
+    local resumed = train(m2, opt2, ds, rng2, 4, 8)
+    assert.are.equal(4, #first)
+    assert.are.same(rest, resumed)
+  end)
+end)
+
+describe("scripts/train_gpt.lua", function()
+  local bin = os.getenv("FLOW_BIN") or "build/flowlua"
+
+  local function run(flags)
+    local h = io.popen(bin .. " scripts/train_gpt.lua " .. flags .. " 2>&1")
+    local out = h:read("a")
+    local ok = h:close()
+    return ok, out
+  end
+
+  local function losses(out)
+    local l = {}
+    for step, v in out:gmatch("step%s+(%d+)/%d+ | loss ([%d.]+)") do l[tonumber(step)] = v end
+    return l
+  end
+
+  it("resumes bit for bit and rejects parallel flags it cannot run", function()
+    local p = text_file()
+    local ck = os.tmpname()
+    local base = ("--data %s --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 6 --warmup 2 --log-every 1 "
+      .. "--eval-every 0 --sample-len 0 --seed 3"):format(p)
+    local ok1, full = run(base)
+    assert.is_true(ok1, full)
+    local ok2, part = run(base .. " --stop-at 3 --save " .. ck)
+    assert.is_true(ok2, part)
+    local ok3, resumed = run(base .. " --resume " .. ck)
+    assert.is_true(ok3, resumed)
+    local lf, lp, lr = losses(full), losses(part), losses(resumed)
+    for s = 1, 3 do assert.are.equal(lf[s], lp[s]) end
+    for s = 4, 6 do assert.are.equal(lf[s], lr[s]) end
+    assert.is_nil(lr[3])
+    local ok4, err = run(base .. " --dp 2")
+    assert.is_false(ok4)
+    assert.matches("need the global%-tensor and graph work", err)
+    os.remove(p)
+    os.remove(ck)
+  end)
+end)
