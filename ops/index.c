@@ -16,13 +16,13 @@ static int check_index(const flow_op *op, const flow_tensor *idx, const char *wh
   return 0;
 }
 
-/* A contiguous zero tensor shaped like an input: what the gradient rules scatter into. */
-static flow_tensor *zeros_of(const flow_meta *m) { return flow_full(m->ndim, m->shape, 0, m->dtype, m->device); }
-
+/* What the gradient rules scatter into: zeros shaped like an input. A 0-d zero expanded (stride 0)
+ * costs no memory; scatter_add's fresh output is the only full-size tensor. */
 static flow_tensor *scatter_into_zeros(const flow_meta *m, int64_t axis, flow_tensor *idx, flow_tensor *src) {
-  flow_tensor *z = zeros_of(m);
-  if (!z) return NULL;
-  flow_tensor *r = flow_scatter_add(z, axis, idx, src);
+  flow_tensor *zero = flow_scalar_tensor(0, m->dtype, m->device);
+  flow_tensor *z = zero ? flow_expand(zero, m->ndim, m->shape) : NULL;
+  flow_tensor *r = z ? flow_scatter_add(z, axis, idx, src) : NULL;
+  flow_tensor_decref(zero);
   flow_tensor_decref(z);
   return r;
 }
