@@ -103,12 +103,16 @@ static void parse_attrs(lua_State *L, int idx, flow_attrs *a) {
     else if (strcmp(k, "k") == 0) a->k = check_int(L, v, k);
     else if (strcmp(k, "ignore_index") == 0) a->ignore_index = check_int(L, v, k);
     else if (strcmp(k, "seed") == 0) a->seed = (uint64_t)check_int(L, v, k);
+    else if (strcmp(k, "rng_offset") == 0) a->rng_offset = (uint64_t)check_int(L, v, k);
     else if (strcmp(k, "flags") == 0) a->flags |= (int)check_int(L, v, k);
     else if (strcmp(k, "keepdim") == 0) a->keepdim = lua_toboolean(L, v);
     else if (strcmp(k, "scalar") == 0) a->scalar = check_num(L, v, k);
     else if (strcmp(k, "scalar2") == 0) a->scalar2 = check_num(L, v, k);
     else if (strcmp(k, "eps") == 0) a->eps = check_num(L, v, k);
     else if (strcmp(k, "dtype") == 0) a->dtype = flow_lua_check_dtype(L, v);
+    else if (strcmp(k, "device") == 0) {
+      if (flow_device_parse(luaL_checkstring(L, v), &a->device) != 0) flow_lua_error(L);
+    }
     else {
       size_t i = 0, n = sizeof flag_keys / sizeof flag_keys[0];
       while (i < n && strcmp(k, flag_keys[i].key) != 0) i++;

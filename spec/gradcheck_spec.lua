@@ -233,12 +233,95 @@ cases.cast = {
   {label = "float64 to float64", inputs = {{2, 3}}, attrs = {dtype = F64}},
 }
 
--- Variants that need ops other helpers are adding: only registered once those ops exist.
-if flow.transpose then
-  table.insert(cases.matmul, {label = "transposed view", inputs = {transposed({2, 3}), {3, 2}}})
-  table.insert(cases.add, {label = "transposed view", inputs = {transposed({2, 3}), {2, 3}}})
-  table.insert(cases.mul, {label = "transposed view", inputs = {{3, 2}, transposed({3, 2})}})
-end
+cases.matmul[#cases.matmul + 1] = {label = "transposed view", inputs = {transposed({2, 3}), {3, 2}}}
+cases.add[#cases.add + 1] = {label = "transposed view", inputs = {transposed({2, 3}), {2, 3}}}
+cases.mul[#cases.mul + 1] = {label = "transposed view", inputs = {{3, 2}, transposed({3, 2})}}
+
+local function int64(values) return fixed(flow.tensor(values, {dtype = "int64"})) end
+
+cases.permute = {
+  {label = "3-d", inputs = {{2, 3, 4}}, attrs = {axes = {2, 0, 1}}},
+  {label = "negative dims", inputs = {{2, 3}}, attrs = {axes = {-1, -2}}},
+}
+cases.narrow = {
+  {label = "axis 0", inputs = {{4, 3}}, attrs = {axis = 0, start = 1, length = 2}},
+  {label = "negative axis and start", inputs = {{2, 5}}, attrs = {axis = -1, start = -3, length = 2}},
+}
+cases.narrow_backward = {
+  {label = "pad axis 0", inputs = {{2, 3}}, attrs = {shape = {4, 3}, axis = 0, start = 1}},
+  {label = "pad axis 1", inputs = {{2, 2}}, attrs = {shape = {2, 5}, axis = 1, start = 3}},
+}
+cases.cat = {
+  {label = "axis 0", inputs = {{2, 3}, {1, 3}}, attrs = {axis = 0}},
+  {label = "three on axis -1", inputs = {{2, 1}, transposed({2, 2}), {2, 3}}, attrs = {axis = -1}},
+}
+cases.tril = {
+  {label = "k = 0", inputs = {{3, 4}}, attrs = {k = 0}},
+  {label = "k = -1, batched", inputs = {{2, 3, 3}}, attrs = {k = -1}},
+}
+cases.triu = {
+  {label = "k = 1", inputs = {{3, 4}}, attrs = {k = 1, upper = true}},
+  {label = "k = 0, transposed", inputs = {transposed({3, 3})}, attrs = {k = 0, upper = true}},
+}
+
+cases.softmax = {
+  {label = "last axis", inputs = {{2, 5}}, attrs = {axis = -1}},
+  {label = "axis 0 of 3-d", inputs = {{3, 2, 2}}, attrs = {axis = 0}},
+  {label = "transposed", inputs = {transposed({3, 4})}, attrs = {axis = 1}},
+}
+cases.log_softmax = cases.softmax
+
+-- layer_norm inputs: x, then weight if flag 1<<16, then bias if flag 1<<17 (ops/nn.c LN_*).
+local LN_WEIGHT, LN_BIAS = 1 << 16, 1 << 17
+cases.layer_norm = {
+  {label = "weight and bias", inputs = {{3, 4}, {4}, {4}}, attrs = {flags = LN_WEIGHT | LN_BIAS, eps = 1e-5}},
+  {label = "3-d, weight only", inputs = {{2, 2, 3}, {3}}, attrs = {flags = LN_WEIGHT, eps = 1e-5}},
+  {label = "bias only, transposed x", inputs = {transposed({2, 4}), {4}}, attrs = {flags = LN_BIAS, eps = 0.1}},
+  {label = "neither", inputs = {{2, 5}}, attrs = {eps = 1e-5}},
+}
+
+-- cross_entropy flags: 1<<16 sums the per-row losses, 1<<17 then takes the mean (ops/nn.c CE_*).
+local CE_SUM, CE_MEAN = 1 << 16, (1 << 16) | (1 << 17)
+cases.cross_entropy = {
+  {label = "none", inputs = {{3, 5}, int64({1, 4, 0})}},
+  {label = "sum", inputs = {{3, 5}, int64({2, 2, 3})}, attrs = {flags = CE_SUM}},
+  {label = "mean, 3-d", inputs = {{2, 2, 4}, int64({{0, 3}, {1, 1}})}, attrs = {flags = CE_MEAN}},
+  {label = "mean with ignore_index", inputs = {{4, 3}, int64({1, -100, 2, 0})}, attrs = {flags = CE_MEAN}},
+  {label = "ignore_index 2", inputs = {{3, 3}, int64({2, 0, 1})}, attrs = {flags = CE_MEAN, ignore_index = 2}},
+}
+
+cases.scaled_dot_product_attention = {
+  {label = "causal", inputs = {{1, 2, 3, 4}, {1, 2, 3, 4}, {1, 2, 3, 2}}, attrs = {causal = true, scalar = 0.5}},
+  {label = "Tq != Tk", inputs = {{2, 1, 2, 3}, {2, 1, 4, 3}, {2, 1, 4, 3}}, attrs = {scalar = 0.7}},
+  {label = "transposed k", inputs = {{1, 1, 3, 2}, transposed({1, 1, 3, 2}), {1, 1, 3, 2}},
+   attrs = {causal = true, scalar = 1}},
+}
+
+cases.embedding = {
+  {label = "repeated ids", inputs = {int64({{0, 3, 3}, {4, 0, 1}}), {5, 3}}},
+  {label = "1-d ids", inputs = {int64({2, 2}), {3, 2}}},
+}
+cases.gather = {
+  {label = "axis 1", inputs = {{3, 4}, int64({{0, 3}, {1, 1}, {2, 0}})}, attrs = {axis = 1}},
+  {label = "axis 0, smaller index", inputs = {{3, 3}, int64({{2, 0}, {2, 2}})}, attrs = {axis = 0}},
+}
+cases.index_select = {
+  {label = "axis 0 with repeats", inputs = {{4, 3}, int64({3, 0, 3})}, attrs = {axis = 0}},
+  {label = "axis -1", inputs = {{2, 3}, int64({2, 1})}, attrs = {axis = -1}},
+}
+cases.scatter_add = {
+  {label = "axis 0 with collisions", inputs = {{3, 4}, int64({{0, 1, 2, 0}, {0, 2, 2, 1}}), {2, 4}},
+   attrs = {axis = 0}},
+  {label = "axis 1", inputs = {{2, 3}, int64({{2, 2}, {0, 1}}), {2, 2}}, attrs = {axis = 1}},
+}
+
+cases.dropout = {
+  {label = "p = 0.5", inputs = {{4, 5}}, attrs = {scalar = 0.5, seed = 7}},
+  {label = "p = 0.2 at an offset", inputs = {{3, 3}}, attrs = {scalar = 0.2, seed = 3, rng_offset = 100}},
+}
+cases.to_device = {
+  {label = "cpu to cpu", inputs = {{2, 3}}, attrs = {device = "cpu"}},
+}
 
 -- ---- the specs ------------------------------------------------------------------------------
 
