@@ -238,6 +238,58 @@ cases.add[#cases.add + 1] = {label = "transposed view", inputs = {transposed({2,
 cases.mul[#cases.mul + 1] = {label = "transposed view", inputs = {{3, 2}, transposed({3, 2})}}
 
 local function int64(values) return fixed(flow.tensor(values, {dtype = "int64"})) end
+local function bool(values) return fixed(flow.tensor(values, {dtype = "bool"})) end
+
+local function unary_cases(make_leaf)
+  make_leaf = make_leaf or leaf
+  return {
+    {label = "2-d", inputs = {make_leaf({2, 3})}},
+    {label = "0-d", inputs = {make_leaf({})}},
+    {label = "transposed", inputs = {make_leaf({3, 2}, {prep = function(t) return flow.transpose(t, 0, 1) end})}},
+  }
+end
+for _, name in ipairs({"neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu"}) do cases[name] = unary_cases() end
+for _, name in ipairs({"log", "sqrt", "rsqrt"}) do cases[name] = unary_cases(pos) end
+cases.clamp = {
+  {label = "min and max", inputs = {{3, 4}}, attrs = {has_min = true, scalar = -0.45, has_max = true, scalar2 = 0.55}},
+  {label = "min only", inputs = {{2, 5}}, attrs = {has_min = true, scalar = 0.3}},
+  {label = "max only, transposed", inputs = {transposed({3, 3})}, attrs = {has_max = true, scalar2 = -0.2}},
+}
+cases.pow = {
+  {label = "same shape", inputs = {pos({2, 3}), {2, 3}}},
+  {label = "scalar exponent", inputs = {pos({3, 2}), {}}},
+  {label = "broadcast base", inputs = {pos({3, 1}), {3, 4}}},
+}
+cases.maximum = {
+  {label = "same shape", inputs = {{3, 4}, {3, 4}}},
+  {label = "broadcast", inputs = {{2, 3}, {3}}},
+}
+cases.minimum = cases.maximum
+cases.where = {
+  {label = "same shape", inputs = {bool({{true, false, true}, {false, false, true}}), {2, 3}, {2, 3}}},
+  {label = "broadcast condition and operands", inputs = {bool({true, false, false}), {2, 1}, {2, 3}}},
+}
+cases.masked_fill = {
+  {label = "same shape", inputs = {{2, 3}, bool({{true, false, true}, {false, false, true}})}, attrs = {scalar = 7}},
+  {label = "broadcast mask", inputs = {{3, 3}, bool({false, true, false})}, attrs = {scalar = -1}},
+}
+
+cases.mean = {
+  {label = "all", inputs = {{2, 3}}},
+  {label = "axis -1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {-1}, keepdim = true}},
+  {label = "axes 0,1 of transposed", inputs = {transposed({3, 4})}, attrs = {axes = {0, 1}}},
+}
+cases.var = {
+  {label = "all, unbiased", inputs = {{3, 4}}, attrs = {unbiased = true}},
+  {label = "axis 1, biased", inputs = {{2, 5}}, attrs = {axes = {1}}},
+  {label = "axes 0,2 keepdim unbiased", inputs = {{3, 2, 2}}, attrs = {axes = {0, 2}, keepdim = true, unbiased = true}},
+}
+cases.max = {
+  {label = "everything", inputs = {{3, 4}}},
+  {label = "axis 1", inputs = {{3, 4}}, attrs = {axes = {1}}},
+  {label = "axis 0 keepdim, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {0}, keepdim = true}},
+}
+cases.min = cases.max
 
 cases.permute = {
   {label = "3-d", inputs = {{2, 3, 4}}, attrs = {axes = {2, 0, 1}}},
