@@ -1,0 +1,176 @@
+/* Shared pieces of the CUDA kernels (C++, nvcc only): element types and their float conversions,
+ * strided N-d geometry with broadcasting, launch checks and registry attachment. */
+#ifndef FLOW_CUDA_COMMON_H
+#define FLOW_CUDA_COMMON_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../../core/cuda.h"
+#include "../../core/error.h"
+#include "../../core/tensor.h"
+#include "../../ops/op.h"
+}
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+/* ---- element conversions: every float type computes in float (double stays double) ------------ */
+
+template <typename T> __device__ __forceinline__ float to_f(T v) { return (float)v; }
+template <> __device__ __forceinline__ float to_f<bf16>(bf16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float to_f<f16>(f16 v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v) { return (T)v; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half(v); }
+
+/* The type arithmetic runs in for storage type T. */
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+template <> struct Acc<int64_t> { typedef int64_t type; };
+template <> struct Acc<int32_t> { typedef int64_t type; };
+template <> struct Acc<uint8_t> { typedef int64_t type; };
+template <> struct Acc<bool> { typedef int64_t type; };
+
+template <typename C, typename T> __device__ __forceinline__ C load(const T *p) { return (C)to_f<T>(*p); }
+template <> __device__ __forceinline__ double load<double, double>(const double *p) { return *p; }
+template <> __device__ __forceinline__ int64_t load<int64_t, int64_t>(const int64_t *p) { return *p; }
+template <> __device__ __forceinline__ int64_t load<int64_t, int32_t>(const int32_t *p) { return *p; }
+template <> __device__ __forceinline__ int64_t load<int64_t, uint8_t>(const uint8_t *p) { return *p; }
+template <> __device__ __forceinline__ int64_t load<int64_t, bool>(const bool *p) { return *p; }
+template <typename T, typename C> __device__ __forceinline__ void store(T *p, C v) { *p = from_f<T>((float)v); }
+template <> __device__ __forceinline__ void store<double, double>(double *p, double v) { *p = v; }
+template <> __device__ __forceinline__ void store<int64_t, int64_t>(int64_t *p, int64_t v) { *p = v; }
+template <> __device__ __forceinline__ void store<int32_t, int64_t>(int32_t *p, int64_t v) { *p = (int32_t)v; }
+template <> __device__ __forceinline__ void store<uint8_t, int64_t>(uint8_t *p, int64_t v) { *p = (uint8_t)v; }
+template <> __device__ __forceinline__ void store<bool, int64_t>(bool *p, int64_t v) { *p = v != 0; }
+
+/* Call F.template operator()<T>() with T the storage type of dtype d; -1 + error if unsupported. */
+#define FLOW_CUDA_DISPATCH_FLOAT(d, WHAT, ...)                                                      \
+  switch (d) {                                                                                    \
+  case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
+  case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
+  case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                           \
+  case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                         \
+  default: return flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
+  }
+#define FLOW_CUDA_DISPATCH_ALL(d, WHAT, ...)                                                        \
+  switch (d) {                                                                                    \
+  case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
+  case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
+  case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                           \
+  case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                         \
+  case FLOW_I64: { typedef int64_t T; __VA_ARGS__; break; }                                       \
+  case FLOW_I32: { typedef int32_t T; __VA_ARGS__; break; }                                       \
+  case FLOW_U8: { typedef uint8_t T; __VA_ARGS__; break; }                                        \
+  case FLOW_BOOL: { typedef bool T; __VA_ARGS__; break; }                                         \
+  default: return flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
+  }
+
+/* ---- strided geometry ------------------------------------------------------------------------ */
+
+#define GEO_MAX_OPS 4
+
+/* Operand 0 is the output; inputs are broadcast to its shape (stride 0). Strides in elements.
+ * Axes of size 1 are dropped and axes contiguous for every operand merged, so dense data is
+ * one axis and the offset is a multiply. */
+struct Geo {
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+  int64_t stride[GEO_MAX_OPS][FLOW_MAX_DIMS];
+};
+
+void geo_init(Geo *g, const flow_tensor *const *ops, int nops);
+
+template <int N>
+__device__ __forceinline__ void geo_offsets(const Geo &g, int64_t i, int64_t *off) {
+#pragma unroll
+  for (int k = 0; k < N; k++) off[k] = 0;
+  if (g.ndim == 1) {
+#pragma unroll
+    for (int k = 0; k < N; k++) off[k] = i * g.stride[k][0];
+    return;
+  }
+  for (int d = g.ndim - 1; d >= 0; d--) {
+    int64_t idx = i % g.shape[d];
+    i /= g.shape[d];
+#pragma unroll
+    for (int k = 0; k < N; k++) off[k] += idx * g.stride[k][d];
+  }
+}
+
+/* ---- launches ---------------------------------------------------------------------------------- */
+
+/* The compute stream of t's device (making it the current device). */
+static inline cudaStream_t stream_of(const flow_tensor *t) { return (cudaStream_t)flow_cuda_stream(t->device.index); }
+
+/* After a launch: 0, or -1 with an error naming the kernel. */
+static inline int launch_check(const char *name) { return flow_cuda_check((int)cudaGetLastError(), name); }
+
+static inline unsigned grid_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return (unsigned)(b < 65535 * 32 ? (b < 1 ? 1 : b) : 65535 * 32);
+}
+
+/* Grid-stride loop over [0, n). */
+#define CUDA_LOOP(i, n) \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
+/* t's data typed. */
+template <typename T> static inline T *data_of(const flow_tensor *t) { return (T *)flow_tensor_data(t); }
+
+/* out = x (any strides, any dtype pair) and out[...] = v, on out's stream (elementwise.cu). */
+int flow_cuda_copy(flow_tensor *out, const flow_tensor *x);
+int flow_cuda_fill(flow_tensor *out, double v);
+
+/* A dense copy of t on its device (t itself, new reference, when already contiguous). */
+flow_tensor *cuda_dense(flow_tensor *t);
+/* A contiguous cast of t to dtype on its device (new reference). */
+flow_tensor *cuda_cast(flow_tensor *t, flow_dtype dtype);
+
+/* Attach fn as the CUDA kernel of the registered op `name` (skipped if the op does not exist). */
+void cuda_attach(const char *name, flow_kernel_fn fn);
+
+/* Per-file registration, called by flow_cuda_register_kernels. */
+void flow_cuda_register_elementwise(void);
+void flow_cuda_register_reduce(void);
+void flow_cuda_register_matmul(void);
+void flow_cuda_register_nn(void);
+void flow_cuda_register_attention(void);
+void flow_cuda_register_index(void);
+
+/* Warp and block sums/maxes (blockDim.x a multiple of 32, at most 1024). */
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/* shared: at least 32 floats. Every thread gets the result. */
+__device__ __forceinline__ float block_sum(float v, float *shared) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[w] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : 0.f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *shared) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[w] = v;
+  __syncthreads();
+  v = lane < nw ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+#endif

@@ -1,0 +1,451 @@
+/* Elementwise CUDA kernels: one strided/broadcast kernel family for binary ops (arithmetic and
+ * comparisons), unary ops and their gradients, where/masked_fill, copy/cast and fill. Float types
+ * compute in float (double for float64); integer types in int64. Codes are the CPU kernels' codes. */
+#include "common.h"
+
+extern "C" {
+#include "../cpu/cpu.h"
+}
+
+/* ---- geometry (host) ---------------------------------------------------------------------------- */
+
+void geo_init(Geo *g, const flow_tensor *const *ops, int nops) {
+  const flow_tensor *o = ops[0];
+  int n = 0;
+  for (int d = 0; d < o->ndim; d++) {
+    if (o->shape[d] == 1) continue;
+    g->shape[n] = o->shape[d];
+    for (int k = 0; k < nops; k++) {
+      const flow_tensor *t = ops[k];
+      int td = d - (o->ndim - t->ndim); /* inputs align to the output's trailing axes */
+      g->stride[k][n] = td < 0 || t->shape[td] == 1 ? 0 : t->stride[td];
+    }
+    n++;
+  }
+  /* merge axis d into d-1 when every operand steps through both as one */
+  int m = 0;
+  for (int d = 0; d < n; d++) {
+    bool merge = m > 0;
+    for (int k = 0; k < nops && merge; k++) merge = g->stride[k][m - 1] == g->stride[k][d] * g->shape[d];
+    if (merge) {
+      g->shape[m - 1] *= g->shape[d];
+      for (int k = 0; k < nops; k++) g->stride[k][m - 1] = g->stride[k][d];
+    } else {
+      g->shape[m] = g->shape[d];
+      for (int k = 0; k < nops; k++) g->stride[k][m] = g->stride[k][d];
+      m++;
+    }
+  }
+  if (m == 0) { /* a single element */
+    g->shape[0] = 1;
+    for (int k = 0; k < nops; k++) g->stride[k][0] = 0;
+    m = 1;
+  }
+  g->ndim = m;
+}
+
+void cuda_attach(const char *name, flow_kernel_fn fn) {
+  flow_op *op = (flow_op *)flow_op_find(name);
+  if (op) op->kernel[FLOW_CUDA] = fn;
+}
+
+/* ---- binary ------------------------------------------------------------------------------------- */
+
+template <typename C> __device__ __forceinline__ C ipow_or_pow(C x, C y) { return pow(x, y); }
+template <> __device__ __forceinline__ float ipow_or_pow<float>(float x, float y) { return powf(x, y); }
+template <> __device__ __forceinline__ int64_t ipow_or_pow<int64_t>(int64_t b, int64_t e) {
+  if (e < 0) return b == 1 ? 1 : (b == -1 ? (e & 1 ? -1 : 1) : 0);
+  int64_t r = 1;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+  return r;
+}
+template <typename C> __device__ __forceinline__ C divide(C x, C y) { return x / y; }
+template <> __device__ __forceinline__ int64_t divide<int64_t>(int64_t x, int64_t y) { return y == 0 ? 0 : x / y; }
+
+template <typename C> __device__ __forceinline__ C binop(int code, C x, C y) {
+  switch (code) {
+  case FLOW_BIN_ADD: return x + y;
+  case FLOW_BIN_SUB: return x - y;
+  case FLOW_BIN_MUL: return x * y;
+  case FLOW_BIN_DIV: return divide<C>(x, y);
+  case FLOW_BIN_POW: return ipow_or_pow<C>(x, y);
+  case FLOW_BIN_MAX: return x > y || x != x ? x : y;  /* NaN wins, as on the CPU */
+  case FLOW_BIN_MIN: return x < y || x != x ? x : y;
+  case FLOW_BIN_EQ: return x == y;
+  case FLOW_BIN_NE: return x != y;
+  case FLOW_BIN_LT: return x < y;
+  case FLOW_BIN_LE: return x <= y;
+  case FLOW_BIN_GT: return x > y;
+  default: return x >= y;
+  }
+}
+
+template <typename T, typename O>
+__global__ void binary_kernel(Geo g, int64_t n, int code, O *o, const T *x, const T *y) {
+  typedef typename Acc<T>::type C;
+  CUDA_LOOP(i, n) {
+    int64_t off[3];
+    geo_offsets<3>(g, i, off);
+    C r = binop<C>(code, load<C, T>(x + off[1]), load<C, T>(y + off[2]));
+    if (code >= FLOW_BIN_EQ) o[off[0]] = r != 0;
+    else store<O, C>(o + off[0], r);
+  }
+}
+
+/* out = x OP y with broadcasting; comparisons write bool. */
+static int cuda_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y) {
+  int64_t n = flow_tensor_numel(out);
+  if (n == 0) return 0;
+  const flow_tensor *ops[3] = {out, x, y};
+  Geo g;
+  geo_init(&g, ops, 3);
+  cudaStream_t s = stream_of(out);
+  bool cmp = code >= FLOW_BIN_EQ;
+  FLOW_CUDA_DISPATCH_ALL(x->dtype, "binary",
+    if (cmp) binary_kernel<T, bool><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<bool>(out), data_of<T>(x), data_of<T>(y));
+    else binary_kernel<T, T><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<T>(out), data_of<T>(x), data_of<T>(y)))
+  return launch_check("binary_kernel");
+}
+
+/* ---- unary and its gradient --------------------------------------------------------------------- */
+
+#define GELU_C 0.7978845608028654f
+#define GELU_A 0.044715f
+
+template <typename C> __device__ __forceinline__ C unop(int code, C v, C lo, C hi) {
+  switch (code) {
+  case FLOW_UN_NEG: return -v;
+  case FLOW_UN_ABS: return v < 0 ? -v : v;
+  case FLOW_UN_RELU: return v > 0 ? v : 0;
+  case FLOW_UN_CLAMP: return v < lo ? lo : (v > hi ? hi : v);
+  case FLOW_UN_EXP: return exp(v);
+  case FLOW_UN_LOG: return log(v);
+  case FLOW_UN_SQRT: return sqrt(v);
+  case FLOW_UN_RSQRT: return 1 / sqrt(v);
+  case FLOW_UN_TANH: return tanh(v);
+  case FLOW_UN_SIGMOID: return 1 / (1 + exp(-v));
+  default: return (C)0.5 * v * (1 + tanh((C)GELU_C * (v + (C)GELU_A * v * v * v))); /* GELU, tanh form */
+  }
+}
+template <> __device__ __forceinline__ int64_t unop<int64_t>(int code, int64_t v, int64_t lo, int64_t hi) {
+  switch (code) {
+  case FLOW_UN_NEG: return -v;
+  case FLOW_UN_ABS: return v < 0 ? -v : v;
+  case FLOW_UN_RELU: return v > 0 ? v : 0;
+  default: return v < lo ? lo : (v > hi ? hi : v);
+  }
+}
+
+/* gin = f'(.) g, s being the output y (exp sqrt rsqrt tanh sigmoid relu) or the input x (abs log
+ * gelu clamp), as in the CPU kernel. */
+template <typename C> __device__ __forceinline__ C unop_grad(int code, C s, C g, C lo, C hi) {
+  switch (code) {
+  case FLOW_UN_NEG: return -g;
+  case FLOW_UN_ABS: return s > 0 ? g : (s < 0 ? -g : 0);
+  case FLOW_UN_EXP: return s * g;
+  case FLOW_UN_LOG: return g / s;
+  case FLOW_UN_SQRT: return g * (C)0.5 / s;
+  case FLOW_UN_RSQRT: return g * (C)-0.5 * s * s * s;
+  case FLOW_UN_TANH: return g * (1 - s * s);
+  case FLOW_UN_SIGMOID: return g * s * (1 - s);
+  case FLOW_UN_RELU: return s > 0 ? g : 0;
+  case FLOW_UN_CLAMP: return s >= lo && s <= hi ? g : 0;
+  default: {
+    C x2 = s * s, t = tanh((C)GELU_C * (s + (C)GELU_A * x2 * s));
+    return g * ((C)0.5 * (1 + t) + (C)0.5 * s * (1 - t * t) * (C)GELU_C * (1 + 3 * (C)GELU_A * x2));
+  }
+  }
+}
+
+template <typename T>
+__global__ void unary_kernel(Geo g, int64_t n, int code, T *o, const T *x, double lo, double hi) {
+  typedef typename Acc<T>::type C;
+  CUDA_LOOP(i, n) {
+    int64_t off[2];
+    geo_offsets<2>(g, i, off);
+    store<T, C>(o + off[0], unop<C>(code, load<C, T>(x + off[1]), (C)lo, (C)hi));
+  }
+}
+
+template <typename T>
+__global__ void unary_grad_kernel(Geo g, int64_t n, int code, T *gin, const T *s, const T *gout, double lo, double hi) {
+  typedef typename Acc<T>::type C;
+  CUDA_LOOP(i, n) {
+    int64_t off[3];
+    geo_offsets<3>(g, i, off);
+    store<T, C>(gin + off[0], unop_grad<C>(code, load<C, T>(s + off[1]), load<C, T>(gout + off[2]), (C)lo, (C)hi));
+  }
+}
+
+/* Integer clamp bounds: ceil(lo), floor(hi), saturated. */
+static double int_bound(double v, bool up) {
+  v = up ? ceil(v) : floor(v);
+  return v > 9.2e18 ? 9.2e18 : (v < -9.2e18 ? -9.2e18 : v);
+}
+
+static int cuda_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x, double lo, double hi) {
+  int64_t n = flow_tensor_numel(out);
+  if (n == 0) return 0;
+  const flow_tensor *ops[2] = {out, x};
+  Geo g;
+  geo_init(&g, ops, 2);
+  cudaStream_t s = stream_of(out);
+  bool int_ok = code == FLOW_UN_NEG || code == FLOW_UN_ABS || code == FLOW_UN_RELU || code == FLOW_UN_CLAMP;
+  if (flow_dtype_is_int(x->dtype)) {
+    if (!int_ok || x->dtype == FLOW_BOOL)
+      return flow_error_set("dtype %s is not supported by this op on cuda (use a float dtype)", flow_dtype_name(x->dtype));
+    lo = int_bound(lo, true);
+    hi = int_bound(hi, false);
+  }
+  FLOW_CUDA_DISPATCH_ALL(x->dtype, "unary",
+    unary_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<T>(out), data_of<T>(x), lo, hi))
+  return launch_check("unary_kernel");
+}
+
+static int cuda_unary_backward(flow_unary_code code, flow_tensor *gin, const flow_tensor *sv, const flow_tensor *gout,
+                               double lo, double hi) {
+  int64_t n = flow_tensor_numel(gin);
+  if (n == 0) return 0;
+  const flow_tensor *ops[3] = {gin, sv, gout};
+  Geo g;
+  geo_init(&g, ops, 3);
+  cudaStream_t s = stream_of(gin);
+  FLOW_CUDA_DISPATCH_FLOAT(gout->dtype, "unary gradient",
+    unary_grad_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<T>(gin), data_of<T>(sv),
+                                                         data_of<T>(gout), lo, hi))
+  return launch_check("unary_grad_kernel");
+}
+
+/* ---- where / masked_fill ------------------------------------------------------------------------ */
+
+template <typename T>
+__global__ void where_kernel(Geo g, int64_t n, T *o, const bool *c, const T *a, const T *b) {
+  CUDA_LOOP(i, n) {
+    int64_t off[4];
+    geo_offsets<4>(g, i, off);
+    o[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]];
+  }
+}
+
+template <typename T>
+__global__ void masked_fill_kernel(Geo g, int64_t n, T *o, const T *x, const bool *m, T v) {
+  CUDA_LOOP(i, n) {
+    int64_t off[3];
+    geo_offsets<3>(g, i, off);
+    o[off[0]] = m[off[2]] ? v : x[off[1]];
+  }
+}
+
+template <typename T> static T host_value(double v) { return (T)v; }
+template <> bf16 host_value<bf16>(double v) { return __float2bfloat16((float)v); }
+template <> f16 host_value<f16>(double v) { return __float2half((float)v); }
+
+static int cuda_where(flow_tensor *out, const flow_tensor *cond, const flow_tensor *a, const flow_tensor *b) {
+  int64_t n = flow_tensor_numel(out);
+  if (n == 0) return 0;
+  const flow_tensor *ops[4] = {out, cond, a, b};
+  Geo g;
+  geo_init(&g, ops, 4);
+  cudaStream_t s = stream_of(out);
+  FLOW_CUDA_DISPATCH_ALL(out->dtype, "where",
+    where_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<T>(out), data_of<bool>(cond), data_of<T>(a), data_of<T>(b)))
+  return launch_check("where_kernel");
+}
+
+static int cuda_masked_fill(flow_tensor *out, const flow_tensor *x, const flow_tensor *mask, double v) {
+  int64_t n = flow_tensor_numel(out);
+  if (n == 0) return 0;
+  const flow_tensor *ops[3] = {out, x, mask};
+  Geo g;
+  geo_init(&g, ops, 3);
+  cudaStream_t s = stream_of(out);
+  FLOW_CUDA_DISPATCH_ALL(out->dtype, "masked_fill",
+    masked_fill_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<T>(out), data_of<T>(x), data_of<bool>(mask), host_value<T>(v)))
+  return launch_check("masked_fill_kernel");
+}
+
+/* ---- copy / cast / fill ------------------------------------------------------------------------- */
+
+/* Any dtype pair: the source converts through double when either side is 64-bit or integer, so
+ * int64 and float64 stay exact; float-to-float casts stay in float. */
+template <typename TO, typename TI>
+__global__ void copy_kernel(Geo g, int64_t n, TO *o, const TI *x) {
+  CUDA_LOOP(i, n) {
+    int64_t off[2];
+    geo_offsets<2>(g, i, off);
+    o[off[0]] = x[off[1]];
+  }
+}
+template <typename TO, typename TI> struct Convert {
+  __device__ static TO go(TI v) { return (TO)v; }
+};
+template <typename TI> struct Convert<bf16, TI> { __device__ static bf16 go(TI v) { return __float2bfloat16((float)v); } };
+template <typename TI> struct Convert<f16, TI> { __device__ static f16 go(TI v) { return __float2half((float)v); } };
+template <typename TO> struct Convert<TO, bf16> { __device__ static TO go(bf16 v) { return (TO)__bfloat162float(v); } };
+template <typename TO> struct Convert<TO, f16> { __device__ static TO go(f16 v) { return (TO)__half2float(v); } };
+template <> struct Convert<bf16, bf16> { __device__ static bf16 go(bf16 v) { return v; } };
+template <> struct Convert<f16, f16> { __device__ static f16 go(f16 v) { return v; } };
+template <> struct Convert<bf16, f16> { __device__ static bf16 go(f16 v) { return __float2bfloat16(__half2float(v)); } };
+template <> struct Convert<f16, bf16> { __device__ static f16 go(bf16 v) { return __float2half(__bfloat162float(v)); } };
+template <typename TI> struct Convert<bool, TI> { __device__ static bool go(TI v) { return (float)v != 0.f; } };
+template <> struct Convert<bool, bf16> { __device__ static bool go(bf16 v) { return __bfloat162float(v) != 0.f; } };
+template <> struct Convert<bool, f16> { __device__ static bool go(f16 v) { return __half2float(v) != 0.f; } };
+template <> struct Convert<bool, int64_t> { __device__ static bool go(int64_t v) { return v != 0; } };
+template <> struct Convert<bool, double> { __device__ static bool go(double v) { return v != 0; } };
+
+template <typename TO, typename TI>
+__global__ void cast_kernel(Geo g, int64_t n, TO *o, const TI *x) {
+  CUDA_LOOP(i, n) {
+    int64_t off[2];
+    geo_offsets<2>(g, i, off);
+    o[off[0]] = Convert<TO, TI>::go(x[off[1]]);
+  }
+}
+
+/* out = x: any strides, any dtypes. */
+int flow_cuda_copy(flow_tensor *out, const flow_tensor *x) {
+  int64_t n = flow_tensor_numel(out);
+  if (n == 0) return 0;
+  cudaStream_t s = stream_of(out);
+  if (out->dtype == x->dtype && flow_tensor_is_contiguous(out) && flow_tensor_is_contiguous(x) &&
+      flow_shape_eq(out->ndim, out->shape, x->ndim, x->shape))
+    return flow_cuda_check(cudaMemcpyAsync(flow_tensor_data(out), flow_tensor_data(x), flow_tensor_nbytes(out),
+                                           cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  const flow_tensor *ops[2] = {out, x};
+  Geo g;
+  geo_init(&g, ops, 2);
+  unsigned grid = grid_for(n, 256);
+  if (out->dtype == x->dtype) {
+    switch (flow_dtype_size(x->dtype)) {
+    case 1: copy_kernel<uint8_t, uint8_t><<<grid, 256, 0, s>>>(g, n, data_of<uint8_t>(out), data_of<uint8_t>(x)); break;
+    case 2: copy_kernel<uint16_t, uint16_t><<<grid, 256, 0, s>>>(g, n, data_of<uint16_t>(out), data_of<uint16_t>(x)); break;
+    case 4: copy_kernel<uint32_t, uint32_t><<<grid, 256, 0, s>>>(g, n, data_of<uint32_t>(out), data_of<uint32_t>(x)); break;
+    default: copy_kernel<uint64_t, uint64_t><<<grid, 256, 0, s>>>(g, n, data_of<uint64_t>(out), data_of<uint64_t>(x)); break;
+    }
+    return launch_check("copy_kernel");
+  }
+#define CAST_FROM(TO)                                                                                    \
+  switch (x->dtype) {                                                                                    \
+  case FLOW_F32: cast_kernel<TO, float><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<float>(x)); break;   \
+  case FLOW_F64: cast_kernel<TO, double><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<double>(x)); break; \
+  case FLOW_F16: cast_kernel<TO, f16><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<f16>(x)); break;       \
+  case FLOW_BF16: cast_kernel<TO, bf16><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<bf16>(x)); break;    \
+  case FLOW_I64: cast_kernel<TO, int64_t><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<int64_t>(x)); break; \
+  case FLOW_I32: cast_kernel<TO, int32_t><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<int32_t>(x)); break; \
+  case FLOW_U8: cast_kernel<TO, uint8_t><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<uint8_t>(x)); break; \
+  default: cast_kernel<TO, bool><<<grid, 256, 0, s>>>(g, n, data_of<TO>(out), data_of<bool>(x)); break;          \
+  }
+  switch (out->dtype) {
+  case FLOW_F32: CAST_FROM(float) break;
+  case FLOW_F64: CAST_FROM(double) break;
+  case FLOW_F16: CAST_FROM(f16) break;
+  case FLOW_BF16: CAST_FROM(bf16) break;
+  case FLOW_I64: CAST_FROM(int64_t) break;
+  case FLOW_I32: CAST_FROM(int32_t) break;
+  case FLOW_U8: CAST_FROM(uint8_t) break;
+  default: CAST_FROM(bool) break;
+  }
+#undef CAST_FROM
+  return launch_check("cast_kernel");
+}
+
+template <typename T>
+__global__ void fill_kernel(Geo g, int64_t n, T *o, T v) {
+  CUDA_LOOP(i, n) {
+    int64_t off[1];
+    geo_offsets<1>(g, i, off);
+    o[off[0]] = v;
+  }
+}
+
+int flow_cuda_fill(flow_tensor *out, double v) {
+  int64_t n = flow_tensor_numel(out);
+  if (n == 0) return 0;
+  cudaStream_t s = stream_of(out);
+  if (v == 0 && flow_tensor_is_contiguous(out))
+    return flow_cuda_check(cudaMemsetAsync(flow_tensor_data(out), 0, flow_tensor_nbytes(out), s), "cudaMemsetAsync");
+  const flow_tensor *ops[1] = {out};
+  Geo g;
+  geo_init(&g, ops, 1);
+  FLOW_CUDA_DISPATCH_ALL(out->dtype, "fill",
+    fill_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<T>(out), host_value<T>(v)))
+  return launch_check("fill_kernel");
+}
+
+flow_tensor *cuda_dense(flow_tensor *t) {
+  if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
+  flow_tensor *c = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
+  if (c && flow_cuda_copy(c, t) != 0) { flow_tensor_decref(c); return NULL; }
+  return c;
+}
+
+flow_tensor *cuda_cast(flow_tensor *t, flow_dtype dtype) {
+  flow_tensor *c = flow_tensor_new(dtype, t->device, t->ndim, t->shape);
+  if (c && flow_cuda_copy(c, t) != 0) { flow_tensor_decref(c); return NULL; }
+  return c;
+}
+
+/* ---- the ops ------------------------------------------------------------------------------------ */
+
+#define BINARY(NAME, CODE)                                                                        \
+  static FLOW_KERNEL(k_##NAME) { return cuda_binary(CODE, out[0], in[0], in[1]); }
+BINARY(add, FLOW_BIN_ADD)
+BINARY(sub, FLOW_BIN_SUB)
+BINARY(mul, FLOW_BIN_MUL)
+BINARY(div, FLOW_BIN_DIV)
+BINARY(pow, FLOW_BIN_POW)
+BINARY(maximum, FLOW_BIN_MAX)
+BINARY(minimum, FLOW_BIN_MIN)
+BINARY(eq, FLOW_BIN_EQ)
+BINARY(ne, FLOW_BIN_NE)
+BINARY(lt, FLOW_BIN_LT)
+BINARY(le, FLOW_BIN_LE)
+BINARY(gt, FLOW_BIN_GT)
+BINARY(ge, FLOW_BIN_GE)
+
+/* In place: out[0] is in[0]. */
+static FLOW_KERNEL(k_add_) { return cuda_binary(FLOW_BIN_ADD, out[0], in[0], in[1]); }
+static FLOW_KERNEL(k_copy_) { return flow_cuda_copy(out[0], in[1]); }
+static FLOW_KERNEL(k_copy) { return flow_cuda_copy(out[0], in[0]); }
+static FLOW_KERNEL(k_full) { return flow_cuda_fill(out[0], a->scalar); }
+static FLOW_KERNEL(k_fill_) { return flow_cuda_fill(out[0], a->scalar); }
+
+/* clamp's bounds: FLOW_ATTR_HAS_MIN/MAX with scalar/scalar2, as the CPU op reads them. */
+static double lo_of(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MIN ? a->scalar : -INFINITY; }
+static double hi_of(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MAX ? a->scalar2 : INFINITY; }
+
+#define UNARY(NAME, CODE)                                                                         \
+  static FLOW_KERNEL(k_##NAME) { return cuda_unary(CODE, out[0], in[0], lo_of(a), hi_of(a)); }
+UNARY(neg, FLOW_UN_NEG)
+UNARY(abs, FLOW_UN_ABS)
+UNARY(exp, FLOW_UN_EXP)
+UNARY(log, FLOW_UN_LOG)
+UNARY(sqrt, FLOW_UN_SQRT)
+UNARY(rsqrt, FLOW_UN_RSQRT)
+UNARY(tanh, FLOW_UN_TANH)
+UNARY(sigmoid, FLOW_UN_SIGMOID)
+UNARY(relu, FLOW_UN_RELU)
+UNARY(gelu, FLOW_UN_GELU)
+UNARY(clamp, FLOW_UN_CLAMP)
+
+static FLOW_KERNEL(k_where) { return cuda_where(out[0], in[0], in[1], in[2]); }
+static FLOW_KERNEL(k_masked_fill) { return cuda_masked_fill(out[0], in[0], in[1], a->scalar); }
+
+/* unary gradient ops take (s, g) and carry the forward's code in attrs->k */
+static FLOW_KERNEL(k_unary_backward) {
+  return cuda_unary_backward((flow_unary_code)a->k, out[0], in[0], in[1], lo_of(a), hi_of(a));
+}
+
+void flow_cuda_register_elementwise(void) {
+  static const struct { const char *name; flow_kernel_fn fn; } table[] = {
+    {"add", k_add}, {"sub", k_sub}, {"mul", k_mul}, {"div", k_div}, {"pow", k_pow},
+    {"maximum", k_maximum}, {"minimum", k_minimum}, {"eq", k_eq}, {"ne", k_ne}, {"lt", k_lt},
+    {"le", k_le}, {"gt", k_gt}, {"ge", k_ge}, {"add_", k_add_}, {"copy_", k_copy_},
+    {"contiguous", k_copy}, {"cast", k_copy}, {"full", k_full}, {"fill_", k_fill_},
+    {"neg", k_neg}, {"abs", k_abs}, {"exp", k_exp}, {"log", k_log}, {"sqrt", k_sqrt},
+    {"rsqrt", k_rsqrt}, {"tanh", k_tanh}, {"sigmoid", k_sigmoid}, {"relu", k_relu},
+    {"gelu", k_gelu}, {"clamp", k_clamp}, {"where", k_where}, {"masked_fill", k_masked_fill},
+    {"unary_backward", k_unary_backward},
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) cuda_attach(table[i].name, table[i].fn);
+}
