@@ -1,61 +1,176 @@
-/* Lua bindings of the elementwise ops, and the arithmetic metamethods (+ - * / ^, unary -). */
+/* Lua bindings of the elementwise ops, casts, in-place updates, and the arithmetic metamethods
+ * (+ - * / ^ and unary -). */
+#include <math.h>
+
 #include "../ops/elementwise.h"
 #include "bind.h"
 
+/* Argument idx must be a tensor or a Lua number/boolean (checked before anything is allocated,
+ * so a bad argument raises without leaking). */
+static void check_operand(lua_State *L, int idx, const char *fn) {
+  int ty = lua_type(L, idx);
+  if (ty != LUA_TNUMBER && ty != LUA_TBOOLEAN) flow_lua_check(L, idx, fn);
+}
+
 /* Either operand may be a Lua number; it takes the other operand's dtype and device. */
 static int binary(lua_State *L, const flow_op *op) {
-  flow_tensor *ta = flow_lua_test(L, 1), *tb = flow_lua_test(L, 2);
-  const flow_tensor *like = ta ? ta : tb;
-  if (!like) {
-    flow_lua_check(L, flow_lua_test(L, 1) ? 2 : 1, op->name);
-  }
-  flow_tensor *in[2] = {flow_lua_to_tensor(L, 1, like, op->name), NULL};
-  in[1] = flow_lua_to_tensor(L, 2, like, op->name);
-  flow_tensor *r = flow_binary(op, in[0], in[1]);
-  flow_tensor_decref(in[0]);
-  flow_tensor_decref(in[1]);
+  check_operand(L, 1, op->name);
+  check_operand(L, 2, op->name);
+  const flow_tensor *like = flow_lua_test(L, 1);
+  if (!like) like = flow_lua_test(L, 2);
+  if (!like) flow_lua_check(L, 1, op->name);
+  flow_tensor *a = flow_lua_to_tensor(L, 1, like, op->name);
+  flow_tensor *b = flow_lua_to_tensor(L, 2, like, op->name);
+  flow_tensor *r = flow_binary(op, a, b);
+  flow_tensor_decref(a);
+  flow_tensor_decref(b);
   return flow_lua_push(L, r);
 }
 
-static int l_add(lua_State *L) { return binary(L, &flow_op_add); }
-static int l_sub(lua_State *L) { return binary(L, &flow_op_sub); }
-static int l_mul(lua_State *L) { return binary(L, &flow_op_mul); }
-static int l_div(lua_State *L) { return binary(L, &flow_op_div); }
+#define BINARY(NAME) static int l_##NAME(lua_State *L) { return binary(L, &flow_op_##NAME); }
+BINARY(add)
+BINARY(sub)
+BINARY(mul)
+BINARY(div)
+BINARY(pow)
+BINARY(maximum)
+BINARY(minimum)
+BINARY(eq)
+BINARY(ne)
+BINARY(lt)
+BINARY(le)
+BINARY(gt)
+BINARY(ge)
+
+#define UNARY(NAME)                                                        \
+  static int l_##NAME(lua_State *L) {                                      \
+    return flow_lua_push(L, flow_##NAME(flow_lua_check(L, 1, #NAME)));     \
+  }
+UNARY(neg)
+UNARY(abs)
+UNARY(exp)
+UNARY(log)
+UNARY(sqrt)
+UNARY(rsqrt)
+UNARY(tanh)
+UNARY(sigmoid)
+UNARY(relu)
+UNARY(gelu)
+
+/* __unm receives the operand twice */
+static int l_unm(lua_State *L) { return flow_lua_push(L, flow_neg(flow_lua_check(L, 1, "neg"))); }
+
+/* An optional number bound at idx: nil/none means absent. */
+static bool opt_bound(lua_State *L, int idx, const char *what, double *v) {
+  if (lua_isnoneornil(L, idx)) return false;
+  if (lua_type(L, idx) != LUA_TNUMBER)
+    luaL_error(L, "clamp: %s must be a number or nil (got %s)", what, luaL_typename(L, idx));
+  *v = lua_tonumber(L, idx);
+  return true;
+}
+
+/* clamp(t, min, max): either bound may be nil */
+static int l_clamp(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "clamp");
+  double lo = -INFINITY, hi = INFINITY;
+  bool has_lo = opt_bound(L, 2, "min", &lo), has_hi = opt_bound(L, 3, "max", &hi);
+  return flow_lua_push(L, flow_clamp(t, has_lo, lo, has_hi, hi));
+}
+
+/* where(cond, a, b): a or b may be a Lua number (taking the other's dtype) */
+static int l_where(lua_State *L) {
+  flow_tensor *cond = flow_lua_check(L, 1, "where");
+  check_operand(L, 2, "where");
+  check_operand(L, 3, "where");
+  const flow_tensor *like = flow_lua_test(L, 2);
+  if (!like) like = flow_lua_test(L, 3);
+  flow_tensor *a = flow_lua_to_tensor(L, 2, like, "where");
+  flow_tensor *b = flow_lua_to_tensor(L, 3, like ? like : a, "where");
+  flow_tensor *r = flow_where(cond, a, b);
+  flow_tensor_decref(a);
+  flow_tensor_decref(b);
+  return flow_lua_push(L, r);
+}
+
+static int l_masked_fill(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "masked_fill");
+  flow_tensor *mask = flow_lua_check(L, 2, "masked_fill");
+  int ty = lua_type(L, 3);
+  if (ty != LUA_TNUMBER && ty != LUA_TBOOLEAN)
+    return luaL_error(L, "masked_fill: argument 3 (value) must be a number (got %s)", luaL_typename(L, 3));
+  double v = ty == LUA_TBOOLEAN ? lua_toboolean(L, 3) : lua_tonumber(L, 3);
+  return flow_lua_push(L, flow_masked_fill(t, mask, v));
+}
+
+/* ---- casts ---------------------------------------------------------------------------------- */
 
 static int l_cast(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "cast");
   return flow_lua_push(L, flow_cast(t, flow_lua_check_dtype(L, 2)));
 }
 
-static int l_add_(lua_State *L) {
-  flow_tensor *t = flow_lua_check(L, 1, "add_");
-  flow_tensor *o = flow_lua_to_tensor(L, 2, t, "add_");
-  int rc = flow_add_inplace(t, o);
+#define CAST(NAME, DTYPE)                                                    \
+  static int l_##NAME(lua_State *L) {                                        \
+    return flow_lua_push(L, flow_cast(flow_lua_check(L, 1, #NAME), DTYPE));  \
+  }
+CAST(float, FLOW_F32)
+CAST(double, FLOW_F64)
+CAST(half, FLOW_F16)
+CAST(bfloat16, FLOW_BF16)
+CAST(long, FLOW_I64)
+CAST(int, FLOW_I32)
+CAST(bool, FLOW_BOOL)
+
+/* ---- in place: return the tensor itself ----------------------------------------------------- */
+
+static int inplace_binary(lua_State *L, const char *fn, int (*f)(flow_tensor *, flow_tensor *)) {
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  check_operand(L, 2, fn);
+  flow_tensor *o = flow_lua_to_tensor(L, 2, t, fn);
+  int rc = f(t, o);
   flow_tensor_decref(o);
   if (rc != 0) return flow_lua_error(L);
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_copy_(lua_State *L) {
-  flow_tensor *t = flow_lua_check(L, 1, "copy_");
-  flow_tensor *o = flow_lua_to_tensor(L, 2, t, "copy_");
-  int rc = flow_copy_inplace(t, o);
-  flow_tensor_decref(o);
-  if (rc != 0) return flow_lua_error(L);
+static int l_add_(lua_State *L) { return inplace_binary(L, "add_", flow_add_inplace); }
+static int l_mul_(lua_State *L) { return inplace_binary(L, "mul_", flow_mul_inplace); }
+static int l_copy_(lua_State *L) { return inplace_binary(L, "copy_", flow_copy_inplace); }
+
+static int fill(lua_State *L, flow_tensor *t, double v) {
+  if (flow_fill_inplace(t, v) != 0) return flow_lua_error(L);
   lua_settop(L, 1);
   return 1;
 }
+
+static int l_fill_(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "fill_");
+  int ty = lua_type(L, 2);
+  if (ty != LUA_TNUMBER && ty != LUA_TBOOLEAN)
+    return luaL_error(L, "fill_: argument 2 (value) must be a number (got %s)", luaL_typename(L, 2));
+  return fill(L, t, ty == LUA_TBOOLEAN ? lua_toboolean(L, 2) : lua_tonumber(L, 2));
+}
+
+static int l_zero_(lua_State *L) { return fill(L, flow_lua_check(L, 1, "zero_"), 0); }
 
 void flow_lua_open_elementwise(lua_State *L) {
-  static const luaL_Reg fns[] = {{"add", l_add}, {"sub", l_sub}, {"mul", l_mul}, {"div", l_div},
-                                 {"cast", l_cast}, {NULL, NULL}};
-  static const luaL_Reg methods[] = {{"add", l_add}, {"sub", l_sub}, {"mul", l_mul}, {"div", l_div},
-                                     {"cast", l_cast}, {"add_", l_add_}, {"copy_", l_copy_}, {NULL, NULL}};
+#define BOTH(NAME) {#NAME, l_##NAME}
+#define MATH_OPS                                                                                 \
+  BOTH(add), BOTH(sub), BOTH(mul), BOTH(div), BOTH(pow), BOTH(maximum), BOTH(minimum), BOTH(eq),  \
+  BOTH(ne), BOTH(lt), BOTH(le), BOTH(gt), BOTH(ge), BOTH(neg), BOTH(abs), BOTH(exp), BOTH(log),   \
+  BOTH(sqrt), BOTH(rsqrt), BOTH(tanh), BOTH(sigmoid), BOTH(relu), BOTH(gelu), BOTH(clamp),        \
+  BOTH(where), BOTH(masked_fill), BOTH(cast)
+  static const luaL_Reg fns[] = {MATH_OPS, {NULL, NULL}};
+  static const luaL_Reg methods[] = {
+    MATH_OPS, BOTH(float), BOTH(double), BOTH(half), BOTH(bfloat16), BOTH(long), BOTH(int), BOTH(bool),
+    BOTH(add_), BOTH(mul_), BOTH(copy_), BOTH(fill_), BOTH(zero_), {NULL, NULL}};
+#undef MATH_OPS
+#undef BOTH
   flow_lua_register(L, fns, methods);
   luaL_getmetatable(L, FLOW_TENSOR_MT);
   static const luaL_Reg meta[] = {{"__add", l_add}, {"__sub", l_sub}, {"__mul", l_mul}, {"__div", l_div},
-                                  {NULL, NULL}};
+                                  {"__pow", l_pow}, {"__unm", l_unm}, {NULL, NULL}};
   luaL_setfuncs(L, meta, 0);
   lua_pop(L, 1);
 }

@@ -1,8 +1,8 @@
-/* Lua bindings of the reductions. */
+/* Lua bindings of the reductions. axes: nil (all), an integer, or a list; keepdim a boolean. */
 #include "../ops/reduce.h"
 #include "bind.h"
 
-/* t:sum(axes, keepdim) / flow.sum(t, axes, keepdim) */
+/* t:sum(axes, keepdim) / flow.sum(t, axes, keepdim); likewise mean */
 static int l_sum(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "sum");
   int64_t axes[FLOW_MAX_DIMS];
@@ -10,7 +10,63 @@ static int l_sum(lua_State *L) {
   return flow_lua_push(L, flow_sum(t, n, axes, lua_toboolean(L, 3)));
 }
 
+static int l_mean(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "mean");
+  int64_t axes[FLOW_MAX_DIMS];
+  int n = flow_lua_axes(L, 2, axes, "mean");
+  return flow_lua_push(L, flow_mean(t, n, axes, lua_toboolean(L, 3)));
+}
+
+/* var(t, axes, keepdim, unbiased = true) */
+static int l_var(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "var");
+  int64_t axes[FLOW_MAX_DIMS];
+  int n = flow_lua_axes(L, 2, axes, "var");
+  bool unbiased = lua_isnoneornil(L, 4) ? true : lua_toboolean(L, 4);
+  return flow_lua_push(L, flow_var(t, n, axes, lua_toboolean(L, 3), unbiased));
+}
+
+/* The optional single axis at idx; false when nil. */
+static bool opt_axis(lua_State *L, int idx, const char *fn, int64_t *axis) {
+  if (lua_isnoneornil(L, idx)) return false;
+  int ok;
+  *axis = lua_tointegerx(L, idx, &ok);
+  if (!ok) luaL_error(L, "%s: axis must be an integer or nil (got %s)", fn, luaL_typename(L, idx));
+  return true;
+}
+
+/* max(t) -> the largest element (0-d); max(t, axis, keepdim) -> values, indices (int64) */
+static int maxmin(lua_State *L, bool is_max) {
+  const char *fn = is_max ? "max" : "min";
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  int64_t axis = 0;
+  bool has_axis = opt_axis(L, 2, fn, &axis);
+  flow_tensor *v, *i;
+  if (flow_maxmin(t, is_max, has_axis, axis, lua_toboolean(L, 3), &v, has_axis ? &i : NULL) != 0)
+    return flow_lua_error(L);
+  flow_lua_push(L, v);
+  if (!has_axis) return 1;
+  flow_lua_push(L, i);
+  return 2;
+}
+
+static int l_max(lua_State *L) { return maxmin(L, true); }
+static int l_min(lua_State *L) { return maxmin(L, false); }
+
+/* argmax(t, axis, keepdim): without an axis, the flat index */
+static int argmaxmin(lua_State *L, bool is_max) {
+  const char *fn = is_max ? "argmax" : "argmin";
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  int64_t axis = 0;
+  bool has_axis = opt_axis(L, 2, fn, &axis);
+  return flow_lua_push(L, flow_argmaxmin(t, is_max, has_axis, axis, lua_toboolean(L, 3)));
+}
+
+static int l_argmax(lua_State *L) { return argmaxmin(L, true); }
+static int l_argmin(lua_State *L) { return argmaxmin(L, false); }
+
 void flow_lua_open_reduce(lua_State *L) {
-  static const luaL_Reg fns[] = {{"sum", l_sum}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"sum", l_sum}, {"mean", l_mean}, {"var", l_var}, {"max", l_max},
+                                 {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin}, {NULL, NULL}};
   flow_lua_register(L, fns, fns);
 }

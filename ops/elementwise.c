@@ -1,19 +1,39 @@
-/* Elementwise binary ops (add sub mul div), copy/cast and fill: shape, dtype and gradient rules. */
+/* Elementwise ops: binary arithmetic and comparisons with broadcasting, where and masked_fill,
+ * the unary math ops, in-place updates, copy/cast and fill: shape, dtype and gradient rules. */
 #include "elementwise.h"
+
+#include <math.h>
 
 #include "../kernels/cpu/cpu.h"
 #include "reduce.h"
 
 /* ---- binary with broadcasting ------------------------------------------------------------ */
 
+static int check_cpu_dtype(const flow_op *op, flow_dtype d) {
+  if (d == FLOW_F16 || d == FLOW_BF16)
+    return flow_error_set("%s: %s tensors are storage-only on the CPU (cast to float32 first)", op->name,
+                          flow_dtype_name(d));
+  return 0;
+}
+
 static int infer_binary(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
-  if (in[0]->dtype == FLOW_F16 || in[0]->dtype == FLOW_BF16)
-    return flow_error_set("%s: %s tensors are storage-only on the CPU (cast to float32 first)", op->name,
-                          flow_dtype_name(in[0]->dtype));
+  if (flow_check_same_dtype(op, in, 2) != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  if (in[0]->dtype == FLOW_BOOL)
+    return flow_error_set("%s: no arithmetic on bool tensors (cast to an integer or float dtype first)", op->name);
   out->dtype = in[0]->dtype;
+  out->device = in[0]->device;
+  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+                              &out->ndim, out->shape);
+}
+
+/* Comparisons: any (same) dtype in, bool out. */
+static int infer_compare(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                         flow_meta *out) {
+  (void)nin; (void)a;
+  if (flow_check_same_dtype(op, in, 2) != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  out->dtype = FLOW_BOOL;
   out->device = in[0]->device;
   return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
                               &out->ndim, out->shape);
@@ -28,10 +48,27 @@ CPU_BINARY(add, FLOW_BIN_ADD)
 CPU_BINARY(sub, FLOW_BIN_SUB)
 CPU_BINARY(mul, FLOW_BIN_MUL)
 CPU_BINARY(div, FLOW_BIN_DIV)
+CPU_BINARY(pow, FLOW_BIN_POW)
+CPU_BINARY(maximum, FLOW_BIN_MAX)
+CPU_BINARY(minimum, FLOW_BIN_MIN)
+CPU_BINARY(eq, FLOW_BIN_EQ)
+CPU_BINARY(ne, FLOW_BIN_NE)
+CPU_BINARY(lt, FLOW_BIN_LT)
+CPU_BINARY(le, FLOW_BIN_LE)
+CPU_BINARY(gt, FLOW_BIN_GT)
+CPU_BINARY(ge, FLOW_BIN_GE)
 
-/* Reduce a broadcast gradient back to the input's shape, then scale if asked. */
+/* Reduce a broadcast gradient back to the input's shape. */
 static flow_tensor *unbroadcast(flow_tensor *g, const flow_meta *m) {
   return flow_sum_to_shape(g, m->ndim, m->shape);
+}
+
+/* gin[i] = unbroadcast(g) for input i, consuming g (which may be NULL after an error). */
+static int give(flow_tensor **gin, int i, flow_tensor *g, const flow_grad_ctx *c) {
+  if (!g) return -1;
+  gin[i] = unbroadcast(g, &c->in_meta[i]);
+  flow_tensor_decref(g);
+  return gin[i] ? 0 : -1;
 }
 
 static int grad_add(const flow_grad_ctx *c, flow_tensor **gin) {
@@ -46,13 +83,7 @@ static int grad_sub(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *g = c->gout[0];
   if (!g) return 0;
   if (c->need[0] && !(gin[0] = unbroadcast(g, &c->in_meta[0]))) return -1;
-  if (c->need[1]) {
-    flow_tensor *n = flow_mul_scalar(g, -1);
-    if (!n) return -1;
-    gin[1] = unbroadcast(n, &c->in_meta[1]);
-    flow_tensor_decref(n);
-    if (!gin[1]) return -1;
-  }
+  if (c->need[1] && give(gin, 1, flow_neg(g), c) != 0) return -1;
   return 0;
 }
 
@@ -60,18 +91,12 @@ static int grad_sub(const flow_grad_ctx *c, flow_tensor **gin) {
 static int grad_mul(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *g = c->gout[0];
   if (!g) return 0;
-  for (int i = 0; i < 2; i++) {
-    if (!c->need[i]) continue;
-    flow_tensor *p = flow_mul(g, c->in[1 - i]);
-    if (!p) return -1;
-    gin[i] = unbroadcast(p, &c->in_meta[i]);
-    flow_tensor_decref(p);
-    if (!gin[i]) return -1;
-  }
+  for (int i = 0; i < 2; i++)
+    if (c->need[i] && give(gin, i, flow_mul(g, c->in[1 - i]), c) != 0) return -1;
   return 0;
 }
 
-/* d(a/b) = g/b, -g*a/b^2 = -g*out/b */
+/* d(a/b) = g/b, -g*a/b^2 = -(g/b)*(a/b) */
 static int grad_div(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *g = c->gout[0];
   if (!g) return 0;
@@ -82,12 +107,63 @@ static int grad_div(const flow_grad_ctx *c, flow_tensor **gin) {
   if (rc == 0 && c->need[1]) {
     flow_tensor *q = flow_div(c->in[0], c->in[1]);
     flow_tensor *p = q ? flow_mul(gb, q) : NULL;
-    flow_tensor *n = p ? flow_mul_scalar(p, -1) : NULL;
-    gin[1] = n ? unbroadcast(n, &c->in_meta[1]) : NULL;
-    flow_tensor_decref(q); flow_tensor_decref(p); flow_tensor_decref(n);
-    if (!gin[1]) rc = -1;
+    rc = give(gin, 1, p ? flow_neg(p) : NULL, c);
+    flow_tensor_decref(q); flow_tensor_decref(p);
   }
   flow_tensor_decref(gb);
+  return rc;
+}
+
+/* y = a^b: da = g b a^(b-1), db = g y log(a). At a = 0 follow torch: da is 0 where b = 0 (not
+ * 0 * inf), db is 0 where a = 0 (not y * -inf). */
+static int grad_pow(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0], *a = c->in[0], *b = c->in[1];
+  if (!g) return 0;
+  if (c->need[0]) {
+    flow_tensor *bm1 = flow_add_scalar(b, -1);
+    flow_tensor *p = bm1 ? flow_pow(a, bm1) : NULL;
+    flow_tensor *q = p ? flow_mul(p, b) : NULL;
+    flow_tensor *r = q ? flow_mul(g, q) : NULL;
+    flow_tensor *bz = r ? flow_eq_scalar(b, 0) : NULL;
+    flow_tensor *d = bz ? flow_masked_fill(r, bz, 0) : NULL;
+    flow_tensor_decref(bm1); flow_tensor_decref(p); flow_tensor_decref(q);
+    flow_tensor_decref(r); flow_tensor_decref(bz);
+    if (give(gin, 0, d, c) != 0) return -1;
+  }
+  if (c->need[1]) {
+    flow_tensor *l = flow_log(a);
+    flow_tensor *q = l ? flow_mul(c->out[0], l) : NULL;
+    flow_tensor *r = q ? flow_mul(g, q) : NULL;
+    flow_tensor *az = r ? flow_eq_scalar(a, 0) : NULL;
+    flow_tensor *d = az ? flow_masked_fill(r, az, 0) : NULL;
+    flow_tensor_decref(l); flow_tensor_decref(q); flow_tensor_decref(r); flow_tensor_decref(az);
+    if (give(gin, 1, d, c) != 0) return -1;
+  }
+  return 0;
+}
+
+/* maximum/minimum: the gradient goes to the selected input; ties split it evenly (as torch).
+ * w = [a wins] + 0.5 [a == b];  da = g w,  db = g - g w. */
+static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0], *a = c->in[0], *b = c->in[1];
+  if (!g) return 0;
+  bool is_max = c->op == &flow_op_maximum;
+  flow_tensor *win = is_max ? flow_gt(a, b) : flow_lt(a, b);
+  flow_tensor *tie = win ? flow_eq(a, b) : NULL;
+  flow_tensor *wf = tie ? flow_cast(win, g->dtype) : NULL;
+  flow_tensor *tf = wf ? flow_cast(tie, g->dtype) : NULL;
+  flow_tensor *th = tf ? flow_mul_scalar(tf, 0.5) : NULL;
+  flow_tensor *w = th ? flow_add(wf, th) : NULL;
+  flow_tensor *ga = w ? flow_mul(g, w) : NULL;
+  flow_decref_all((flow_tensor *[]){win, tie, wf, tf, th, w}, 6);
+  if (!ga) return -1;
+  int rc = 0;
+  if (c->need[1]) rc = give(gin, 1, flow_sub(g, ga), c);
+  if (rc == 0 && c->need[0]) {
+    flow_tensor_incref(ga);
+    rc = give(gin, 0, ga, c);
+  }
+  flow_tensor_decref(ga);
   return rc;
 }
 
@@ -99,30 +175,244 @@ FLOW_OP(mul) {.name = "mul", .nin = 2, .nout = 1, .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_mul}, .grad = grad_mul, .save_in = 3};
 FLOW_OP(div) {.name = "div", .nin = 2, .nout = 1, .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_div}, .grad = grad_div, .save_in = 3};
+FLOW_OP(pow) {.name = "pow", .nin = 2, .nout = 1, .infer = infer_binary,
+              .kernel = {[FLOW_CPU] = cpu_pow}, .grad = grad_pow, .save_in = 3, .save_out = 1};
+FLOW_OP(maximum) {.name = "maximum", .nin = 2, .nout = 1, .infer = infer_binary,
+                  .kernel = {[FLOW_CPU] = cpu_maximum}, .grad = grad_maxmin, .save_in = 3};
+FLOW_OP(minimum) {.name = "minimum", .nin = 2, .nout = 1, .infer = infer_binary,
+                  .kernel = {[FLOW_CPU] = cpu_minimum}, .grad = grad_maxmin, .save_in = 3};
+FLOW_OP(eq) {.name = "eq", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_eq}};
+FLOW_OP(ne) {.name = "ne", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ne}};
+FLOW_OP(lt) {.name = "lt", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_lt}};
+FLOW_OP(le) {.name = "le", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_le}};
+FLOW_OP(gt) {.name = "gt", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_gt}};
+FLOW_OP(ge) {.name = "ge", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ge}};
+
+void flow_decref_all(flow_tensor *const *ts, int n) {
+  for (int i = 0; i < n; i++) flow_tensor_decref(ts[i]);
+}
 
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b) {
   flow_tensor *in[2] = {a, b};
-  flow_attrs at;
-  flow_attrs_init(&at);
-  return flow_op_call1(op, in, 2, &at);
+  return flow_op_call1(op, in, 2, flow_attrs_default());
 }
 
 flow_tensor *flow_add(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_add, a, b); }
 flow_tensor *flow_sub(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_sub, a, b); }
 flow_tensor *flow_mul(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_mul, a, b); }
 flow_tensor *flow_div(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_div, a, b); }
+flow_tensor *flow_pow(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_pow, a, b); }
+flow_tensor *flow_maximum(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_maximum, a, b); }
+flow_tensor *flow_minimum(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_minimum, a, b); }
+flow_tensor *flow_eq(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_eq, a, b); }
+flow_tensor *flow_ne(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_ne, a, b); }
+flow_tensor *flow_lt(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_lt, a, b); }
+flow_tensor *flow_le(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_le, a, b); }
+flow_tensor *flow_gt(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_gt, a, b); }
+flow_tensor *flow_ge(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_ge, a, b); }
 
-static flow_tensor *with_scalar(const flow_op *op, flow_tensor *a, double s) {
+flow_tensor *flow_binary_scalar(const flow_op *op, flow_tensor *a, double s) {
   flow_tensor *b = flow_scalar_tensor(s, a->dtype, a->device);
   if (!b) return NULL;
   flow_tensor *r = flow_binary(op, a, b);
   flow_tensor_decref(b);
   return r;
 }
-flow_tensor *flow_add_scalar(flow_tensor *a, double s) { return with_scalar(&flow_op_add, a, s); }
-flow_tensor *flow_mul_scalar(flow_tensor *a, double s) { return with_scalar(&flow_op_mul, a, s); }
+flow_tensor *flow_add_scalar(flow_tensor *a, double s) { return flow_binary_scalar(&flow_op_add, a, s); }
+flow_tensor *flow_mul_scalar(flow_tensor *a, double s) { return flow_binary_scalar(&flow_op_mul, a, s); }
+flow_tensor *flow_pow_scalar(flow_tensor *a, double s) { return flow_binary_scalar(&flow_op_pow, a, s); }
+flow_tensor *flow_eq_scalar(flow_tensor *a, double s) { return flow_binary_scalar(&flow_op_eq, a, s); }
 
-/* ---- in-place add and copy (optimizers, gradient accumulation) ------------------------------ */
+/* ---- where and masked_fill ------------------------------------------------------------------ */
+
+static int check_mask(const flow_op *op, const flow_tensor *m, const char *what) {
+  if (m->dtype != FLOW_BOOL)
+    return flow_error_set("%s: %s must be a bool tensor (got %s; make one with a comparison or :bool())",
+                          op->name, what, flow_dtype_name(m->dtype));
+  return 0;
+}
+
+/* where(cond, a, b): all three broadcast together; a and b share a dtype. */
+static int infer_where(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                       flow_meta *out) {
+  (void)nin; (void)a;
+  if (check_mask(op, in[0], "the condition") != 0 || flow_check_same_dtype(op, in + 1, 2) != 0) return -1;
+  int nd;
+  int64_t shape[FLOW_MAX_DIMS];
+  if (flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, shape) != 0 ||
+      flow_broadcast_shape(op->name, nd, shape, in[2]->ndim, in[2]->shape, &out->ndim, out->shape) != 0)
+    return -1;
+  out->dtype = in[1]->dtype;
+  out->device = in[1]->device;
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_where) {
+  (void)nin; (void)nout; (void)a;
+  return flow_cpu_where(out[0], in[0], in[1], in[2]);
+}
+
+/* da = where(cond, g, 0), db = where(cond, 0, g) */
+static int grad_where(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0];
+  if (!g) return 0;
+  flow_tensor *zero = flow_scalar_tensor(0, g->dtype, g->device);
+  if (!zero) return -1;
+  int rc = 0;
+  if (c->need[1]) rc = give(gin, 1, flow_where(c->in[0], g, zero), c);
+  if (rc == 0 && c->need[2]) rc = give(gin, 2, flow_where(c->in[0], zero, g), c);
+  flow_tensor_decref(zero);
+  return rc;
+}
+
+FLOW_OP(where) {.name = "where", .nin = 3, .nout = 1, .infer = infer_where,
+                .kernel = {[FLOW_CPU] = cpu_where}, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
+
+flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
+  flow_tensor *in[3] = {cond, a, b};
+  return flow_op_call1(&flow_op_where, in, 3, flow_attrs_default());
+}
+
+/* masked_fill(x, mask, value): attrs.scalar is the value; x and mask broadcast together. */
+static int infer_masked_fill(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                             flow_meta *out) {
+  (void)nin; (void)a;
+  if (check_mask(op, in[1], "the mask") != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  out->dtype = in[0]->dtype;
+  out->device = in[0]->device;
+  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+                              &out->ndim, out->shape);
+}
+
+static FLOW_KERNEL(cpu_masked_fill) {
+  (void)nin; (void)nout;
+  return flow_cpu_masked_fill(out[0], in[0], in[1], a->scalar);
+}
+
+/* the gradient passes where the mask is false */
+static int grad_masked_fill(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  return give(gin, 0, flow_masked_fill(c->gout[0], c->in[1], 0), c);
+}
+
+FLOW_OP(masked_fill) {.name = "masked_fill", .nin = 2, .nout = 1, .infer = infer_masked_fill,
+                      .kernel = {[FLOW_CPU] = cpu_masked_fill}, .grad = grad_masked_fill, .save_in = 2,
+                      .nondiff_in = 2};
+
+flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
+  flow_tensor *in[2] = {t, mask};
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.scalar = value;
+  return flow_op_call1(&flow_op_masked_fill, in, 2, &at);
+}
+
+/* ---- unary ---------------------------------------------------------------------------------- */
+
+/* Math ops (exp, log, ...) want floating point. */
+static int infer_unary_float(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                             flow_meta *out) {
+  (void)nin; (void)a;
+  if (check_cpu_dtype(op, in[0]->dtype) != 0 || flow_check_float(op, in[0], "input") != 0) return -1;
+  flow_meta_from(out, in[0]);
+  return 0;
+}
+
+/* neg, abs, relu, clamp: also int64/int32. */
+static int infer_unary_signed(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                              flow_meta *out) {
+  (void)nin; (void)a;
+  flow_dtype d = in[0]->dtype;
+  if (check_cpu_dtype(op, d) != 0) return -1;
+  if (d != FLOW_F32 && d != FLOW_F64 && d != FLOW_I64 && d != FLOW_I32)
+    return flow_error_set("%s: expected a float32, float64, int64 or int32 tensor (got %s)", op->name,
+                          flow_dtype_name(d));
+  flow_meta_from(out, in[0]);
+  return 0;
+}
+
+/* clamp reads attrs.scalar (min) when FLOW_ATTR_HAS_MIN, attrs.scalar2 (max) when HAS_MAX. */
+static int infer_clamp(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                       flow_meta *out) {
+  if (!(a->flags & (FLOW_ATTR_HAS_MIN | FLOW_ATTR_HAS_MAX)))
+    return flow_error_set("%s: give a min, a max or both (got neither)", op->name);
+  return infer_unary_signed(op, in, nin, a, out);
+}
+
+static double clamp_lo(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MIN ? a->scalar : -INFINITY; }
+static double clamp_hi(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MAX ? a->scalar2 : INFINITY; }
+
+/* gin = f'(.) g through the fused unary_backward op, from the saved output or input. */
+static int grad_unary(const flow_grad_ctx *c, flow_tensor **gin, flow_unary_code code) {
+  flow_tensor *g = c->gout[0];
+  if (!g || !c->need[0]) return 0;
+  if (code == FLOW_UN_NEG) return (gin[0] = flow_neg(g)) ? 0 : -1;
+  flow_attrs at = *c->attrs;
+  at.k = code;
+  flow_tensor *in[2] = {c->op->save_out ? c->out[0] : c->in[0], g};
+  gin[0] = flow_op_call1(&flow_op_unary_backward, in, 2, &at);
+  return gin[0] ? 0 : -1;
+}
+
+#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT)                                          \
+  static FLOW_KERNEL(cpu_##id) {                                                              \
+    (void)nin; (void)nout;                                                                    \
+    return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
+  }                                                                                           \
+  static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) { return grad_unary(c, gin, CODE); } \
+  FLOW_OP(id) {.name = #id, .nin = 1, .nout = 1, .infer = INFER, .kernel = {[FLOW_CPU] = cpu_##id}, \
+               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};                  \
+  flow_tensor *flow_##id(flow_tensor *t) { return flow_op_call1(&flow_op_##id, &t, 1, flow_attrs_default()); }
+
+UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0)
+UNARY_OP(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
+UNARY_OP(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
+UNARY_OP(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
+UNARY_OP(sqrt, FLOW_UN_SQRT, infer_unary_float, 0, 1)
+UNARY_OP(rsqrt, FLOW_UN_RSQRT, infer_unary_float, 0, 1)
+UNARY_OP(tanh, FLOW_UN_TANH, infer_unary_float, 0, 1)
+UNARY_OP(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
+UNARY_OP(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
+UNARY_OP(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
+
+static FLOW_KERNEL(cpu_clamp) {
+  (void)nin; (void)nout;
+  return flow_cpu_unary(FLOW_UN_CLAMP, out[0], in[0], clamp_lo(a), clamp_hi(a));
+}
+static int grad_clamp(const flow_grad_ctx *c, flow_tensor **gin) { return grad_unary(c, gin, FLOW_UN_CLAMP); }
+FLOW_OP(clamp) {.name = "clamp", .nin = 1, .nout = 1, .infer = infer_clamp, .kernel = {[FLOW_CPU] = cpu_clamp},
+                .grad = grad_clamp, .save_in = 1};
+
+flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.flags = (has_min ? FLOW_ATTR_HAS_MIN : 0) | (has_max ? FLOW_ATTR_HAS_MAX : 0);
+  at.scalar = min;
+  at.scalar2 = max;
+  return flow_op_call1(&flow_op_clamp, &t, 1, &at);
+}
+
+/* unary_backward(s, g): attrs.k is the flow_unary_code, the rest are the forward op's attrs. */
+static int infer_unary_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                                flow_meta *out) {
+  (void)nin;
+  if (a->k < 0 || a->k >= FLOW_NUNARY) return flow_error_set("%s: unknown unary code %lld", op->name, (long long)a->k);
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, in[1], "gradient") != 0) return -1;
+  out->dtype = in[1]->dtype;
+  out->device = in[1]->device;
+  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+                              &out->ndim, out->shape);
+}
+
+static FLOW_KERNEL(cpu_unary_backward) {
+  (void)nin; (void)nout;
+  return flow_cpu_unary_backward((flow_unary_code)a->k, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));
+}
+
+FLOW_OP(unary_backward) {.name = "unary_backward", .nin = 2, .nout = 1, .infer = infer_unary_backward,
+                         .kernel = {[FLOW_CPU] = cpu_unary_backward}};
+
+/* ---- in place: add_, mul_, copy_, fill_ (optimizers, gradient accumulation; no autograd) ---- */
 
 static int infer_inplace(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
@@ -141,10 +431,17 @@ static int infer_inplace(const flow_op *op, flow_tensor *const *in, int nin, con
   return 0;
 }
 
-static int infer_add_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
-                      flow_meta *out) {
-  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
+static int infer_arith_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  if (flow_check_same_dtype(op, in, 2) != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
   return infer_inplace(op, in, nin, a, out);
+}
+
+static int infer_fill_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                       flow_meta *out) {
+  (void)op; (void)nin; (void)a;
+  flow_meta_from(out, in[0]);
+  return 0;
 }
 
 static FLOW_KERNEL(cpu_add_) {
@@ -152,26 +449,52 @@ static FLOW_KERNEL(cpu_add_) {
   return flow_cpu_binary(FLOW_BIN_ADD, out[0], in[0], in[1]);
 }
 
+static FLOW_KERNEL(cpu_mul_) {
+  (void)nin; (void)nout; (void)a;
+  return flow_cpu_binary(FLOW_BIN_MUL, out[0], in[0], in[1]);
+}
+
 static FLOW_KERNEL(cpu_copy_) {
   (void)nin; (void)nout; (void)a;
   return flow_cpu_copy(out[0], in[1]);
 }
 
-FLOW_OP(add_) {.name = "add_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_add_,
+/* attrs.scalar is the value */
+static FLOW_KERNEL(cpu_fill_) {
+  (void)in; (void)nin; (void)nout;
+  return flow_cpu_fill(out[0], a->scalar);
+}
+
+FLOW_OP(add_) {.name = "add_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
                .kernel = {[FLOW_CPU] = cpu_add_}};
+FLOW_OP(mul_) {.name = "mul_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
+               .kernel = {[FLOW_CPU] = cpu_mul_}};
 FLOW_OP(copy_) {.name = "copy_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_inplace,
                 .kernel = {[FLOW_CPU] = cpu_copy_}};
+FLOW_OP(fill_) {.name = "fill_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
+                .kernel = {[FLOW_CPU] = cpu_fill_}};
 
-static int call_inplace(const flow_op *op, flow_tensor *dst, flow_tensor *src) {
-  flow_tensor *in[2] = {dst, src}, *out;
-  flow_attrs at;
-  flow_attrs_init(&at);
-  if (flow_op_call(op, in, 2, &at, &out) != 0) return -1;
+static int call_inplace(const flow_op *op, flow_tensor **in, int nin, const flow_attrs *a) {
+  flow_tensor *out;
+  if (flow_op_call(op, in, nin, a, &out) != 0) return -1;
   flow_tensor_decref(out);
   return 0;
 }
-int flow_add_inplace(flow_tensor *a, flow_tensor *b) { return call_inplace(&flow_op_add_, a, b); }
-int flow_copy_inplace(flow_tensor *dst, flow_tensor *src) { return call_inplace(&flow_op_copy_, dst, src); }
+int flow_add_inplace(flow_tensor *a, flow_tensor *b) {
+  return call_inplace(&flow_op_add_, (flow_tensor *[]){a, b}, 2, flow_attrs_default());
+}
+int flow_mul_inplace(flow_tensor *a, flow_tensor *b) {
+  return call_inplace(&flow_op_mul_, (flow_tensor *[]){a, b}, 2, flow_attrs_default());
+}
+int flow_copy_inplace(flow_tensor *dst, flow_tensor *src) {
+  return call_inplace(&flow_op_copy_, (flow_tensor *[]){dst, src}, 2, flow_attrs_default());
+}
+int flow_fill_inplace(flow_tensor *t, double v) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.scalar = v;
+  return call_inplace(&flow_op_fill_, &t, 1, &at);
+}
 
 /* ---- copy / cast --------------------------------------------------------------------------- */
 

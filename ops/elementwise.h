@@ -5,21 +5,58 @@
 
 #include "op.h"
 
-extern flow_op flow_op_add, flow_op_sub, flow_op_mul, flow_op_div, flow_op_add_,
-    flow_op_copy, flow_op_cast, flow_op_full, flow_op_copy_;
+extern flow_op flow_op_add, flow_op_sub, flow_op_mul, flow_op_div, flow_op_pow, flow_op_maximum,
+    flow_op_minimum, flow_op_eq, flow_op_ne, flow_op_lt, flow_op_le, flow_op_gt, flow_op_ge,
+    flow_op_where, flow_op_masked_fill, flow_op_neg, flow_op_abs, flow_op_exp, flow_op_log,
+    flow_op_sqrt, flow_op_rsqrt, flow_op_tanh, flow_op_sigmoid, flow_op_relu, flow_op_gelu,
+    flow_op_clamp, flow_op_unary_backward, flow_op_add_, flow_op_mul_, flow_op_copy_, flow_op_fill_,
+    flow_op_copy, flow_op_cast, flow_op_full;
 
+/* Binary, with broadcasting; both operands of one dtype. Comparisons give bool. */
+flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_add(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_sub(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_mul(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_div(flow_tensor *a, flow_tensor *b);
-flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b);
-/* a + b with b a scalar of a's dtype (and likewise) */
+flow_tensor *flow_pow(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_maximum(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_minimum(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_eq(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_ne(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_lt(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_le(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_gt(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_ge(flow_tensor *a, flow_tensor *b);
+/* op(a, s) with s a 0-d tensor of a's dtype */
+flow_tensor *flow_binary_scalar(const flow_op *op, flow_tensor *a, double s);
 flow_tensor *flow_add_scalar(flow_tensor *a, double s);
 flow_tensor *flow_mul_scalar(flow_tensor *a, double s);
-/* a += b in place (b broadcast to a); 0 or -1 */
+flow_tensor *flow_pow_scalar(flow_tensor *a, double s);
+flow_tensor *flow_eq_scalar(flow_tensor *a, double s);
+
+/* cond ? a : b (cond bool; all three broadcast); t with value where mask (bool) is true. */
+flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value);
+
+/* Unary. gelu is the tanh approximation (GPT-2's). */
+flow_tensor *flow_neg(flow_tensor *t);
+flow_tensor *flow_abs(flow_tensor *t);
+flow_tensor *flow_exp(flow_tensor *t);
+flow_tensor *flow_log(flow_tensor *t);
+flow_tensor *flow_sqrt(flow_tensor *t);
+flow_tensor *flow_rsqrt(flow_tensor *t);
+flow_tensor *flow_tanh(flow_tensor *t);
+flow_tensor *flow_sigmoid(flow_tensor *t);
+flow_tensor *flow_relu(flow_tensor *t);
+flow_tensor *flow_gelu(flow_tensor *t);
+flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max);
+
+/* In place, no autograd (refused on a tensor that requires grad while grad mode is on); 0 or -1.
+ * a op= b with b broadcast to a; dst[...] = src (broadcast, cast); every element = v. */
 int flow_add_inplace(flow_tensor *a, flow_tensor *b);
-/* dst[...] = src (broadcast, cast) in place; 0 or -1 */
+int flow_mul_inplace(flow_tensor *a, flow_tensor *b);
 int flow_copy_inplace(flow_tensor *dst, flow_tensor *src);
+int flow_fill_inplace(flow_tensor *t, double v);
 
 /* A contiguous copy (always a new storage). */
 flow_tensor *flow_contiguous_copy(flow_tensor *t);
@@ -34,5 +71,8 @@ flow_tensor *flow_zeros_like(flow_tensor *t);
 flow_tensor *flow_ones_like(flow_tensor *t);
 /* A 0-d tensor holding v (for mixing Lua numbers with tensors). */
 flow_tensor *flow_scalar_tensor(double v, flow_dtype dtype, flow_device dev);
+
+/* Drop n references (NULL entries skipped): the cleanup of a chain of temporaries. */
+void flow_decref_all(flow_tensor *const *ts, int n);
 
 #endif

@@ -1,4 +1,5 @@
-/* Reductions: sum (more in later sections). Shape rules and gradients. */
+/* Reductions: sum, mean, var over any axes; max/min (with indices), argmax/argmin along one axis
+ * or over everything. Shape rules and gradients. */
 #include "reduce.h"
 
 #include <string.h>
@@ -42,47 +43,261 @@ static int infer_sum(const flow_op *op, flow_tensor *const *in, int nin, const f
   return 0;
 }
 
+/* mean and var: floating point only. */
+static int infer_float_reduce(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                              flow_meta *out) {
+  (void)nin;
+  bool mask[FLOW_MAX_DIMS];
+  if (flow_reduce_mask(op, a, in[0]->ndim, mask) != 0) return -1;
+  if (in[0]->dtype != FLOW_F32 && in[0]->dtype != FLOW_F64)
+    return flow_error_set("%s: expected a float32 or float64 tensor (got %s; cast it first)", op->name,
+                          flow_dtype_name(in[0]->dtype));
+  flow_reduce_meta(in[0], mask, a->keepdim, out);
+  return 0;
+}
+
+/* The mask again, in a kernel: inference has already checked the axes. */
+static void kernel_mask(const flow_attrs *a, int ndim, bool *mask) {
+  for (int d = 0; d < ndim; d++) mask[d] = a->naxes == 0;
+  for (int i = 0; i < a->naxes; i++) mask[a->axes[i] < 0 ? a->axes[i] + ndim : a->axes[i]] = true;
+}
+
+/* How many elements each output element reduces. */
+static int64_t reduced_count(int ndim, const int64_t *shape, const bool *mask) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) if (mask[d]) n *= shape[d];
+  return n;
+}
+
 static FLOW_KERNEL(cpu_sum) {
   (void)nin; (void)nout;
   bool mask[FLOW_MAX_DIMS];
-  for (int d = 0; d < in[0]->ndim; d++) mask[d] = a->naxes == 0;
-  for (int i = 0; i < a->naxes; i++) mask[a->axes[i] < 0 ? a->axes[i] + in[0]->ndim : a->axes[i]] = true;
-  if (in[0]->dtype != out[0]->dtype) { /* integer sums accumulate in int64 */
-    flow_tensor *c = flow_tensor_new(FLOW_I64, in[0]->device, in[0]->ndim, in[0]->shape);
-    if (!c) return -1;
-    flow_cpu_copy(c, in[0]);
-    int rc = flow_cpu_sum(out[0], c, mask);
-    flow_tensor_decref(c);
-    return rc;
-  }
+  kernel_mask(a, in[0]->ndim, mask);
   return flow_cpu_sum(out[0], in[0], mask);
+}
+
+static FLOW_KERNEL(cpu_mean) {
+  (void)nin; (void)nout;
+  bool mask[FLOW_MAX_DIMS];
+  kernel_mask(a, in[0]->ndim, mask);
+  return flow_cpu_mean(out[0], in[0], mask, 1.0 / (double)reduced_count(in[0]->ndim, in[0]->shape, mask));
+}
+
+/* attrs: FLOW_ATTR_UNBIASED divides by count - 1 */
+static FLOW_KERNEL(cpu_var) {
+  (void)nin; (void)nout;
+  bool mask[FLOW_MAX_DIMS];
+  kernel_mask(a, in[0]->ndim, mask);
+  return flow_cpu_var(out[0], in[0], mask, a->flags & FLOW_ATTR_UNBIASED ? 1 : 0);
+}
+
+/* g (of the reduced shape) reshaped to keep the reduced axes as 1, times scale, expanded back
+ * over them: the gradient of sum (scale 1) and mean (scale 1/count). */
+static flow_tensor *spread(const flow_grad_ctx *c, flow_tensor *g, double scale) {
+  const flow_meta *im = &c->in_meta[0];
+  int64_t kshape[FLOW_MAX_DIMS];
+  bool mask[FLOW_MAX_DIMS];
+  if (flow_reduce_mask(c->op, c->attrs, im->ndim, mask) != 0) return NULL;
+  for (int d = 0; d < im->ndim; d++) kshape[d] = mask[d] ? 1 : im->shape[d];
+  flow_tensor *s = scale == 1 ? (flow_tensor_incref(g), g) : flow_mul_scalar(g, scale);
+  flow_tensor *k = s ? flow_reshape(s, im->ndim, kshape) : NULL;
+  flow_tensor *r = k ? flow_expand(k, im->ndim, im->shape) : NULL;
+  flow_tensor_decref(s);
+  flow_tensor_decref(k);
+  return r;
 }
 
 /* The gradient of a sum is the output gradient broadcast back over the reduced axes. */
 static int grad_sum(const flow_grad_ctx *c, flow_tensor **gin) {
   if (!c->gout[0] || !c->need[0]) return 0;
+  return (gin[0] = spread(c, c->gout[0], 1)) ? 0 : -1;
+}
+
+static int grad_mean(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
   const flow_meta *im = &c->in_meta[0];
-  int64_t kshape[FLOW_MAX_DIMS];
   bool mask[FLOW_MAX_DIMS];
   if (flow_reduce_mask(c->op, c->attrs, im->ndim, mask) != 0) return -1;
-  for (int d = 0; d < im->ndim; d++) kshape[d] = mask[d] ? 1 : im->shape[d];
-  flow_tensor *k = flow_reshape(c->gout[0], im->ndim, kshape);
-  if (!k) return -1;
-  gin[0] = flow_expand(k, im->ndim, im->shape);
-  flow_tensor_decref(k);
+  return (gin[0] = spread(c, c->gout[0], 1.0 / (double)reduced_count(im->ndim, im->shape, mask))) ? 0 : -1;
+}
+
+/* var = sum (x - m)^2 / (n - ddof):  dx = g * 2 (x - m) / (n - ddof) */
+static int grad_var(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  const flow_meta *im = &c->in_meta[0];
+  bool mask[FLOW_MAX_DIMS];
+  if (flow_reduce_mask(c->op, c->attrs, im->ndim, mask) != 0) return -1;
+  int64_t n = reduced_count(im->ndim, im->shape, mask);
+  int ddof = c->attrs->flags & FLOW_ATTR_UNBIASED ? 1 : 0;
+  flow_tensor *m = flow_mean(c->in[0], c->attrs->naxes, c->attrs->axes, true);
+  flow_tensor *d = m ? flow_sub(c->in[0], m) : NULL;
+  flow_tensor *g = d ? spread(c, c->gout[0], 2.0 / (double)(n - ddof)) : NULL;
+  gin[0] = g ? flow_mul(d, g) : NULL;
+  flow_decref_all((flow_tensor *[]){m, d, g}, 3);
   return gin[0] ? 0 : -1;
 }
 
 FLOW_OP(sum) {.name = "sum", .nin = 1, .nout = 1, .infer = infer_sum,
               .kernel = {[FLOW_CPU] = cpu_sum}, .grad = grad_sum};
+FLOW_OP(mean) {.name = "mean", .nin = 1, .nout = 1, .infer = infer_float_reduce,
+               .kernel = {[FLOW_CPU] = cpu_mean}, .grad = grad_mean};
+FLOW_OP(var) {.name = "var", .nin = 1, .nout = 1, .infer = infer_float_reduce,
+              .kernel = {[FLOW_CPU] = cpu_var}, .grad = grad_var, .save_in = 1};
 
-flow_tensor *flow_sum(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim) {
+static flow_tensor *reduce(const flow_op *op, flow_tensor *t, int naxes, const int64_t *axes, bool keepdim,
+                           int flags) {
   flow_attrs at;
   flow_attrs_init(&at);
+  if (naxes > FLOW_MAX_DIMS) { flow_error_set("%s: at most %d axes", op->name, FLOW_MAX_DIMS); return NULL; }
   at.naxes = naxes;
   for (int i = 0; i < naxes; i++) at.axes[i] = axes[i];
   at.keepdim = keepdim;
-  return flow_op_call1(&flow_op_sum, &t, 1, &at);
+  at.flags = flags;
+  return flow_op_call1(op, &t, 1, &at);
+}
+
+flow_tensor *flow_mean(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim) {
+  return reduce(&flow_op_mean, t, naxes, axes, keepdim, 0);
+}
+
+flow_tensor *flow_var(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim, bool unbiased) {
+  return reduce(&flow_op_var, t, naxes, axes, keepdim, unbiased ? FLOW_ATTR_UNBIASED : 0);
+}
+
+/* ---- max / min / argmax / argmin ------------------------------------------------------------ */
+
+/* attrs.naxes is 0 (over everything: 0-d results, flat indices) or 1 (axes[0]). Sets *axis to
+ * the normalised axis, or -1 for a reduction over everything. */
+static int arg_axis(const flow_op *op, const flow_attrs *a, const flow_meta *in, int *axis) {
+  *axis = -1;
+  if (a->naxes > 1) return flow_error_set("%s: takes one axis (got %d)", op->name, a->naxes);
+  if (a->naxes == 1) {
+    int64_t ax;
+    if (flow_axis_norm(op->name, a->axes[0], in->ndim, &ax) != 0) return -1;
+    if (in->ndim > 0) *axis = (int)ax;
+  }
+  return 0;
+}
+
+static int infer_arg(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                     flow_meta *out) {
+  (void)nin;
+  flow_meta im;
+  flow_meta_from(&im, in[0]);
+  int axis;
+  if (arg_axis(op, a, &im, &axis) != 0) return -1;
+  flow_dtype d = in[0]->dtype;
+  if (d == FLOW_F16 || d == FLOW_BF16)
+    return flow_error_set("%s: %s is storage-only on the CPU (cast to float32 first)", op->name, flow_dtype_name(d));
+  if (axis >= 0 ? in[0]->shape[axis] == 0 : flow_tensor_numel(in[0]) == 0) {
+    char s[128];
+    return flow_error_set("%s: cannot reduce an empty %s (shape %s)", op->name, axis >= 0 ? "axis" : "tensor",
+                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s));
+  }
+  bool mask[FLOW_MAX_DIMS];
+  for (int k = 0; k < in[0]->ndim; k++) mask[k] = axis < 0 || k == axis;
+  flow_reduce_meta(in[0], mask, a->keepdim, &out[0]);
+  out[op->nout - 1] = out[0];
+  out[op->nout - 1].dtype = FLOW_I64;
+  return 0;
+}
+
+static int kernel_axis(const flow_attrs *a, const flow_tensor *t) {
+  if (a->naxes == 0 || t->ndim == 0) return -1;
+  return (int)(a->axes[0] < 0 ? a->axes[0] + t->ndim : a->axes[0]);
+}
+
+static FLOW_KERNEL(cpu_max) {
+  (void)nin; (void)nout;
+  return flow_cpu_argreduce(out[0], out[1], in[0], kernel_axis(a, in[0]), true);
+}
+static FLOW_KERNEL(cpu_min) {
+  (void)nin; (void)nout;
+  return flow_cpu_argreduce(out[0], out[1], in[0], kernel_axis(a, in[0]), false);
+}
+static FLOW_KERNEL(cpu_argmax) {
+  (void)nin; (void)nout;
+  return flow_cpu_argreduce(NULL, out[0], in[0], kernel_axis(a, in[0]), true);
+}
+static FLOW_KERNEL(cpu_argmin) {
+  (void)nin; (void)nout;
+  return flow_cpu_argreduce(NULL, out[0], in[0], kernel_axis(a, in[0]), false);
+}
+
+/* The gradient goes to the selected element: argreduce_backward(g, indices) puts g at the index
+ * along the axis of a zero tensor of the input's shape. */
+static int grad_arg(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  const flow_meta *im = &c->in_meta[0];
+  flow_attrs at = *c->attrs;
+  at.nshape = im->ndim;
+  for (int d = 0; d < im->ndim; d++) at.shape[d] = im->shape[d];
+  flow_tensor *in[2] = {c->gout[0], c->out[1]};
+  gin[0] = flow_op_call1(&flow_op_argreduce_backward, in, 2, &at);
+  return gin[0] ? 0 : -1;
+}
+
+/* argreduce_backward(g, idx): attrs.shape is the input's shape, axes/naxes as in max. */
+static int infer_arg_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                              flow_meta *out) {
+  (void)nin;
+  if (in[1]->dtype != FLOW_I64)
+    return flow_error_set("%s: indices must be int64 (got %s)", op->name, flow_dtype_name(in[1]->dtype));
+  out->dtype = in[0]->dtype;
+  out->device = in[0]->device;
+  out->ndim = a->nshape;
+  for (int d = 0; d < a->nshape; d++) out->shape[d] = a->shape[d];
+  int axis;
+  if (arg_axis(op, a, out, &axis) != 0) return -1;
+  int64_t kept = axis >= 0 ? flow_shape_numel(out->ndim, out->shape) / out->shape[axis] : 1;
+  if (flow_tensor_numel(in[0]) != kept || flow_tensor_numel(in[1]) != kept)
+    return flow_error_set("%s: %lld gradients and %lld indices for %lld reduced positions", op->name,
+                          (long long)flow_tensor_numel(in[0]), (long long)flow_tensor_numel(in[1]), (long long)kept);
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_arg_backward) {
+  (void)nin; (void)nout;
+  int axis = a->naxes == 0 || a->nshape == 0 ? -1 : (int)(a->axes[0] < 0 ? a->axes[0] + a->nshape : a->axes[0]);
+  return flow_cpu_index_put_axis(out[0], in[0], in[1], axis);
+}
+
+FLOW_OP(max) {.name = "max", .nin = 1, .nout = 2, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_max},
+              .grad = grad_arg, .save_out = 2};
+FLOW_OP(min) {.name = "min", .nin = 1, .nout = 2, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_min},
+              .grad = grad_arg, .save_out = 2};
+FLOW_OP(argmax) {.name = "argmax", .nin = 1, .nout = 1, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmax}};
+FLOW_OP(argmin) {.name = "argmin", .nin = 1, .nout = 1, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmin}};
+FLOW_OP(argreduce_backward) {.name = "argreduce_backward", .nin = 2, .nout = 1, .infer = infer_arg_backward,
+                             .kernel = {[FLOW_CPU] = cpu_arg_backward}, .nondiff_in = 2};
+
+static void arg_attrs(flow_attrs *at, bool has_axis, int64_t axis, bool keepdim) {
+  flow_attrs_init(at);
+  at->naxes = has_axis ? 1 : 0;
+  at->axes[0] = axis;
+  at->keepdim = keepdim;
+}
+
+int flow_maxmin(flow_tensor *t, bool is_max, bool has_axis, int64_t axis, bool keepdim,
+                flow_tensor **values, flow_tensor **indices) {
+  flow_attrs at;
+  arg_attrs(&at, has_axis, axis, keepdim);
+  flow_tensor *out[2];
+  if (flow_op_call(is_max ? &flow_op_max : &flow_op_min, &t, 1, &at, out) != 0) return -1;
+  *values = out[0];
+  if (indices) *indices = out[1];
+  else flow_tensor_decref(out[1]);
+  return 0;
+}
+
+flow_tensor *flow_argmaxmin(flow_tensor *t, bool is_max, bool has_axis, int64_t axis, bool keepdim) {
+  flow_attrs at;
+  arg_attrs(&at, has_axis, axis, keepdim);
+  return flow_op_call1(is_max ? &flow_op_argmax : &flow_op_argmin, &t, 1, &at);
+}
+
+flow_tensor *flow_sum(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim) {
+  return reduce(&flow_op_sum, t, naxes, axes, keepdim, 0);
 }
 
 flow_tensor *flow_sum_to_shape(flow_tensor *g, int ndim, const int64_t *shape) {
@@ -91,7 +306,8 @@ flow_tensor *flow_sum_to_shape(flow_tensor *g, int ndim, const int64_t *shape) {
   int naxes = 0, lead = g->ndim - ndim;
   for (int d = 0; d < g->ndim; d++)
     if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1)) axes[naxes++] = d;
-  flow_tensor *s = flow_sum(g, naxes, axes, true);
+  /* no axis to sum (only size-1 axes differ): naxes == 0 would mean "all axes" */
+  flow_tensor *s = naxes ? flow_sum(g, naxes, axes, true) : (flow_tensor_incref(g), g);
   if (!s) return NULL;
   flow_tensor *r = flow_reshape(s, ndim, shape);
   flow_tensor_decref(s);

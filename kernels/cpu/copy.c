@@ -1,4 +1,5 @@
-/* Copy with any strides, and dtype conversion (cast), and fill. */
+/* Copy with any strides, and dtype conversion (cast), fill, and the selecting copies where and
+ * masked_fill. */
 #include <string.h>
 
 #include "cpu.h"
@@ -81,5 +82,61 @@ int flow_cpu_fill(flow_tensor *out, double v) {
     memcpy(p + off * (int64_t)es, one, es);
     for (int d = out->ndim - 1; d >= 0; d--) { if (++idx[d] < out->shape[d]) break; idx[d] = 0; }
   }
+  return 0;
+}
+
+/* ---- where / masked_fill: pure data movement, so one loop per element size ------------------ */
+
+#define DEF_WHERE(fname, T)                                                                      \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                         \
+    (void)ctx;                                                                                   \
+    if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {              \
+      T *o = (T *)p[0];                                                                          \
+      const uint8_t *c = (const uint8_t *)p[1];                                                  \
+      const T *a = (const T *)p[2], *b = (const T *)p[3];                                        \
+      for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];                                 \
+      return;                                                                                    \
+    }                                                                                            \
+    char *o = p[0];                                                                              \
+    const char *c = p[1], *a = p[2], *b = p[3];                                                  \
+    for (int64_t i = 0; i < n; i++, o += s[0], c += s[1], a += s[2], b += s[3])                  \
+      *(T *)o = *c ? *(const T *)a : *(const T *)b;                                              \
+  }
+DEF_WHERE(where1, uint8_t)
+DEF_WHERE(where2, uint16_t)
+DEF_WHERE(where4, uint32_t)
+DEF_WHERE(where8, uint64_t)
+
+#define DEF_MASKED_FILL(fname, T)                                                                \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                         \
+    T v;                                                                                         \
+    memcpy(&v, ctx, sizeof v);                                                                   \
+    char *o = p[0];                                                                              \
+    const char *x = p[1], *m = p[2];                                                             \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1], m += s[2])                             \
+      *(T *)o = *m ? v : *(const T *)x;                                                          \
+  }
+DEF_MASKED_FILL(fill1, uint8_t)
+DEF_MASKED_FILL(fill2, uint16_t)
+DEF_MASKED_FILL(fill4, uint32_t)
+DEF_MASKED_FILL(fill8, uint64_t)
+
+int flow_cpu_where(flow_tensor *out, const flow_tensor *cond, const flow_tensor *a, const flow_tensor *b) {
+  static const flow_iter_fn by_size[9] = {[1] = where1, [2] = where2, [4] = where4, [8] = where8};
+  flow_iter it;
+  flow_tensor *ops[4] = {out, (flow_tensor *)cond, (flow_tensor *)a, (flow_tensor *)b};
+  flow_iter_init(&it, ops, 4);
+  flow_iter_run(&it, by_size[flow_dtype_size(out->dtype)], NULL);
+  return 0;
+}
+
+int flow_cpu_masked_fill(flow_tensor *out, const flow_tensor *x, const flow_tensor *mask, double v) {
+  static const flow_iter_fn by_size[9] = {[1] = fill1, [2] = fill2, [4] = fill4, [8] = fill8};
+  char value[8];
+  flow_dtype_store(out->dtype, value, v);
+  flow_iter it;
+  flow_tensor *ops[3] = {out, (flow_tensor *)x, (flow_tensor *)mask};
+  flow_iter_init(&it, ops, 3);
+  flow_iter_run(&it, by_size[flow_dtype_size(out->dtype)], value);
   return 0;
 }

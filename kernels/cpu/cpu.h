@@ -16,13 +16,39 @@ typedef enum flow_binary_code {
 } flow_binary_code;
 int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y);
 
+/* Elementwise unary ops: out = f(x), x and out of one dtype. Float ops take float32/float64; neg,
+ * abs, relu and clamp also int64/int32. clamp reads lo/hi (pass -inf/inf for an absent bound). */
+typedef enum flow_unary_code {
+  FLOW_UN_NEG, FLOW_UN_ABS, FLOW_UN_EXP, FLOW_UN_LOG, FLOW_UN_SQRT, FLOW_UN_RSQRT, FLOW_UN_TANH,
+  FLOW_UN_SIGMOID, FLOW_UN_RELU, FLOW_UN_GELU, FLOW_UN_CLAMP,
+  FLOW_NUNARY
+} flow_unary_code;
+int flow_cpu_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x, double lo, double hi);
+/* gin = f'(.) * g in one pass; s is what the gradient needs: the output y = f(x) for exp, sqrt,
+ * rsqrt, tanh, sigmoid, relu, and the input x for abs, log, gelu, clamp. Float dtypes only. */
+int flow_cpu_unary_backward(flow_unary_code code, flow_tensor *gin, const flow_tensor *s,
+                            const flow_tensor *g, double lo, double hi);
+
+/* out = cond ? a : b (cond bool, broadcast to out); out = mask ? v : x. Any dtype. */
+int flow_cpu_where(flow_tensor *out, const flow_tensor *cond, const flow_tensor *a, const flow_tensor *b);
+int flow_cpu_masked_fill(flow_tensor *out, const flow_tensor *x, const flow_tensor *mask, double v);
+
 /* out = x (any strides, any dtype pair: this is also cast). */
 int flow_cpu_copy(flow_tensor *out, const flow_tensor *x);
 /* every element of out = v */
 int flow_cpu_fill(flow_tensor *out, double v);
 
-/* Reductions: mask[d] marks reduced axes; out has the kept axes (keepdim or not: same data). */
+/* Reductions: mask[d] marks reduced axes; out (contiguous) has the kept axes (keepdim or not:
+ * same data). Float32 accumulates in double; bool/uint8/int32 sum into an int64 out.
+ * mean = sum * scale; var = sum((x - mean)^2) / (count - ddof), computed in double. */
 int flow_cpu_sum(flow_tensor *out, const flow_tensor *in, const bool *mask);
+int flow_cpu_mean(flow_tensor *out, const flow_tensor *in, const bool *mask, double scale);
+int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int ddof);
+/* max/min along one axis (axis < 0: over all elements, flat index): values (may be NULL) and
+ * int64 indices (may be NULL) of the first extreme element; NaN counts as the extreme. */
+int flow_cpu_argreduce(flow_tensor *values, flow_tensor *indices, const flow_tensor *in, int axis, bool is_max);
+/* The inverse for gradients: out (zeroed, contiguous) gets g at index idx along axis. */
+int flow_cpu_index_put_axis(flow_tensor *out, const flow_tensor *g, const flow_tensor *idx, int axis);
 /* out seen with in's shape, stride 0 on reduced axes (shared by every reduction kernel). */
 void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const bool *mask,
                           flow_tensor *view);

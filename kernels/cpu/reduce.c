@@ -1,33 +1,60 @@
-/* Reduction kernels over any set of axes. The output is viewed with the input's shape and
- * stride 0 on reduced axes, so one strided iteration accumulates every input element into its
- * output slot. */
+/* Reduction kernels over any set of axes. The accumulator is viewed with the input's shape and
+ * stride 0 on reduced axes, so one strided iteration adds every input element into its output
+ * slot. max/min along one axis (with indices) work on a contiguous [outer, axis, inner] layout. */
+#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
 #include "iter.h"
 
-#define DEF_SUM(fname, T, ACC)                                                      \
-  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {             \
-    (void)ctx;                                                                      \
-    if (s[0] == 0) { /* reducing along the inner loop: accumulate in registers */  \
-      ACC acc = 0;                                                                  \
-      const char *x = p[1];                                                         \
-      for (int64_t i = 0; i < n; i++, x += s[1]) acc += *(const T *)x;              \
-      *(T *)p[0] += (T)acc;                                                         \
-    } else if (s[0] == sizeof(T) && s[1] == sizeof(T)) {                           \
-      T *o = (T *)p[0];                                                             \
-      const T *x = (const T *)p[1];                                                 \
-      for (int64_t i = 0; i < n; i++) o[i] += x[i];                                 \
-    } else {                                                                        \
-      char *o = p[0];                                                               \
-      const char *x = p[1];                                                         \
-      for (int64_t i = 0; i < n; i++, o += s[0], x += s[1]) *(T *)o += *(const T *)x; \
-    }                                                                               \
+/* acc (type TO) += x (type TI). Reducing along the inner loop (acc stride 0) uses eight partial
+ * sums, which vectorise and keep the rounding error of long float sums small. */
+#define DEF_SUM(fname, TI, TO)                                                          \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                 \
+    (void)ctx;                                                                          \
+    int64_t i = 0;                                                                      \
+    if (s[0] == 0) {                                                                    \
+      TO acc = 0;                                                                       \
+      if (s[1] == sizeof(TI)) {                                                         \
+        const TI *x = (const TI *)p[1];                                                 \
+        TO part[8] = {0};                                                               \
+        for (; i + 8 <= n; i += 8)                                                      \
+          for (int j = 0; j < 8; j++) part[j] += (TO)x[i + j];                          \
+        acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])); \
+      }                                                                                 \
+      for (const char *x = p[1] + i * s[1]; i < n; i++, x += s[1]) acc += (TO) * (const TI *)x; \
+      *(TO *)p[0] += acc;                                                               \
+    } else if (s[0] == sizeof(TO) && s[1] == sizeof(TI)) {                             \
+      TO *o = (TO *)p[0];                                                               \
+      const TI *x = (const TI *)p[1];                                                   \
+      int64_t m = n & ~(int64_t)31;                                                     \
+      _Pragma("GCC ivdep") for (i = 0; i < m; i++) o[i] += (TO)x[i];                    \
+      for (i = m; i < n; i++) o[i] += (TO)x[i];                                         \
+    } else {                                                                            \
+      char *o = p[0];                                                                   \
+      const char *x = p[1];                                                             \
+      for (; i < n; i++, o += s[0], x += s[1]) *(TO *)o += (TO) * (const TI *)x;        \
+    }                                                                                   \
   }
 DEF_SUM(sum_f32, float, double)
 DEF_SUM(sum_f64, double, double)
 DEF_SUM(sum_i64, int64_t, int64_t)
 DEF_SUM(sum_i32, int32_t, int64_t)
+DEF_SUM(sum_u8, uint8_t, int64_t)
+
+/* sq += (x - mean)^2, in double */
+#define DEF_SQDEV(fname, T)                                                             \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                 \
+    (void)ctx;                                                                          \
+    char *o = p[0];                                                                     \
+    const char *x = p[1], *m = p[2];                                                    \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1], m += s[2]) {                  \
+      double d = (double)*(const T *)x - *(const double *)m;                            \
+      *(double *)o += d * d;                                                            \
+    }                                                                                   \
+  }
+DEF_SQDEV(sqdev_f32, float)
+DEF_SQDEV(sqdev_f64, double)
 
 /* The output seen with the input's shape: stride 0 where the axis was reduced. */
 void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const bool *mask,
@@ -46,16 +73,175 @@ void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const b
   }
 }
 
-int flow_cpu_sum(flow_tensor *out, const flow_tensor *in, const bool *mask) {
-  static const flow_iter_fn fns[FLOW_NDTYPES] = {[FLOW_F32] = sum_f32, [FLOW_F64] = sum_f64,
-                                                  [FLOW_I64] = sum_i64, [FLOW_I32] = sum_i32};
-  if (!fns[in->dtype]) return flow_error_set("no CPU sum for dtype %s", flow_dtype_name(in->dtype));
-  flow_cpu_fill(out, 0);
-  flow_tensor view;
-  flow_cpu_reduce_view(out, in, mask, &view);
+/* Run fn over (acc viewed with in's shape, in[, extra viewed likewise]). */
+static void accumulate(flow_tensor *acc, const flow_tensor *in, const flow_tensor *extra,
+                       const bool *mask, flow_iter_fn fn) {
+  flow_tensor view, eview;
+  flow_cpu_reduce_view(acc, in, mask, &view);
+  flow_tensor *ops[3] = {&view, (flow_tensor *)in, &eview};
+  if (extra) flow_cpu_reduce_view(extra, in, mask, &eview);
   flow_iter it;
-  flow_tensor *ops[2] = {&view, (flow_tensor *)in};
-  flow_iter_init(&it, ops, 2);
-  flow_iter_run(&it, fns[in->dtype], NULL);
+  flow_iter_init(&it, ops, extra ? 3 : 2);
+  flow_iter_run(&it, fn, NULL);
+}
+
+/* A zeroed contiguous accumulator with out's shape. */
+static flow_tensor *new_acc(const flow_tensor *out, flow_dtype dtype) {
+  flow_tensor *acc = flow_tensor_new(dtype, out->device, out->ndim, out->shape);
+  if (acc) flow_cpu_fill(acc, 0);
+  return acc;
+}
+
+static void scale_f64(flow_tensor *t, double scale) {
+  double *p = flow_tensor_data(t);
+  int64_t n = flow_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) p[i] *= scale;
+}
+
+/* out = scale * sum over masked axes. Accumulates in double (floats) or int64 (integers); when
+ * that is out's own dtype the sum goes straight into out. */
+static int sum_scaled(flow_tensor *out, const flow_tensor *in, const bool *mask, double scale) {
+  static const flow_iter_fn fns[FLOW_NDTYPES] = {[FLOW_F32] = sum_f32, [FLOW_F64] = sum_f64,
+                                                  [FLOW_I64] = sum_i64, [FLOW_I32] = sum_i32,
+                                                  [FLOW_U8] = sum_u8, [FLOW_BOOL] = sum_u8};
+  if (!fns[in->dtype]) return flow_error_set("no CPU sum for dtype %s", flow_dtype_name(in->dtype));
+  flow_dtype acc_dtype = flow_dtype_is_float(in->dtype) ? FLOW_F64 : FLOW_I64;
+  if (out->dtype == acc_dtype) {
+    flow_cpu_fill(out, 0);
+    accumulate(out, in, NULL, mask, fns[in->dtype]);
+    if (scale != 1) scale_f64(out, scale);
+    return 0;
+  }
+  flow_tensor *acc = new_acc(out, acc_dtype);
+  if (!acc) return -1;
+  accumulate(acc, in, NULL, mask, fns[in->dtype]);
+  if (scale != 1) scale_f64(acc, scale);
+  flow_cpu_copy(out, acc);
+  flow_tensor_decref(acc);
+  return 0;
+}
+
+int flow_cpu_sum(flow_tensor *out, const flow_tensor *in, const bool *mask) {
+  return sum_scaled(out, in, mask, 1);
+}
+
+int flow_cpu_mean(flow_tensor *out, const flow_tensor *in, const bool *mask, double scale) {
+  return sum_scaled(out, in, mask, scale);
+}
+
+/* Two passes in double: the mean, then the squared deviations from it. */
+int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int ddof) {
+  if (in->dtype != FLOW_F32 && in->dtype != FLOW_F64)
+    return flow_error_set("no CPU var for dtype %s", flow_dtype_name(in->dtype));
+  int64_t count = 1;
+  for (int d = 0; d < in->ndim; d++) if (mask[d]) count *= in->shape[d];
+  flow_tensor *mean = new_acc(out, FLOW_F64), *sq = mean ? new_acc(out, FLOW_F64) : NULL;
+  if (!sq) { flow_tensor_decref(mean); return -1; }
+  accumulate(mean, in, NULL, mask, in->dtype == FLOW_F32 ? sum_f32 : sum_f64);
+  scale_f64(mean, 1.0 / (double)count);
+  accumulate(sq, in, mean, mask, in->dtype == FLOW_F32 ? sqdev_f32 : sqdev_f64);
+  scale_f64(sq, 1.0 / (double)(count - ddof));
+  flow_cpu_copy(out, sq);
+  flow_tensor_decref(mean);
+  flow_tensor_decref(sq);
+  return 0;
+}
+
+/* ---- max / min with indices ----------------------------------------------------------------- */
+
+/* Over x as [outer, K, inner] (contiguous): best value and its first index along K for each
+ * (outer, inner). Rows of K are walked in order, so the inner loop is a dense array loop. */
+#define DEF_ARG(fname, T, BETTER)                                                                \
+  static void fname(void *vvals, int64_t *idx, const void *vx, int64_t outer, int64_t K,        \
+                    int64_t inner) {                                                             \
+    T *vals = vvals;                                                                             \
+    const T *x = vx;                                                                             \
+    for (int64_t o = 0; o < outer; o++) {                                                        \
+      T *v = vals + o * inner;                                                                   \
+      int64_t *ix = idx + o * inner;                                                             \
+      const T *row = x + o * K * inner;                                                          \
+      for (int64_t j = 0; j < inner; j++) { v[j] = row[j]; ix[j] = 0; }                          \
+      for (int64_t k = 1; k < K; k++) {                                                          \
+        row += inner;                                                                            \
+        for (int64_t j = 0; j < inner; j++)                                                      \
+          if (BETTER(row[j], v[j])) { v[j] = row[j]; ix[j] = k; }                                \
+      }                                                                                          \
+    }                                                                                            \
+  }
+/* a replaces the best b when strictly better, or when a is the first NaN */
+#define GT(a, b) ((a) > (b) || ((a) != (a) && (b) == (b)))
+#define LT(a, b) ((a) < (b) || ((a) != (a) && (b) == (b)))
+typedef void (*arg_fn)(void *, int64_t *, const void *, int64_t, int64_t, int64_t);
+#define DEF_ARG2(T, NAME) DEF_ARG(max_##NAME, T, GT) DEF_ARG(min_##NAME, T, LT)
+DEF_ARG2(float, f32)
+DEF_ARG2(double, f64)
+DEF_ARG2(int64_t, i64)
+DEF_ARG2(int32_t, i32)
+DEF_ARG2(uint8_t, u8)
+
+int flow_cpu_argreduce(flow_tensor *values, flow_tensor *indices, const flow_tensor *in, int axis, bool is_max) {
+  static const arg_fn fns[2][FLOW_NDTYPES] = {
+    {[FLOW_F32] = min_f32, [FLOW_F64] = min_f64, [FLOW_I64] = min_i64, [FLOW_I32] = min_i32,
+     [FLOW_U8] = min_u8, [FLOW_BOOL] = min_u8},
+    {[FLOW_F32] = max_f32, [FLOW_F64] = max_f64, [FLOW_I64] = max_i64, [FLOW_I32] = max_i32,
+     [FLOW_U8] = max_u8, [FLOW_BOOL] = max_u8}};
+  arg_fn fn = fns[is_max][in->dtype];
+  if (!fn) return flow_error_set("no CPU max/min for dtype %s", flow_dtype_name(in->dtype));
+  int64_t outer = 1, K = flow_tensor_numel(in), inner = 1;
+  if (axis >= 0) {
+    K = in->shape[axis];
+    for (int d = 0; d < axis; d++) outer *= in->shape[d];
+    for (int d = axis + 1; d < in->ndim; d++) inner *= in->shape[d];
+  }
+  if (K == 0) return flow_error_set("cannot take the max/min over an empty axis");
+  flow_tensor *x = NULL, *v = NULL, *ix = NULL;
+  if (!flow_tensor_is_contiguous(in)) {
+    if (!(x = flow_tensor_new(in->dtype, in->device, in->ndim, in->shape))) goto fail;
+    flow_cpu_copy(x, in);
+  }
+  /* scratch for whichever output the caller does not want */
+  int64_t kept = outer * inner;
+  if (!values && !(v = flow_tensor_new(in->dtype, in->device, 1, &kept))) goto fail;
+  if (!indices && !(ix = flow_tensor_new(FLOW_I64, in->device, 1, &kept))) goto fail;
+  fn(flow_tensor_data(values ? values : v), flow_tensor_data(indices ? indices : ix),
+     flow_tensor_data(x ? x : in), outer, K, inner);
+  flow_tensor_decref(x);
+  flow_tensor_decref(v);
+  flow_tensor_decref(ix);
+  return 0;
+fail:
+  flow_tensor_decref(x);
+  flow_tensor_decref(v);
+  return -1;
+}
+
+int flow_cpu_index_put_axis(flow_tensor *out, const flow_tensor *g, const flow_tensor *idx, int axis) {
+  size_t es = flow_dtype_size(out->dtype);
+  int64_t outer = 1, K = flow_tensor_numel(out), inner = 1;
+  if (axis >= 0) {
+    K = out->shape[axis];
+    for (int d = 0; d < axis; d++) outer *= out->shape[d];
+    for (int d = axis + 1; d < out->ndim; d++) inner *= out->shape[d];
+  }
+  flow_tensor *gc = NULL, *ic = NULL;
+  if (!flow_tensor_is_contiguous(g)) {
+    if (!(gc = flow_tensor_new(g->dtype, g->device, g->ndim, g->shape))) return -1;
+    flow_cpu_copy(gc, g);
+  }
+  if (!flow_tensor_is_contiguous(idx)) {
+    if (!(ic = flow_tensor_new(idx->dtype, idx->device, idx->ndim, idx->shape))) { flow_tensor_decref(gc); return -1; }
+    flow_cpu_copy(ic, idx);
+  }
+  flow_cpu_fill(out, 0);
+  char *o = flow_tensor_data(out);
+  const char *gp = flow_tensor_data(gc ? gc : g);
+  const int64_t *ip = flow_tensor_data(ic ? ic : idx);
+  for (int64_t b = 0; b < outer; b++)
+    for (int64_t j = 0; j < inner; j++) {
+      int64_t k = ip[b * inner + j];
+      if (k >= 0 && k < K) memcpy(o + ((b * K + k) * inner + j) * (int64_t)es, gp + (b * inner + j) * (int64_t)es, es);
+    }
+  flow_tensor_decref(gc);
+  flow_tensor_decref(ic);
   return 0;
 }

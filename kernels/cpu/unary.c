@@ -1,0 +1,278 @@
+/* Elementwise unary kernels and their fused gradients: one generic loop, instantiated per op and
+ * dtype. float32 exp/tanh/sigmoid/gelu use branch-free polynomial forms that the compiler
+ * vectorises; float64 goes through libm. */
+
+/* -O2's vectoriser refuses to if-convert selects next to floating-point ops that "may trap"; these
+ * kernels never read the floating-point exception flags, so let it. */
+#pragma GCC optimize("no-trapping-math")
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu.h"
+#include "iter.h"
+
+/* Bounds of clamp in each dtype, plus nothing else: the context of every loop. */
+typedef struct bounds {
+  float lo_f, hi_f;
+  double lo_d, hi_d;
+  int64_t lo_i, hi_i;
+} bounds;
+
+/* ---- float32 exp, the building block of tanh, sigmoid and gelu ------------------------------- */
+
+static inline float bits_to_float(uint32_t u) { union { uint32_t u; float f; } v = {.u = u}; return v.f; }
+static inline uint32_t float_to_bits(float f) { union { uint32_t u; float f; } v = {.f = f}; return v.u; }
+
+/* exp(x) = 2^k * e^r with k = round(x / ln 2), |r| <= ln2 / 2 and e^r from the Cephes degree-6
+ * polynomial (relative error ~1e-7). k comes from the float's mantissa after adding 1.5 * 2^23,
+ * and 2^k is built as two halves so k = 128 does not overflow. */
+static inline float exp_f32(float x) {
+  float xc = x > -87.33654f ? x : -87.33654f;
+  xc = xc < 88.72283f ? xc : 88.72283f;
+  float z = xc * 1.44269504088896341f + 12582912.0f;
+  int32_t k = (int32_t)(float_to_bits(z) - 0x4B400000u);
+  float n = z - 12582912.0f;
+  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t h = k / 2;
+  float y = p * bits_to_float((uint32_t)(h + 127) << 23) * bits_to_float((uint32_t)(k - h + 127) << 23);
+  y = x < -87.33654f ? 0.0f : y;
+  y = x > 88.72283f ? INFINITY : y;
+  return x == x ? y : x;
+}
+
+/* tanh: the Cephes odd polynomial below 0.625, else 1 - 2 / (e^2|x| + 1) with x's sign. */
+static inline float tanh_f32(float x) {
+  float a = x < 0 ? -x : x, s = x * x;
+  float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                  1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+  float big = 1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f);
+  big = x < 0 ? -big : big;
+  return a < 0.625f ? small : big;
+}
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * Since 0.5 (1 + tanh u) = sigmoid(2u), gelu(x) = x / (1 + e^-2u). */
+#define GELU_C 0.7978845608028654
+#define GELU_A 0.044715
+
+static inline float gelu_f32(float x) {
+  float u = (float)GELU_C * (x + (float)GELU_A * x * x * x);
+  return x / (1.0f + exp_f32(-2.0f * u));
+}
+
+static inline double gelu_f64(double x) {
+  double u = GELU_C * (x + GELU_A * x * x * x);
+  return 0.5 * x * (1.0 + tanh(u));
+}
+
+/* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u) */
+#define GELU_GRAD(T, TANH)                                                                       \
+  static inline T gelu_grad_##T(T x) {                                                            \
+    T x2 = x * x, t = TANH((T)GELU_C * (x + (T)GELU_A * x2 * x));                                \
+    return (T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * (T)GELU_C * (1 + 3 * (T)GELU_A * x2);   \
+  }
+GELU_GRAD(float, tanh_f32)
+GELU_GRAD(double, tanh)
+
+/* ---- the loops ---------------------------------------------------------------------------- */
+
+/* Dense loops run over a multiple of 32 elements first: -O2's "very cheap" vectoriser only takes
+ * loops it needs no scalar epilogue for. ivdep: out is a fresh buffer or exactly the input. */
+#define DEF_UNARY(fname, T, F)                                                                   \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                         \
+    const bounds *b = ctx;                                                                       \
+    (void)b;                                                                                     \
+    if (s[0] == sizeof(T) && s[1] == sizeof(T)) {                                                \
+      T *o = (T *)p[0];                                                                          \
+      const T *x = (const T *)p[1];                                                              \
+      int64_t m = n & ~(int64_t)31;                                                              \
+      _Pragma("GCC ivdep") for (int64_t i = 0; i < m; i++) o[i] = F(x[i]);                      \
+      for (int64_t i = m; i < n; i++) o[i] = F(x[i]);                                            \
+    } else {                                                                                     \
+      char *o = p[0];                                                                            \
+      const char *x = p[1];                                                                      \
+      for (int64_t i = 0; i < n; i++, o += s[0], x += s[1]) *(T *)o = F(*(const T *)x);         \
+    }                                                                                            \
+  }
+
+/* gin = F(s, g) */
+#define DEF_BACKWARD(fname, T, F)                                                                \
+  static void fname(char **p, const int64_t *st, int64_t n, void *ctx) {                        \
+    const bounds *b = ctx;                                                                       \
+    (void)b;                                                                                     \
+    if (st[0] == sizeof(T) && st[1] == sizeof(T) && st[2] == sizeof(T)) {                        \
+      T *o = (T *)p[0];                                                                          \
+      const T *s = (const T *)p[1], *g = (const T *)p[2];                                        \
+      int64_t m = n & ~(int64_t)31;                                                              \
+      _Pragma("GCC ivdep") for (int64_t i = 0; i < m; i++) o[i] = F(s[i], g[i]);                 \
+      for (int64_t i = m; i < n; i++) o[i] = F(s[i], g[i]);                                      \
+    } else {                                                                                     \
+      char *o = p[0];                                                                            \
+      const char *s = p[1], *g = p[2];                                                           \
+      for (int64_t i = 0; i < n; i++, o += st[0], s += st[1], g += st[2])                        \
+        *(T *)o = F(*(const T *)s, *(const T *)g);                                               \
+    }                                                                                            \
+  }
+
+/* ---- forward, per dtype ------------------------------------------------------------------- */
+
+#define NEG(v) (-(v))
+#define ABS(v) ((v) < 0 ? -(v) : (v))
+#define RELU(v) ((v) > 0 ? (v) : 0)
+#define RSQRTF(v) (1.0f / sqrtf(v))
+#define RSQRTD(v) (1.0 / sqrt(v))
+#define SIGMOIDF(v) (1.0f / (1.0f + exp_f32(-(v))))
+#define SIGMOIDD(v) (1.0 / (1.0 + exp(-(v))))
+/* NaN passes clamp unchanged, as in torch */
+#define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
+#define CLAMPF(v) CLAMP(v, b->lo_f, b->hi_f)
+#define CLAMPD(v) CLAMP(v, b->lo_d, b->hi_d)
+#define CLAMPI(v) CLAMP(v, b->lo_i, b->hi_i)
+
+DEF_UNARY(neg_f32, float, NEG)
+DEF_UNARY(neg_f64, double, NEG)
+DEF_UNARY(neg_i64, int64_t, NEG)
+DEF_UNARY(neg_i32, int32_t, NEG)
+DEF_UNARY(abs_f32, float, fabsf)
+DEF_UNARY(abs_f64, double, fabs)
+DEF_UNARY(abs_i64, int64_t, ABS)
+DEF_UNARY(abs_i32, int32_t, ABS)
+DEF_UNARY(exp_f32v, float, exp_f32)
+DEF_UNARY(exp_f64, double, exp)
+DEF_UNARY(log_f32, float, logf)
+DEF_UNARY(log_f64, double, log)
+DEF_UNARY(sqrt_f32, float, sqrtf)
+DEF_UNARY(sqrt_f64, double, sqrt)
+DEF_UNARY(rsqrt_f32, float, RSQRTF)
+DEF_UNARY(rsqrt_f64, double, RSQRTD)
+DEF_UNARY(tanh_f32v, float, tanh_f32)
+DEF_UNARY(tanh_f64, double, tanh)
+DEF_UNARY(sigmoid_f32, float, SIGMOIDF)
+DEF_UNARY(sigmoid_f64, double, SIGMOIDD)
+DEF_UNARY(relu_f32, float, RELU)
+DEF_UNARY(relu_f64, double, RELU)
+DEF_UNARY(relu_i64, int64_t, RELU)
+DEF_UNARY(relu_i32, int32_t, RELU)
+DEF_UNARY(gelu_f32v, float, gelu_f32)
+DEF_UNARY(gelu_f64v, double, gelu_f64)
+DEF_UNARY(clamp_f32, float, CLAMPF)
+DEF_UNARY(clamp_f64, double, CLAMPD)
+DEF_UNARY(clamp_i64, int64_t, CLAMPI)
+DEF_UNARY(clamp_i32, int32_t, CLAMPI)
+
+/* [code][f32 f64 i64 i32]; NULL: not defined for that dtype */
+static const flow_iter_fn forward[FLOW_NUNARY][4] = {
+  [FLOW_UN_NEG] = {neg_f32, neg_f64, neg_i64, neg_i32},
+  [FLOW_UN_ABS] = {abs_f32, abs_f64, abs_i64, abs_i32},
+  [FLOW_UN_EXP] = {exp_f32v, exp_f64},
+  [FLOW_UN_LOG] = {log_f32, log_f64},
+  [FLOW_UN_SQRT] = {sqrt_f32, sqrt_f64},
+  [FLOW_UN_RSQRT] = {rsqrt_f32, rsqrt_f64},
+  [FLOW_UN_TANH] = {tanh_f32v, tanh_f64},
+  [FLOW_UN_SIGMOID] = {sigmoid_f32, sigmoid_f64},
+  [FLOW_UN_RELU] = {relu_f32, relu_f64, relu_i64, relu_i32},
+  [FLOW_UN_GELU] = {gelu_f32v, gelu_f64v},
+  [FLOW_UN_CLAMP] = {clamp_f32, clamp_f64, clamp_i64, clamp_i32},
+};
+
+/* ---- backward: gin = f'(.) * g ------------------------------------------------------------ */
+
+#define G_ABS(x, g) ((x) > 0 ? (g) : ((x) < 0 ? -(g) : 0))      /* sign(x) g; 0 at the kink */
+#define G_EXP(y, g) ((y) * (g))
+#define G_LOG(x, g) ((g) / (x))
+#define G_SQRT(y, g) ((g) * 0.5f / (y))
+#define G_RSQRT(y, g) ((g) * -0.5f * (y) * (y) * (y))            /* d x^-1/2 = -x^-3/2 / 2 */
+#define G_TANH(y, g) ((g) * (1 - (y) * (y)))
+#define G_SIGMOID(y, g) ((g) * (y) * (1 - (y)))
+#define G_RELU(y, g) ((y) > 0 ? (g) : 0)
+#define G_GELUF(x, g) ((g) * gelu_grad_float(x))
+#define G_GELUD(x, g) ((g) * gelu_grad_double(x))
+/* the gradient passes where lo <= x <= hi */
+#define G_CLAMPF(x, g) ((x) >= b->lo_f && (x) <= b->hi_f ? (g) : 0)
+#define G_CLAMPD(x, g) ((x) >= b->lo_d && (x) <= b->hi_d ? (g) : 0)
+
+#define DEF_BACKWARD2(NAME, F) DEF_BACKWARD(NAME##_bf32, float, F) DEF_BACKWARD(NAME##_bf64, double, F)
+DEF_BACKWARD2(abs, G_ABS)
+DEF_BACKWARD2(exp, G_EXP)
+DEF_BACKWARD2(log, G_LOG)
+DEF_BACKWARD2(sqrt, G_SQRT)
+DEF_BACKWARD2(rsqrt, G_RSQRT)
+DEF_BACKWARD2(tanh, G_TANH)
+DEF_BACKWARD2(sigmoid, G_SIGMOID)
+DEF_BACKWARD2(relu, G_RELU)
+DEF_BACKWARD(gelu_bf32, float, G_GELUF)
+DEF_BACKWARD(gelu_bf64, double, G_GELUD)
+DEF_BACKWARD(clamp_bf32, float, G_CLAMPF)
+DEF_BACKWARD(clamp_bf64, double, G_CLAMPD)
+
+/* [code][f32 f64]; neg's gradient is a neg */
+#define BROW(NAME) {NAME##_bf32, NAME##_bf64}
+static const flow_iter_fn backward[FLOW_NUNARY][2] = {
+  [FLOW_UN_ABS] = BROW(abs), [FLOW_UN_EXP] = BROW(exp), [FLOW_UN_LOG] = BROW(log),
+  [FLOW_UN_SQRT] = BROW(sqrt), [FLOW_UN_RSQRT] = BROW(rsqrt), [FLOW_UN_TANH] = BROW(tanh),
+  [FLOW_UN_SIGMOID] = BROW(sigmoid), [FLOW_UN_RELU] = BROW(relu), [FLOW_UN_GELU] = BROW(gelu),
+  [FLOW_UN_CLAMP] = BROW(clamp),
+};
+
+/* ---- entry points ------------------------------------------------------------------------- */
+
+static int dtype_slot(flow_dtype d) {
+  switch (d) {
+  case FLOW_F32: return 0;
+  case FLOW_F64: return 1;
+  case FLOW_I64: return 2;
+  case FLOW_I32: return 3;
+  default: return -1;
+  }
+}
+
+/* Integer bounds: the ceiling of lo and floor of hi, saturated to int64. */
+static int64_t to_i64(double v) {
+  if (v >= 9.2e18) return INT64_MAX;
+  if (v <= -9.2e18) return INT64_MIN;
+  return (int64_t)v;
+}
+
+static void make_bounds(bounds *b, double lo, double hi) {
+  b->lo_d = lo;
+  b->hi_d = hi;
+  b->lo_f = (float)lo;
+  b->hi_f = (float)hi;
+  b->lo_i = to_i64(ceil(lo));
+  b->hi_i = to_i64(floor(hi));
+}
+
+int flow_cpu_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x, double lo, double hi) {
+  int slot = dtype_slot(x->dtype);
+  flow_iter_fn fn = slot >= 0 ? forward[code][slot] : NULL;
+  if (!fn) return flow_error_set("no CPU kernel for dtype %s", flow_dtype_name(x->dtype));
+  bounds b;
+  make_bounds(&b, lo, hi);
+  flow_iter it;
+  flow_tensor *ops[2] = {out, (flow_tensor *)x};
+  flow_iter_init(&it, ops, 2);
+  flow_iter_run(&it, fn, &b);
+  return 0;
+}
+
+int flow_cpu_unary_backward(flow_unary_code code, flow_tensor *gin, const flow_tensor *s,
+                            const flow_tensor *g, double lo, double hi) {
+  int slot = dtype_slot(g->dtype);
+  flow_iter_fn fn = slot == 0 || slot == 1 ? backward[code][slot] : NULL;
+  if (!fn) return flow_error_set("no CPU gradient kernel for dtype %s", flow_dtype_name(g->dtype));
+  bounds b;
+  make_bounds(&b, lo, hi);
+  flow_iter it;
+  flow_tensor *ops[3] = {gin, (flow_tensor *)s, (flow_tensor *)g};
+  flow_iter_init(&it, ops, 3);
+  flow_iter_run(&it, fn, &b);
+  return 0;
+}
