@@ -70,10 +70,8 @@ local function save_checkpoint(path, next_step)
                seq = args.seq, vocab = cfg.vocab_size }
   for k, v in pairs(model:state_dict()) do ck["model." .. k] = v end
   for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = v end
-  if flow.get_rng_state then
-    local s = flow.get_rng_state()
-    ck.flow_rng_seed, ck.flow_rng_offset = s.seed, s.offset
-  end
+  local s = flow.get_rng_state() -- dropout draws from it
+  ck.flow_rng_seed, ck.flow_rng_offset = s.seed, s.offset
   flow.save(ck, path)
 end
 
@@ -92,9 +90,7 @@ local function load_checkpoint(path)
   model:load_state_dict(msd)
   opt:load_state_dict(osd)
   rng.state = math.tointeger(ck.data_rng)
-  if ck.flow_rng_seed and flow.set_rng_state then
-    flow.set_rng_state({ seed = ck.flow_rng_seed, offset = ck.flow_rng_offset })
-  end
+  flow.set_rng_state({ seed = ck.flow_rng_seed, offset = ck.flow_rng_offset })
   return math.tointeger(ck.step)
 end
 

@@ -40,11 +40,8 @@ function Tokens:slice(start, len)
   return out
 end
 
--- Read one llm.c shard file: returns its token count and the byte string.
-local function read_shard(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
+-- Check an llm.c shard held in s (the bytes of path); returns its token count.
+local function check_shard(path, s)
   if #s < SHARD_HEADER then error(("data: '%s' is too short for an llm.c shard header (%d bytes)"):format(path, #s), 0) end
   local magic, version, count = string.unpack("<i4i4i4", s)
   if magic ~= SHARD_MAGIC then error(("data: '%s' has magic %d, expected %d (an llm.c .bin shard)"):format(path, magic, SHARD_MAGIC), 0) end
@@ -52,21 +49,21 @@ local function read_shard(path)
   if #s ~= SHARD_HEADER + 2 * count then
     error(("data: '%s' says %d tokens but holds %d bytes of tokens"):format(path, count, #s - SHARD_HEADER), 0)
   end
-  return count, s
+  return count
 end
 
 -- Dataset: data.load(path, {val_fraction = 0.1}) splits one file into train (the first part) and
--- val (the tail). A .bin path is an llm.c shard (vocab 50257, GPT-2's); anything else is read as
+-- val (the tail). An llm.c shard (vocab 50257, GPT-2's) is read as tokens; anything else as
 -- bytes (vocab 256), gunzipped when compressed. opts.val may name a separate validation file.
 local Dataset = {}
 Dataset.__index = Dataset
 
+-- A file is a shard when it is named .bin or starts with the shard magic; else it is bytes.
 local function open_stream(path)
-  if path:match("%.bin$") then
-    local count, s = read_shard(path)
-    return tokens(s, 2, SHARD_HEADER + 1, count), 50257
-  end
   local s = flow.read_file(path)
+  if path:match("%.bin$") or (#s >= 4 and string.unpack("<i4", s) == SHARD_MAGIC) then
+    return tokens(s, 2, SHARD_HEADER + 1, check_shard(path, s)), 50257
+  end
   return tokens(s, 1, 1, #s), 256
 end
 

@@ -1,0 +1,40 @@
+-- One GPT training step (forward + backward + AdamW) in ms:
+--   OPENBLAS_NUM_THREADS=1 flowlua scripts/bench/gpt_step.lua [--layers 4 --dim 256 --heads 8
+--                                                              --seq 128 --batch 8 --steps 10]
+-- float32, vocab 256 (byte level), random tokens; the first steps are warm-up and not timed.
+local flow = require "flow"
+local utils = require "flow.utils"
+local gpt = require "flow.gpt"
+
+local args = utils.parse_args(arg, { layers = 4, dim = 256, heads = 8, seq = 128, batch = 8, vocab = 256,
+                                     steps = 10, warmup = 2, device = "cpu" })
+flow.manual_seed(0)
+local model = gpt.GPT({ vocab_size = args.vocab, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim })
+local opt = model:configure_optimizer({ lr = 1e-4, weight_decay = 0.1 })
+local x = flow.randint(0, args.vocab, { args.batch, args.seq })
+local y = flow.randint(0, args.vocab, { args.batch, args.seq })
+
+local function step()
+  local _, loss = model(x, y)
+  loss:backward()
+  opt:step()
+  opt:zero_grad()
+  return loss:item()
+end
+
+for _ = 1, args.warmup do step() end
+local times = {}
+for i = 1, args.steps do
+  local t0 = utils.now()
+  step()
+  times[i] = (utils.now() - t0) * 1000
+end
+table.sort(times)
+local sum = 0
+for _, t in ipairs(times) do sum = sum + t end
+local tokens = args.batch * args.seq
+print(("gpt_step: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, OPENBLAS_NUM_THREADS=%s"):format(
+  args.layers, args.dim, args.heads, args.seq, args.batch, args.vocab, model:num_parameters() / 1e6,
+  os.getenv("OPENBLAS_NUM_THREADS") or "unset"))
+print(("ms/step: mean %.1f  median %.1f  min %.1f  (%d steps; %.0f tokens/s)"):format(
+  sum / #times, times[(#times + 1) // 2], times[1], #times, tokens / (sum / #times / 1000)))
