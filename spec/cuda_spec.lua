@@ -1,0 +1,330 @@
+-- The CUDA backend: every op on cuda against the same op on the CPU (float32 tight, bfloat16 loose),
+-- matmul, the caching allocator, moving tensors. Without a GPU each CUDA spec is pending with the
+-- reason; the availability spec always runs.
+local flow = require "flow"
+
+local gpu = flow.cuda.is_available()
+local reason = gpu and "" or ("no GPU: " .. tostring(flow.cuda.unavailable_reason()))
+if not gpu then io.stderr:write("cuda_spec: CUDA specs pending (" .. reason .. ")\n") end
+
+-- `it` on a GPU, a pending spec naming the reason elsewhere.
+local function git(name, fn)
+  if gpu then it(name, fn) else it(name, function() pending(reason) end) end
+end
+
+-- Deterministic pseudo-random values in [lo, hi) (a small LCG: no dependency on flow.rand).
+local seed = 12345
+local function values(n, lo, hi)
+  local out = {}
+  for i = 1, n do
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    out[i] = lo + (hi - lo) * seed / 2147483648
+  end
+  return out
+end
+
+local function randt(shape, lo, hi)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return flow.tensor(values(n, lo or -1, hi or 1)):reshape(shape)
+end
+
+local function flat(t, out)
+  out = out or {}
+  if type(t) ~= "table" then out[#out + 1] = t return out end
+  for _, v in ipairs(t) do flat(v, out) end
+  return out
+end
+
+-- a (CPU result) and b (any device) agree elementwise within atol + rtol * |a|.
+local function close(a, b, rtol, atol)
+  assert.same(a:shape(), b:shape())
+  local x = flat(a:to("float64"):totable())
+  local y = flat(b:cpu():to("float64"):totable())
+  for i = 1, #x do
+    local tol = (atol or 1e-5) + (rtol or 1e-5) * math.abs(x[i])
+    if not (math.abs(x[i] - y[i]) <= tol) then
+      error(string.format("element %d: cpu %.7g vs cuda %.7g (tolerance %.3g)", i, x[i], y[i], tol), 2)
+    end
+  end
+end
+
+local function cuda(t, dtype) return t:to({ device = "cuda", dtype = dtype }) end
+
+describe("cuda availability", function()
+  it("reports the GPU state and errors clearly when creating a cuda tensor without one", function()
+    if gpu then
+      assert.is_true(flow.cuda.device_count() > 0)
+      assert.is_nil(flow.cuda.unavailable_reason())
+    else
+      assert.is_false(flow.cuda.is_available())
+      assert.equals(0, flow.cuda.device_count())
+      local ok, err = pcall(flow.zeros, { 2, 3 }, { device = "cuda" })
+      assert.is_false(ok)
+      assert.matches("cuda is not available %(", err)
+      ok, err = pcall(flow.tensor, { 1, 2 }, { device = "cuda" })
+      assert.is_false(ok)
+      assert.matches("cuda is not available %(", err)
+      local t = flow.tensor({ 1, 2 })
+      ok, err = pcall(t.cuda, t)
+      assert.matches("cuda is not available", err)
+      ok, err = pcall(flow.cuda.memory_stats)
+      assert.matches("cuda is not available", err)
+    end
+  end)
+
+  it("t:to parses dtypes, devices and option tables on the CPU", function()
+    local t = flow.tensor({ 1.5, -2 })
+    assert.equals(t, t:to("cpu"))
+    assert.equals("float64", t:to("float64").dtype)
+    assert.equals("bfloat16", t:to({ dtype = "bfloat16" }).dtype)
+    assert.same({ 1.5, -2 }, t:to("float64"):totable())
+    local ok, err = pcall(t.to, t, "banana")
+    assert.is_false(ok)
+    assert.matches("to: 'banana' is neither a dtype nor a device", err)
+    local leaf = t:to({ dtype = "float64", requires_grad = true })
+    assert.is_true(leaf.requires_grad)
+    assert.is_true(leaf.is_leaf)
+  end)
+
+  it("flow.backends.allow_tf32 and flow.autocast keep their settings", function()
+    local prev = flow.backends.allow_tf32
+    flow.backends.allow_tf32 = true
+    assert.is_true(flow.backends.allow_tf32)
+    flow.backends.allow_tf32 = prev
+    local a, b = flow.autocast("bfloat16", function(x, y) return x + y, "done" end, 2, 3)
+    assert.equals(5, a)
+    assert.equals("done", b)
+    local ok, err = pcall(flow.autocast, "int64", function() end)
+    assert.matches("autocast: dtype must be bfloat16 or float16", err)
+    ok, err = pcall(flow.autocast, "bfloat16", function() error("inner failure") end)
+    assert.matches("inner failure", err)
+  end)
+end)
+
+describe("cuda tensors", function()
+  git("round-trip through to/cuda/cpu, item and totable", function()
+    local t = flow.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+    local c = t:cuda()
+    assert.equals("cuda:0", c.device)
+    assert.same(t:totable(), c:totable())
+    assert.same(t:totable(), c:cpu():totable())
+    assert.equals(21, c:to("float32"):sum():item())
+    local b = cuda(t:to("float32"), "bfloat16")
+    assert.equals("bfloat16", b.dtype)
+    assert.same({ { 1, 2, 3 }, { 4, 5, 6 } }, b:to({ device = "cpu", dtype = "float32" }):totable())
+    assert.same({ { 1, 4 }, { 2, 5 }, { 3, 6 } }, c:transpose(0, 1):contiguous():cpu():totable())
+  end)
+
+  git("moves gradients back across devices", function()
+    local x = flow.tensor({ 1, 2, 3 }, { requires_grad = true })
+    local y = (x:cuda() * x:cuda()):sum()
+    y:backward()
+    assert.equals("cpu", x.grad.device)
+    assert.same({ 2, 4, 6 }, x.grad:totable())
+  end)
+
+  git("fills on the device", function()
+    assert.same({ { 0, 0 }, { 0, 0 } }, flow.zeros({ 2, 2 }, { device = "cuda" }):totable())
+    assert.same({ 2.5, 2.5, 2.5 }, flow.full({ 3 }, 2.5, { device = "cuda" }):totable())
+    assert.same({ 1, 1 }, flow.ones({ 2 }, { device = "cuda", dtype = "int64" }):totable())
+  end)
+end)
+
+describe("cuda elementwise ops match the CPU", function()
+  local binary = { "add", "sub", "mul", "div", "maximum", "minimum" }
+  for _, op in ipairs(binary) do
+    git(op .. " with broadcasting, float32 and bfloat16", function()
+      local a, b = randt({ 4, 5 }), randt({ 5 }, 0.5, 2)
+      close(flow[op](a, b), flow[op](cuda(a), cuda(b)))
+      close(flow[op](a, b), flow[op](cuda(a, "bfloat16"), cuda(b, "bfloat16")):to("float32"), 3e-2, 3e-2)
+      close(flow[op](a:transpose(0, 1), 0.5), flow[op](cuda(a):transpose(0, 1), 0.5))
+    end)
+  end
+
+  git("pow", function()
+    local a, b = randt({ 3, 4 }, 0.5, 2), randt({ 3, 4 })
+    close(flow.pow(a, b), flow.pow(cuda(a), cuda(b)), 1e-5)
+  end)
+
+  for _, op in ipairs({ "eq", "ne", "lt", "le", "gt", "ge" }) do
+    git(op .. " writes bool", function()
+      local a, b = flow.tensor({ 1, 2, 3, 4 }), flow.tensor({ 2, 2, 2, 2 })
+      local r = flow[op](cuda(a), cuda(b))
+      assert.equals("bool", r.dtype)
+      assert.same(flow[op](a, b):totable(), r:totable())
+    end)
+  end
+
+  local unary = { neg = { -2, 2 }, abs = { -2, 2 }, exp = { -2, 2 }, log = { 0.1, 3 }, sqrt = { 0.1, 3 },
+                  rsqrt = { 0.1, 3 }, tanh = { -3, 3 }, sigmoid = { -4, 4 }, relu = { -2, 2 }, gelu = { -3, 3 } }
+  for op, range in pairs(unary) do
+    git(op .. " forward and gradient", function()
+      local a = randt({ 6, 7 }, range[1], range[2])
+      close(flow[op](a), flow[op](cuda(a)), 1e-5, 1e-6)
+      close(flow[op](a), flow[op](cuda(a, "bfloat16")):to("float32"), 2e-2, 2e-2)
+      local x, xc = a:detach():requires_grad_(), cuda(a):detach():requires_grad_()
+      flow[op](x):sum():backward()
+      flow[op](xc):sum():backward()
+      close(x.grad, xc.grad, 1e-5, 1e-6)
+    end)
+  end
+
+  git("clamp, where and masked_fill", function()
+    local a = randt({ 5, 3 }, -2, 2)
+    close(flow.clamp(a, -0.5, 0.7), flow.clamp(cuda(a), -0.5, 0.7))
+    local m = flow.gt(a, 0)
+    close(flow.where(m, a, 0.25 * a), flow.where(cuda(m), cuda(a), cuda(0.25 * a)))
+    close(flow.masked_fill(a, m, -9), flow.masked_fill(cuda(a), cuda(m), -9))
+  end)
+
+  git("casts between every dtype pair through the device", function()
+    local a = flow.tensor({ -3, 0, 1, 2.5, 7 })
+    for _, from in ipairs({ "float32", "float64", "bfloat16", "float16", "int64", "int32" }) do
+      for _, to in ipairs({ "float32", "float64", "int64", "int32", "bool" }) do
+        local want = a:to(from):to(to):totable()
+        assert.same(want, cuda(a):to(from):to(to):totable())
+      end
+    end
+  end)
+end)
+
+describe("cuda reductions match the CPU", function()
+  git("sum and mean over axes, keepdim", function()
+    local a = randt({ 4, 6, 5 })
+    for _, axes in ipairs({ 0, 1, 2, { 0, 2 }, { 1, 2 } }) do
+      close(flow.sum(a, axes), flow.sum(cuda(a), axes), 1e-5, 1e-5)
+      close(flow.mean(a, axes, true), flow.mean(cuda(a), axes, true), 1e-5, 1e-5)
+    end
+    close(flow.sum(a), flow.sum(cuda(a)), 1e-5, 1e-4)
+    close(flow.sum(a, 1), flow.sum(cuda(a, "bfloat16"), 1):to("float32"), 3e-2, 3e-2)
+  end)
+
+  git("max and argmax along an axis", function()
+    local a = randt({ 5, 7 })
+    local v, i = flow.max(a, 1)
+    local vc, ic = flow.max(cuda(a), 1)
+    close(v, vc)
+    assert.same(i:totable(), ic:totable())
+    close(flow.max(a), flow.max(cuda(a)))
+    assert.same(flow.argmax(a, 0):totable(), flow.argmax(cuda(a), 0):totable())
+  end)
+end)
+
+describe("cuda matmul", function()
+  git("matches the CPU with transposes and broadcast batches", function()
+    local a, b = randt({ 3, 17, 33 }), randt({ 33, 9 })
+    close(flow.matmul(a, b), flow.matmul(cuda(a), cuda(b)), 1e-4, 1e-4)
+    local bt = randt({ 3, 9, 33 })
+    close(flow.matmul(a, bt, { transpose_b = true }), flow.matmul(cuda(a), cuda(bt), { transpose_b = true }), 1e-4, 1e-4)
+    local at = randt({ 33, 17 })
+    close(flow.matmul(at, b, { transpose_a = true }), flow.matmul(cuda(at), cuda(b), { transpose_a = true }), 1e-4, 1e-4)
+    close(flow.matmul(a:transpose(1, 2):contiguous():transpose(1, 2), b),
+          flow.matmul(cuda(a):transpose(1, 2):contiguous():transpose(1, 2), cuda(b)), 1e-4, 1e-4)
+  end)
+
+  git("bfloat16, tf32 and autocast stay close to float32", function()
+    local a, b = randt({ 64, 48 }), randt({ 48, 32 })
+    local ref = flow.matmul(a, b)
+    close(ref, flow.matmul(cuda(a, "bfloat16"), cuda(b, "bfloat16")):to("float32"), 3e-2, 3e-2)
+    flow.backends.allow_tf32 = true
+    close(ref, flow.matmul(cuda(a), cuda(b)), 5e-3, 5e-3)
+    flow.backends.allow_tf32 = false
+    local y = flow.autocast("bfloat16", function() return flow.matmul(cuda(a), cuda(b)) end)
+    assert.equals("float32", y.dtype)
+    close(ref, y, 3e-2, 3e-2)
+  end)
+
+  git("gradients match the CPU", function()
+    local a, b = randt({ 2, 5, 4 }), randt({ 4, 3 })
+    local x, w = a:detach():requires_grad_(), b:detach():requires_grad_()
+    local xc, wc = cuda(a):detach():requires_grad_(), cuda(b):detach():requires_grad_()
+    flow.matmul(x, w):sum():backward()
+    flow.matmul(xc, wc):sum():backward()
+    close(x.grad, xc.grad, 1e-4, 1e-5)
+    close(w.grad, wc.grad, 1e-4, 1e-5)
+  end)
+end)
+
+describe("cuda fused nn ops match the CPU", function()
+  local function both(f, inputs)
+    -- run f on CPU leaves and CUDA leaves; compare outputs and every input's gradient
+    local cl, gl = {}, {}
+    for i, t in ipairs(inputs) do
+      cl[i] = t.dtype == "float32" and t:detach():requires_grad_() or t
+      gl[i] = t.dtype == "float32" and cuda(t):detach():requires_grad_() or cuda(t)
+    end
+    local yc, yg = f(table.unpack(cl)), f(table.unpack(gl))
+    close(yc, yg, 1e-4, 1e-5)
+    local w = randt(yc:shape())
+    flow.sum(yc * w):backward()
+    flow.sum(yg * cuda(w)):backward()
+    for i = 1, #inputs do
+      if cl[i].requires_grad then close(cl[i].grad, gl[i].grad, 1e-4, 1e-5) end
+    end
+  end
+
+  git("softmax and log_softmax on the last and a middle axis", function()
+    both(function(x) return flow.softmax(x, -1) end, { randt({ 3, 4, 37 }, -3, 3) })
+    both(function(x) return flow.log_softmax(x, -1) end, { randt({ 3, 4, 37 }, -3, 3) })
+    both(function(x) return flow.softmax(x, 1) end, { randt({ 3, 4, 5 }, -3, 3) })
+  end)
+
+  git("layer_norm with and without affine", function()
+    both(function(x, w, b) return flow.layer_norm(x, w, b, 1e-5) end,
+         { randt({ 4, 3, 48 }), randt({ 48 }, 0.5, 1.5), randt({ 48 }) })
+    both(function(x) return flow.layer_norm(x, nil, nil, 1e-5) end, { randt({ 5, 33 }) })
+  end)
+
+  git("cross_entropy with ignore_index and every reduction", function()
+    local target = flow.tensor({ 0, 3, -100, 6, 2, 1 })
+    for _, red in ipairs({ "mean", "sum", "none" }) do
+      both(function(x, t) return flow.cross_entropy(x, t, { reduction = red }) end, { randt({ 6, 7 }, -2, 2), target })
+    end
+  end)
+
+  git("embedding forward and gradient with repeated ids", function()
+    both(function(ids, w) return flow.embedding(ids, w) end, { flow.tensor({ { 1, 3, 1 }, { 0, 4, 3 } }), randt({ 5, 8 }) })
+  end)
+
+  git("scaled_dot_product_attention, causal and not", function()
+    for _, causal in ipairs({ true, false }) do
+      both(function(q, k, v) return flow.scaled_dot_product_attention(q, k, v, { causal = causal }) end,
+           { randt({ 2, 3, 19, 16 }), randt({ 2, 3, 19, 16 }), randt({ 2, 3, 19, 16 }) })
+    end
+  end)
+
+  git("adamw_ updates in place like the CPU", function()
+    local p, g = randt({ 7, 5 }), randt({ 7, 5 })
+    local m, v = flow.zeros({ 7, 5 }), flow.zeros({ 7, 5 })
+    local pc, gc, mc, vc = cuda(p), cuda(g), cuda(m), cuda(v)
+    local opts = { lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, step = 3 }
+    flow.adamw_(p, g, m, v, opts)
+    flow.adamw_(pc, gc, mc, vc, opts)
+    close(p, pc, 1e-5, 1e-6)
+    close(m, mc, 1e-5, 1e-6)
+    close(v, vc, 1e-5, 1e-6)
+  end)
+end)
+
+describe("cuda caching allocator", function()
+  git("reuses freed blocks and reports its statistics", function()
+    flow.cuda.synchronize()
+    local s0 = flow.cuda.memory_stats()
+    local t = flow.zeros({ 1024, 256 }, { device = "cuda" }) -- 1 MiB
+    local s1 = flow.cuda.memory_stats()
+    assert.is_true(s1.allocated - s0.allocated >= 1024 * 256 * 4)
+    assert.is_true(s1.peak >= s1.allocated)
+    assert.equals(s0.num_allocs + 1, s1.num_allocs)
+    t:free()
+    local s2 = flow.cuda.memory_stats()
+    assert.equals(s0.allocated, s2.allocated)
+    local u = flow.zeros({ 1024, 256 }, { device = "cuda" })
+    local s3 = flow.cuda.memory_stats()
+    assert.equals(s2.cache_hits + 1, s3.cache_hits)
+    assert.equals(s2.reserved, s3.reserved)
+    u:free()
+    flow.cuda.empty_cache()
+    assert.is_true(flow.cuda.memory_stats().reserved < s3.reserved)
+  end)
+end)
