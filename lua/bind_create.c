@@ -96,13 +96,21 @@ static int l_tensor(lua_State *L) {
 /* Global creation: opts has a placement, so the global layer makes the tensor. It is called as
  *   registry["flow.global_create"](opname, shape, value, opts)
  * with shape the logical shape (a list) and value what the op needs besides it:
- *   "full"     the fill value (a number; zeros and ones are full with 0 and 1)
- *   "arange"   {start =, step =}            "linspace"  {start =, stop =}       "eye"  nil
- *   "rand", "randn"  {seed =, offset =}     "randint"   {low =, high =, seed =, offset =}
- * For random ops (seed, offset) were reserved here for the whole logical tensor, identically on
- * every rank; the global layer makes each shard with flow_create_shard (ops/create.h), which
- * fills it with exactly its slice. `value` is the stack index of the value. */
-static int global_create(lua_State *L, const char *op, int nd, const int64_t *shape, int value, int opts) {
+ *   "full"      the fill value (a number; zeros and ones are full with 0 and 1)
+ *   "arange"    {start =, step =, dtype =}         "linspace"  {start =, stop =, dtype =}
+ *   "eye"       {dtype =}                          "rand", "randn"  {seed =, offset =, dtype =}
+ *   "randint"   {low =, high =, seed =, offset =, dtype =}
+ * where dtype is the resolved dtype name (opts.dtype or the op's default). For random ops (seed,
+ * offset) were reserved here for the whole logical tensor, identically on every rank. Each rank
+ * then makes its shard with flow_create_shard (ops/create.h) or, from Lua,
+ *   flow._create_shard(opname, shape, value, box_start, box_shape, opts)
+ * which fills it with exactly its slice of the logical tensor. */
+static int global_create(lua_State *L, const char *op, int nd, const int64_t *shape, int value, int opts,
+                         flow_dtype dtype) {
+  if (lua_istable(L, value)) {
+    lua_pushstring(L, flow_dtype_name(dtype));
+    lua_setfield(L, value, "dtype");
+  }
   lua_getfield(L, LUA_REGISTRYINDEX, "flow.global_create");
   if (lua_isnil(L, -1)) return luaL_error(L, "%s: global tensors are not available in this build", op);
   lua_pushstring(L, op);
@@ -120,6 +128,15 @@ static int has_placement(lua_State *L, int opts) {
   int global = !lua_isnil(L, -1);
   lua_pop(L, 1);
   return global;
+}
+
+/* opts.dtype / opts.device, where opts is a stack index or 0 (no options table). */
+static flow_dtype opt_dtype(lua_State *L, int opts, flow_dtype def) {
+  return opts ? flow_lua_opt_dtype(L, opts, def) : def;
+}
+
+static flow_device opt_device(lua_State *L, int opts) {
+  return opts ? flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU) : FLOW_DEVICE_CPU;
 }
 
 /* Push t with opts.requires_grad applied (float tensors only). */
@@ -143,11 +160,11 @@ static int shape_and_opts(lua_State *L, int shape_idx, int64_t *shape, int *nd, 
 static int create(lua_State *L, double v, int shape_idx) {
   int64_t shape[FLOW_MAX_DIMS];
   int nd, opts = shape_and_opts(L, shape_idx, shape, &nd, "full");
-  flow_dtype dt = opts ? flow_lua_opt_dtype(L, opts, FLOW_F32) : FLOW_F32;
-  flow_device dev = opts ? flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU) : FLOW_DEVICE_CPU;
+  flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
+  flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
     lua_pushnumber(L, v);
-    return global_create(L, "full", nd, shape, lua_gettop(L), opts);
+    return global_create(L, "full", nd, shape, lua_gettop(L), opts, dt);
   }
   return push_created(L, flow_full(nd, shape, v, dt, dev), opts);
 }
@@ -180,15 +197,15 @@ static int l_arange(lua_State *L) {
   if (!opts && !lua_isnoneornil(L, n + 1))
     return luaL_error(L, "arange: argument %d must be a number or an options table (got %s)", n + 1, luaL_typename(L, n + 1));
   double start = n == 1 ? 0 : v[0], stop = n == 1 ? v[0] : v[1], step = n == 3 ? v[2] : 1;
-  flow_dtype dt = flow_lua_opt_dtype(L, opts, all_int ? FLOW_I64 : FLOW_F32);
-  flow_device dev = flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU);
+  flow_dtype dt = opt_dtype(L, opts, all_int ? FLOW_I64 : FLOW_F32);
+  flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
     int64_t len;
     if (flow_arange_length(start, stop, step, &len) != 0) return flow_lua_error(L);
     lua_createtable(L, 0, 2);
     lua_pushnumber(L, start); lua_setfield(L, -2, "start");
     lua_pushnumber(L, step); lua_setfield(L, -2, "step");
-    return global_create(L, "arange", 1, &len, lua_gettop(L), opts);
+    return global_create(L, "arange", 1, &len, lua_gettop(L), opts, dt);
   }
   return push_created(L, flow_arange(start, stop, step, dt, dev), opts);
 }
@@ -197,15 +214,15 @@ static int l_linspace(lua_State *L) {
   double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
   lua_Integer n = luaL_checkinteger(L, 3);
   int opts = lua_istable(L, 4) ? 4 : 0;
-  flow_dtype dt = flow_lua_opt_dtype(L, opts, FLOW_F32);
-  flow_device dev = flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU);
+  flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
+  flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
     if (n < 0) return luaL_error(L, "linspace: the number of points must be >= 0 (got %I)", n);
     int64_t len = n;
     lua_createtable(L, 0, 2);
     lua_pushnumber(L, a); lua_setfield(L, -2, "start");
     lua_pushnumber(L, b); lua_setfield(L, -2, "stop");
-    return global_create(L, "linspace", 1, &len, lua_gettop(L), opts);
+    return global_create(L, "linspace", 1, &len, lua_gettop(L), opts, dt);
   }
   return push_created(L, flow_linspace(a, b, n, dt, dev), opts);
 }
@@ -216,12 +233,12 @@ static int l_eye(lua_State *L) {
   int has_m = lua_type(L, 2) == LUA_TNUMBER;
   lua_Integer m = has_m ? luaL_checkinteger(L, 2) : n;
   int opts = lua_istable(L, has_m ? 3 : 2) ? (has_m ? 3 : 2) : 0;
-  flow_dtype dt = flow_lua_opt_dtype(L, opts, FLOW_F32);
-  flow_device dev = flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU);
+  flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
+  flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
     int64_t shape[2] = {n, m};
-    lua_pushnil(L);
-    return global_create(L, "eye", 2, shape, lua_gettop(L), opts);
+    lua_newtable(L);
+    return global_create(L, "eye", 2, shape, lua_gettop(L), opts, dt);
   }
   return push_created(L, flow_eye(n, m, dt, dev), opts);
 }
@@ -242,11 +259,11 @@ static int random_float(lua_State *L, const char *fn,
                         flow_tensor *(*make)(int, const int64_t *, flow_dtype, flow_device)) {
   int64_t shape[FLOW_MAX_DIMS];
   int nd, opts = shape_and_opts(L, 1, shape, &nd, fn);
-  flow_dtype dt = flow_lua_opt_dtype(L, opts, FLOW_F32);
-  flow_device dev = flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU);
+  flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
+  flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
     push_reserved(L, nd, shape);
-    return global_create(L, fn, nd, shape, lua_gettop(L), opts);
+    return global_create(L, fn, nd, shape, lua_gettop(L), opts, dt);
   }
   return push_created(L, make(nd, shape, dt, dev), opts);
 }
@@ -261,16 +278,75 @@ static int l_randint(lua_State *L) {
   int64_t shape[FLOW_MAX_DIMS];
   int nd = flow_lua_shape(L, 3, shape, "randint");
   int opts = lua_istable(L, 4) ? 4 : 0;
-  flow_dtype dt = flow_lua_opt_dtype(L, opts, FLOW_I64);
-  flow_device dev = flow_lua_opt_device(L, opts, FLOW_DEVICE_CPU);
+  flow_dtype dt = opt_dtype(L, opts, FLOW_I64);
+  flow_device dev = opt_device(L, opts);
   if (high <= low) return luaL_error(L, "randint: high (%I) must be greater than low (%I)", high, low);
   if (has_placement(L, opts)) {
     push_reserved(L, nd, shape);
     lua_pushinteger(L, low); lua_setfield(L, -2, "low");
     lua_pushinteger(L, high); lua_setfield(L, -2, "high");
-    return global_create(L, "randint", nd, shape, lua_gettop(L), opts);
+    return global_create(L, "randint", nd, shape, lua_gettop(L), opts, dt);
   }
   return flow_lua_push(L, flow_randint(low, high, nd, shape, dt, dev));
+}
+
+static lua_Number value_number(lua_State *L, int value, const char *key, const char *op) {
+  lua_getfield(L, value, key);
+  if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "_create_shard: %s needs value.%s (a number)", op, key);
+  lua_Number v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static lua_Integer value_integer(lua_State *L, int value, const char *key, const char *op) {
+  lua_getfield(L, value, key);
+  int ok;
+  lua_Integer v = lua_tointegerx(L, -1, &ok);
+  if (!ok) luaL_error(L, "_create_shard: %s needs value.%s (an integer)", op, key);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* flow._create_shard(opname, shape, value, box_start, box_shape, [opts]): the box of the logical
+ * tensor that opname with this shape and value (see global_create) makes; dtype from value.dtype,
+ * else opts.dtype; device from opts. For the global layer, and for specs of the box fill. */
+static int l_create_shard(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  static const char *const ops[] = {"full", "arange", "linspace", "eye", "rand", "randn", "randint", NULL};
+  int which = luaL_checkoption(L, 1, NULL, ops);
+  int64_t shape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_checktype(L, 5, LUA_TTABLE);
+  int nd = flow_lua_shape(L, 2, shape, "_create_shard");
+  if (flow_lua_shape(L, 4, start, "_create_shard") != nd || flow_lua_shape(L, 5, box, "_create_shard") != nd)
+    return luaL_error(L, "_create_shard: shape, box_start and box_shape must have the same length");
+  int opts = lua_istable(L, 6) ? 6 : 0;
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.nshape = nd;
+  memcpy(at.shape, shape, sizeof(int64_t) * (size_t)nd);
+  at.device = opt_device(L, opts);
+  at.dtype = opt_dtype(L, opts, which == 6 ? FLOW_I64 : FLOW_F32);
+  if (which == 0) at.scalar = luaL_checknumber(L, 3);
+  else {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    at.dtype = flow_lua_opt_dtype(L, 3, at.dtype);
+  }
+  if (which == 1) { at.scalar = value_number(L, 3, "start", name); at.scalar2 = value_number(L, 3, "step", name); }
+  if (which == 2) { at.scalar = value_number(L, 3, "start", name); at.scalar2 = value_number(L, 3, "stop", name); }
+  if (which >= 4) {
+    at.seed = (uint64_t)value_integer(L, 3, "seed", name);
+    at.rng_offset = (uint64_t)value_integer(L, 3, "offset", name);
+  }
+  if (which == 6) {
+    at.axes[0] = value_integer(L, 3, "low", name);
+    at.axes[1] = value_integer(L, 3, "high", name);
+    at.naxes = 2;
+  }
+  const flow_op *const op_of[] = {&flow_op_full, &flow_op_arange, &flow_op_linspace, &flow_op_eye,
+                                  &flow_op_rand, &flow_op_randn, &flow_op_randint};
+  return flow_lua_push(L, flow_create_shard(op_of[which], &at, start, box));
 }
 
 static int l_manual_seed(lua_State *L) {
@@ -427,7 +503,7 @@ void flow_lua_open_create(lua_State *L) {
     {"arange", l_arange}, {"linspace", l_linspace}, {"eye", l_eye}, {"rand", l_rand}, {"randn", l_randn},
     {"randint", l_randint}, {"manual_seed", l_manual_seed}, {"get_rng_state", l_get_rng_state},
     {"set_rng_state", l_set_rng_state}, {"dropout", l_dropout}, {"now", l_now},
-    {"set_printoptions", l_set_printoptions}, {NULL, NULL}};
+    {"set_printoptions", l_set_printoptions}, {"_create_shard", l_create_shard}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"dropout", l_dropout}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
   lua_pushcfunction(L, l_tostring);

@@ -55,6 +55,14 @@ static int run_script(lua_State *L, const char *path, int nargs_from, int argc, 
   return flow_main_pcall(L, n, 0) != LUA_OK;
 }
 
+static void print_version(lua_State *L) {
+  lua_getglobal(L, "flow");
+  lua_getfield(L, -1, "__version");
+  printf("flowlua %s (%s)\n", lua_isstring(L, -1) ? lua_tostring(L, -1) : "?", LUA_RELEASE);
+  fflush(stdout);
+  lua_pop(L, 2);
+}
+
 static void usage(const char *prog) {
   fprintf(stderr, "usage: %s [-e chunk] [-i] [-v] [script [args]]\n", prog);
 }
@@ -74,7 +82,7 @@ int main(int argc, char **argv) {
     if (a[0] != '-' || strcmp(a, "-") == 0) { script = i; break; }
     if (strcmp(a, "--") == 0) { if (i + 1 < argc) script = i + 1; break; }
     if (strcmp(a, "-i") == 0) interactive = 1;
-    else if (strcmp(a, "-v") == 0) { printf("flowlua 0.1 (%s)\n", LUA_RELEASE); ran_chunk = 1; }
+    else if (strcmp(a, "-v") == 0) { print_version(L); ran_chunk = 1; }
     else if (strcmp(a, "-e") == 0 || strncmp(a, "-e", 2) == 0) {
       const char *chunk = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
       if (!chunk) { usage(prog); lua_close(L); return 1; }

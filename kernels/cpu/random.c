@@ -185,7 +185,7 @@ static void row_arange(char *o, int64_t os, const char *x, int64_t xs, uint64_t 
 }
 
 /* Symmetric: the first half counts up from start, the second down from stop, so both ends are
- * exact whatever the rounding of step. */
+ * exact whatever the rounding of step (a single point is start). */
 static void row_linspace(char *o, int64_t os, const char *x, int64_t xs, uint64_t i0, int64_t n,
                          const row_ctx *c) {
   (void)x; (void)xs;
@@ -194,7 +194,7 @@ static void row_linspace(char *o, int64_t os, const char *x, int64_t xs, uint64_
   double step = len > 1 ? (b - a) / (double)(len - 1) : 0;
   for (int64_t k = 0; k < n; k++, o += os) {
     int64_t i = (int64_t)i0 + k;
-    store_index_value(o, c->out->dtype, i < len / 2 ? a + step * (double)i : b - step * (double)(len - 1 - i));
+    store_index_value(o, c->out->dtype, i < (len + 1) / 2 ? a + step * (double)i : b - step * (double)(len - 1 - i));
   }
 }
 
