@@ -484,7 +484,7 @@ static int l_tostring(lua_State *L) {
   return 1;
 }
 
-/* set_printoptions{precision =, threshold =, edgeitems =, sci_mode =, linewidth =} */
+/* set_printoptions{precision =, threshold =, edgeitems =, sci_mode =, profile =} (lua/flow/print.lua) */
 static int l_set_printoptions(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_getglobal(L, "require");

@@ -3,15 +3,23 @@
 -- summarised, then shape, dtype and autograd state. Called through tostring(t) / print(t).
 local M = {}
 
-local options = { precision = 4, threshold = 1000, edgeitems = 3, sci_mode = nil, linewidth = 80 }
+local defaults = { precision = 4, threshold = 1000, edgeitems = 3, sci_mode = "auto" }
+local options = {}
+for k, v in pairs(defaults) do options[k] = v end
 
--- set_printoptions{precision =, threshold =, edgeitems =, sci_mode = true|false|nil (auto)}
+-- set_printoptions{precision =, threshold =, edgeitems =, sci_mode = true|false|"auto",
+-- profile = "default" (every option back to its default)}
 function M.set_options(opts)
+  if opts.profile == "default" then
+    for k, v in pairs(defaults) do options[k] = v end
+  end
   for k, v in pairs(opts) do
-    if options[k] == nil and k ~= "sci_mode" then
-      error("set_printoptions: unknown option '" .. tostring(k) .. "' (precision, threshold, edgeitems, sci_mode, linewidth)", 2)
+    if k ~= "profile" then
+      if defaults[k] == nil then
+        error("set_printoptions: unknown option '" .. tostring(k) .. "' (precision, threshold, edgeitems, sci_mode, profile)", 2)
+      end
+      options[k] = v
     end
-    options[k] = v
   end
 end
 
@@ -43,7 +51,7 @@ local function formatter(dtype, values)
     end
   end
   local sci = options.sci_mode
-  if sci == nil then sci = hi > 0 and (hi / lo > 1000 or hi > 1e8 or lo < 1e-4) end
+  if sci == "auto" then sci = hi > 0 and (hi / lo > 1000 or hi > 1e8 or lo < 1e-4) end
   local fmt = "%." .. options.precision .. (sci and "e" or "f")
   return function(v)
     if v ~= v then return "nan" end
