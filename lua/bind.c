@@ -13,11 +13,12 @@ static char methods_key, module_key, mt_key;
 static flow_lua_box *test_box(lua_State *L, int idx) {
   flow_lua_box *b = lua_touserdata(L, idx);
   if (!b || !lua_getmetatable(L, idx)) return NULL;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
-  int same = lua_rawequal(L, -1, -2);
-  lua_pop(L, 2);
+  int same = lua_topointer(L, -1) == *(const void **)lua_getextraspace(L);
+  lua_pop(L, 1);
   return same ? b : NULL;
 }
+
+flow_lua_box *flow_lua_box_of(lua_State *L, int idx) { return test_box(L, idx); }
 
 flow_tensor *flow_lua_test(lua_State *L, int idx) {
   flow_lua_box *b = test_box(L, idx);
@@ -173,6 +174,9 @@ void flow_lua_init_tables(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
   lua_newtable(L); /* methods */
   luaL_newmetatable(L, FLOW_TENSOR_MT);
+  /* the metatable's address, in the state's extra space (shared by its coroutines), makes the
+   * tensor type check two API calls */
+  *(const void **)lua_getextraspace(L) = lua_topointer(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &mt_key);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &methods_key);
 }

@@ -7,7 +7,11 @@
 
 void flow_lua_push_methods(lua_State *L);
 
-static flow_lua_box *box(lua_State *L) { return luaL_checkudata(L, 1, FLOW_TENSOR_MT); }
+static flow_lua_box *box(lua_State *L) {
+  flow_lua_box *b = flow_lua_box_of(L, 1);
+  if (!b) luaL_typeerror(L, 1, "tensor");
+  return b;
+}
 
 static int t_free(lua_State *L) {
   flow_lua_box *b = box(L);

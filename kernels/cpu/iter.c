@@ -3,11 +3,28 @@
 
 #include <string.h>
 
+/* The common case: every operand contiguous with the output's shape -> one flat loop. */
+static bool iter_flat(flow_iter *it, flow_tensor *const *ops, int nops) {
+  const flow_tensor *out = ops[0];
+  for (int k = 0; k < nops; k++) {
+    const flow_tensor *t = ops[k];
+    if (!flow_shape_eq(t->ndim, t->shape, out->ndim, out->shape) || !flow_tensor_is_contiguous(t)) return false;
+  }
+  it->ndim = 1;
+  it->shape[0] = it->numel;
+  for (int k = 0; k < nops; k++) {
+    it->data[k] = flow_tensor_data(ops[k]);
+    it->stride[k][0] = (int64_t)flow_dtype_size(ops[k]->dtype);
+  }
+  return true;
+}
+
 void flow_iter_init(flow_iter *it, flow_tensor *const *ops, int nops) {
   const flow_tensor *out = ops[0];
   int nd = out->ndim;
   it->nops = nops;
   it->numel = flow_tensor_numel(out);
+  if (iter_flat(it, ops, nops)) return;
   for (int k = 0; k < nops; k++) {
     const flow_tensor *t = ops[k];
     int64_t es = (int64_t)flow_dtype_size(t->dtype);
