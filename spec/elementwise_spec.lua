@@ -1,0 +1,363 @@
+-- Elementwise ops: binary arithmetic and comparisons with broadcasting, Lua numbers on either
+-- side, where/masked_fill, the unary math ops, casts and in-place updates; values against plain
+-- Lua, gradients against central finite differences, and the error messages.
+local flow = require "flow"
+local G = require "support.gradcheck"
+
+local randt, gradcheck, flat = G.randt, G.gradcheck, G.flat
+
+local function err_of(fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert.is_false(ok)
+  return tostring(e)
+end
+
+-- every element of the tensor t close to the flat list want (relative tolerance tol)
+local function assert_close(want, t, tol)
+  tol = tol or 1e-12
+  local got = flat(t:totable())
+  assert.are.equal(#want, #got)
+  for k = 1, #want do
+    local w, g = want[k], got[k]
+    if w ~= w then
+      assert(g ~= g, ("element %d: want nan, got %s"):format(k, tostring(g)))
+    elseif w == math.huge or w == -math.huge then
+      assert.are.equal(w, g)
+    else
+      assert(math.abs(g - w) <= tol * math.max(1, math.abs(w)),
+        ("element %d: want %.10g, got %.10g"):format(k, w, g))
+    end
+  end
+end
+
+-- out[i] = f(a[i], b[i]) over the broadcast of two row-major flat lists of shapes sa, sb (2-d)
+local function broadcast2(a, sa, b, sb, f)
+  local rows, cols = math.max(sa[1], sb[1]), math.max(sa[2], sb[2])
+  local out = {}
+  for i = 0, rows - 1 do
+    for j = 0, cols - 1 do
+      local x = a[(sa[1] == 1 and 0 or i) * sa[2] + (sa[2] == 1 and 0 or j) + 1]
+      local y = b[(sb[1] == 1 and 0 or i) * sb[2] + (sb[2] == 1 and 0 or j) + 1]
+      out[#out + 1] = f(x, y)
+    end
+  end
+  return out
+end
+
+local function map(list, f)
+  local out = {}
+  for k, v in ipairs(list) do out[k] = f(v) end
+  return out
+end
+
+local function gelu(x) return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3))) end
+local function sigmoid(x) return 1 / (1 + math.exp(-x)) end
+
+describe("binary ops", function()
+  before_each(function() math.randomseed(7) end)
+
+  local arith = {
+    add = function(x, y) return x + y end, sub = function(x, y) return x - y end,
+    mul = function(x, y) return x * y end, div = function(x, y) return x / y end,
+    pow = function(x, y) return x ^ y end,
+    maximum = math.max, minimum = math.min,
+  }
+
+  it("compute with broadcasting ({2,1} with {1,3}) in float64", function()
+    for name, f in pairs(arith) do
+      local a = randt({2, 1}):abs() + 0.5
+      local b = randt({1, 3})
+      local want = broadcast2(flat(a:totable()), {2, 1}, flat(b:totable()), {1, 3}, f)
+      assert_close(want, flow[name](a, b))
+      assert_close(want, a[name](a, b))
+    end
+  end)
+
+  it("compute in float32 against float64", function()
+    for name, _ in pairs(arith) do
+      local a, b = randt({4, 9}):abs() + 0.5, randt({4, 9})
+      assert_close(flat(flow[name](a, b):totable()), flow[name](a:float(), b:float()), 1e-5)
+    end
+  end)
+
+  it("read non-contiguous inputs: an expand and a transposed view", function()
+    local a = randt({3, 1})
+    local e = flow.expand(a, {3, 4})
+    local b = randt({4, 3})
+    local bt = b:transpose(0, 1)
+    assert.is_false(bt:is_contiguous())
+    local av, bv = flat(a:totable()), b:totable()
+    local want = {}
+    for i = 1, 3 do for j = 1, 4 do want[#want + 1] = av[i] * bv[j][i] end end
+    assert_close(want, e * bt)
+  end)
+
+  it("take Lua numbers on either side, in the tensor's dtype", function()
+    local t = flow.tensor({1, 2, 4}, {dtype = "float64"})
+    assert_close({0, 1, 3}, t - 1)
+    assert_close({0, -1, -3}, 1 - t)
+    assert_close({2, 4, 8}, 2 * t)
+    assert_close({2, 1, 0.5}, 2 / t)
+    assert_close({0.5, 1, 2}, t / 2)
+    assert_close({2, 4, 16}, 2 ^ t)
+    assert_close({1, 4, 16}, t ^ 2)
+    assert_close({1, 8, 64}, t ^ 3)
+    assert_close({-1, -2, -4}, -t)
+    assert_close({3, 3, 4}, flow.maximum(t, 3))
+    assert_close({1, 2, 3}, flow.minimum(3, t))
+    local i = flow.tensor({1, 2, 3})
+    assert.are.equal("int64", (i * 2).dtype)
+    assert.are.same({3, 6, 9}, (i * 3):totable())
+    assert.are.same({1, 8, 27}, (i ^ 3):totable())
+    assert.are.same({0, 1, 1}, (i / 2):totable()) -- integer division truncates
+  end)
+
+  it("compare into bool tensors", function()
+    local a = flow.tensor({1, 2, 3}, {dtype = "float64"})
+    local b = flow.tensor({{3}, {2}})
+    local ops = {eq = {{false, false, true}, {false, true, false}}, ne = {{true, true, false}, {true, false, true}},
+                 lt = {{true, true, false}, {true, false, false}}, le = {{true, true, true}, {true, true, false}},
+                 gt = {{false, false, false}, {false, false, true}}, ge = {{false, false, true}, {false, true, true}}}
+    for name, want in pairs(ops) do
+      local r = a[name](a, b:double())
+      assert.are.equal("bool", r.dtype)
+      assert.are.same(want, r:totable())
+      assert.are.same(want, flow[name](a:long(), b):totable())
+    end
+    assert.are.same({false, true, true}, a:gt(1):totable())
+    assert.are.same({true, true, false}, flow.lt(a, 3):totable())
+  end)
+
+  it("maximum and minimum propagate NaN", function()
+    local a = flow.tensor({0 / 0, 1}, {dtype = "float32"})
+    local b = flow.tensor({1, 0 / 0}, {dtype = "float32"})
+    assert_close({0 / 0, 0 / 0}, flow.maximum(a, b))
+    assert_close({0 / 0, 0 / 0}, flow.minimum(a, b))
+  end)
+end)
+
+describe("where and masked_fill", function()
+  it("where picks from a or b, broadcasting all three", function()
+    local cond = flow.tensor({true, false, true})
+    local a = flow.tensor({{1}, {2}}, {dtype = "float64"})
+    local b = flow.tensor({10, 20, 30}, {dtype = "float64"})
+    assert.are.same({{1, 20, 1}, {2, 20, 2}}, flow.where(cond, a, b):totable())
+    assert.are.same({{1, 0, 1}, {2, 0, 2}}, flow.where(cond, a, 0):totable())
+    assert.are.same({{-1, 1, -1}, {-1, 2, -1}}, flow.where(cond, -1, a):totable())
+    local i = flow.tensor({5, 6, 7})
+    assert.are.same({5, 0, 7}, flow.where(i:ne(6), i, 0):totable())
+  end)
+
+  it("masked_fill writes the value where the mask is true", function()
+    local t = flow.tensor({{1, 2, 3}, {4, 5, 6}}, {dtype = "float32"})
+    local mask = flow.tensor({false, true, false})
+    assert.are.same({{1, -1, 3}, {4, -1, 6}}, t:masked_fill(mask, -1):totable())
+    local causal = flow.tensor({{false, true, true}, {false, false, true}})
+    local m = t:masked_fill(causal, -math.huge):totable()
+    assert.are.same({1, -math.huge, -math.huge}, m[1])
+    assert.are.same({4, 5, -math.huge}, m[2])
+  end)
+end)
+
+describe("unary ops", function()
+  local xs = {}
+  for k = 1, 77 do xs[k] = (k - 39) / 9 end -- 77: a dense vector part and a tail
+  local pos = map(xs, function(x) return math.abs(x) + 0.01 end)
+
+  local cases = {
+    {"neg", function(x) return -x end, xs}, {"abs", math.abs, xs}, {"exp", math.exp, xs},
+    {"log", math.log, pos}, {"sqrt", math.sqrt, pos}, {"rsqrt", function(x) return 1 / math.sqrt(x) end, pos},
+    {"tanh", math.tanh, xs}, {"sigmoid", sigmoid, xs}, {"relu", function(x) return math.max(x, 0) end, xs},
+    {"gelu", gelu, xs},
+  }
+
+  it("match Lua's math in float64 and float32", function()
+    for _, c in ipairs(cases) do
+      local name, f, input = c[1], c[2], c[3]
+      local want = map(input, f)
+      local t = flow.tensor(input, {dtype = "float64"})
+      assert_close(want, flow[name](t), 1e-12)
+      assert_close(want, t:float()[name](t:float()), 2e-6)
+    end
+  end)
+
+  it("read strided inputs", function()
+    local t = flow.tensor({{-1, 2}, {3, -4}}, {dtype = "float32"}):transpose(0, 1)
+    assert_close({math.exp(-1), math.exp(3), math.exp(2), math.exp(-4)}, t:exp(), 1e-6)
+    assert_close({0, 3, 2, 0}, t:relu())
+  end)
+
+  it("float32 exp/tanh/sigmoid/gelu handle the extremes", function()
+    local t = flow.tensor({-200, -100, -88, 88, 100, 1 / 0, -1 / 0, 0 / 0}, {dtype = "float32"})
+    assert_close({0, 0, math.exp(-88), math.exp(88), 1 / 0, 1 / 0, 0, 0 / 0}, t:exp(), 1e-6)
+    assert_close({-1, -1, -1, 1, 1, 1, -1, 0 / 0}, t:tanh(), 1e-7)
+    assert_close({0, 0, sigmoid(-88), 1, 1, 1, 0, 0 / 0}, t:sigmoid(), 1e-6)
+    local g = flat(t:gelu():totable())
+    assert.are.equal(0, g[2])
+    assert.are.equal(100, g[5])
+    local tiny = flow.tensor({1e-5, -3e-4}, {dtype = "float32"})
+    assert_close({math.tanh(1e-5), math.tanh(-3e-4)}, tiny:tanh(), 1e-6)
+  end)
+
+  it("clamp takes either bound as nil", function()
+    local t = flow.tensor({-3, -1, 0, 2, 5}, {dtype = "float64"})
+    assert_close({-1, -1, 0, 2, 3}, t:clamp(-1, 3))
+    assert_close({-1, -1, 0, 2, 5}, t:clamp(-1))
+    assert_close({-3, -1, 0, 2, 3}, flow.clamp(t, nil, 3))
+    assert.are.same({0, 0, 0, 2, 4}, flow.tensor({-3, -1, 0, 2, 5}):clamp(0, 4):totable())
+  end)
+
+  it("neg, abs, relu work on integers", function()
+    local i = flow.tensor({-2, 0, 3})
+    assert.are.same({2, 0, -3}, (-i):totable())
+    assert.are.same({2, 0, 3}, i:abs():totable())
+    assert.are.same({0, 0, 3}, i:relu():totable())
+    local i32 = i:int():abs()
+    assert.are.equal("int32", i32.dtype)
+    assert.are.same({2, 0, 3}, i32:totable())
+    assert.are.same({-2, 0, 3}, i:clamp(-5, 5):totable())
+  end)
+end)
+
+describe("casts", function()
+  it("convert between dtypes", function()
+    local t = flow.tensor({-2.7, 0, 1.5, 2.7}, {dtype = "float64"})
+    assert.are.equal("float32", t:float().dtype)
+    assert.are.same({-2, 0, 1, 2}, t:long():totable())
+    assert.are.equal("int64", t:long().dtype)
+    assert.are.same({-2, 0, 1, 2}, t:int():totable())
+    assert.are.same({true, false, true, true}, t:bool():totable())
+    assert_close({-2.7, 0, 1.5, 2.7}, t:float():double(), 1e-7)
+    assert.are.equal("float16", t:half().dtype)
+    assert_close({-2.69921875, 0, 1.5, 2.69921875}, t:half():float())
+    assert.are.equal("bfloat16", t:bfloat16().dtype)
+    assert_close({-2.703125, 0, 1.5, 2.703125}, t:bfloat16():double())
+    assert.are.same({1, 0, 1}, flow.tensor({true, false, true}):long():totable())
+    assert.are.equal("float64", t:cast("float64").dtype)
+  end)
+end)
+
+describe("in-place updates", function()
+  it("add_, mul_, fill_, zero_, copy_ write into the tensor and return it", function()
+    local t = flow.zeros({2, 3}, {dtype = "float64"})
+    assert.are.equal(t, t:fill_(2))
+    assert.are.equal(t, t:mul_(flow.tensor({1, 2, 3}, {dtype = "float64"})))
+    assert.are.same({{2, 4, 6}, {2, 4, 6}}, t:totable())
+    t:add_(1):mul_(0.5)
+    assert.are.same({{1.5, 2.5, 3.5}, {1.5, 2.5, 3.5}}, t:totable())
+    t:copy_(flow.tensor({{7}, {8}}))
+    assert.are.same({{7, 7, 7}, {8, 8, 8}}, t:totable())
+    t:zero_()
+    assert.are.same({{0, 0, 0}, {0, 0, 0}}, t:totable())
+  end)
+
+  it("write through a strided view", function()
+    local t = flow.zeros({2, 2}, {dtype = "float32"})
+    t:transpose(0, 1):fill_(3)
+    assert.are.same({{3, 3}, {3, 3}}, t:totable())
+  end)
+
+  it("are refused on a tensor that requires grad, unless under no_grad", function()
+    local w = flow.ones({3}, {dtype = "float64", requires_grad = true})
+    for _, f in ipairs({function() w:mul_(2) end, function() w:fill_(1) end, function() w:zero_() end,
+                        function() w:add_(1) end}) do
+      assert.matches("in%-place operation on a tensor that requires grad", err_of(f))
+    end
+    flow.no_grad(function() w:mul_(3) end)
+    assert.are.same({3, 3, 3}, w:totable())
+  end)
+
+  it("refuse a result that does not fit", function()
+    local t = flow.zeros({3})
+    assert.matches("mul_: cannot write a result of shape {2,3} into a tensor of shape {3}",
+      err_of(function() t:mul_(flow.ones({2, 3})) end))
+  end)
+end)
+
+describe("elementwise gradients (float64, central differences)", function()
+  before_each(function() math.randomseed(3) end)
+  local TOL = 1e-6
+
+  it("of binary ops with broadcasting", function()
+    for _, name in ipairs({"add", "sub", "mul", "maximum", "minimum"}) do
+      assert(gradcheck(flow[name], {randt({2, 3}), randt({3})}) < TOL, name)
+    end
+    assert(gradcheck(flow.div, {randt({2, 3}), randt({2, 1}):abs() + 0.5}) < TOL)
+    assert(gradcheck(flow.pow, {randt({2, 3}):abs() + 0.5, randt({1, 3})}) < TOL)
+  end)
+
+  it("of Lua numbers on either side", function()
+    assert(gradcheck(function(x) return x ^ 3 end, {randt({4})}) < TOL)
+    assert(gradcheck(function(x) return x ^ 2 end, {randt({4})}) < TOL)
+    assert(gradcheck(function(x) return 2 ^ x end, {randt({4})}) < TOL)
+    assert(gradcheck(function(x) return 1 - x / 3 end, {randt({4})}) < TOL)
+    assert(gradcheck(function(x) return -x end, {randt({4})}) < TOL)
+  end)
+
+  it("of maximum at a tie: half to each side", function()
+    local a = flow.tensor({1, 2}, {dtype = "float64", requires_grad = true})
+    local b = flow.tensor({1, 3}, {dtype = "float64", requires_grad = true})
+    flow.maximum(a, b):sum():backward()
+    assert.are.same({0.5, 0}, a.grad:totable())
+    assert.are.same({0.5, 1}, b.grad:totable())
+  end)
+
+  it("of pow at a zero base", function()
+    local a = flow.tensor({0, 0}, {dtype = "float64", requires_grad = true})
+    local b = flow.tensor({0, 2}, {dtype = "float64", requires_grad = true})
+    flow.pow(a, b):sum():backward()
+    assert.are.same({0, 0}, a.grad:totable())
+    assert.are.same({0, 0}, b.grad:totable())
+  end)
+
+  it("of where and masked_fill", function()
+    local cond = flow.tensor({{true, false, true}, {false, true, false}})
+    assert(gradcheck(function(a, b) return flow.where(cond, a, b) end, {randt({2, 1}), randt({3})}) < TOL)
+    assert(gradcheck(function(a) return a:masked_fill(cond, 5) end, {randt({2, 3})}) < TOL)
+  end)
+
+  it("of every unary op, also through a non-contiguous view", function()
+    for _, name in ipairs({"neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu"}) do
+      assert(gradcheck(flow[name], {randt({3, 4})}) < TOL, name)
+      assert(gradcheck(function(x) return flow[name](x:transpose(0, 1)) end, {randt({2, 3})}) < TOL, name)
+    end
+    for _, name in ipairs({"log", "sqrt", "rsqrt"}) do
+      assert(gradcheck(flow[name], {randt({3, 4}):abs() + 0.2}) < TOL, name)
+    end
+    assert(gradcheck(function(x) return x:clamp(-0.5, 0.5) end, {randt({3, 4})}) < TOL)
+    assert(gradcheck(function(x) return x:clamp(nil, 0.2) end, {randt({3, 4})}) < TOL)
+  end)
+
+  it("of float32 ops, against float64 ones", function()
+    local x = randt({5, 7})
+    for _, name in ipairs({"exp", "tanh", "sigmoid", "gelu"}) do
+      local x64 = x:detach():requires_grad_(true)
+      local x32 = x:float():requires_grad_(true)
+      flow[name](x64):sum():backward()
+      flow[name](x32):sum():backward()
+      assert_close(flat(x64.grad:totable()), x32.grad, 2e-6)
+    end
+  end)
+end)
+
+describe("elementwise errors", function()
+  it("name the op and what was given", function()
+    local f, d = flow.ones({2, 3}), flow.ones({2, 3}, {dtype = "float64"})
+    assert.matches("add: dtype mismatch: input 1 is float32, input 2 is float64", err_of(function() return f + d end))
+    assert.matches("mul: shapes {2,3} and {4} cannot be broadcast", err_of(function() return f * flow.ones({4}) end))
+    assert.matches("sub: argument 2 must be a tensor %(got string%)", err_of(function() return f - "x" end))
+    assert.matches("pow: argument 1 must be a tensor %(got nil%)", err_of(function() return flow.pow(nil, f) end))
+    assert.matches("exp: input must be a floating%-point tensor %(got int64%)",
+      err_of(function() return flow.tensor({1}):exp() end))
+    assert.matches("clamp: give a min, a max or both", err_of(function() return f:clamp() end))
+    assert.matches("clamp: min must be a number or nil %(got string%)", err_of(function() return f:clamp("a") end))
+    assert.matches("where: the condition must be a bool tensor %(got float32;",
+      err_of(function() return flow.where(f, f, f) end))
+    assert.matches("where: dtype mismatch", err_of(function() return flow.where(f:gt(0), f, d) end))
+    assert.matches("masked_fill: the mask must be a bool tensor %(got int64;",
+      err_of(function() return f:masked_fill(flow.tensor({1, 0, 1}), 0) end))
+    assert.matches("add: float16 tensors are storage%-only", err_of(function() return f:half() + f:half() end))
+    assert.matches("add: no arithmetic on bool tensors", err_of(function() return f:bool() + f:bool() end))
+    assert.matches("unknown dtype 'float8'", err_of(function() return f:cast("float8") end))
+  end)
+end)
