@@ -8,8 +8,19 @@ nn.functional = F
 
 -------------------------------------------------------------------------------- functional
 
+-- Inputs of rank > 2 are folded into one [N, in] matrix first: one GEMM each way, and the weight
+-- gradient comes out [out, in] directly instead of per batch and then summed.
 function F.linear(x, weight, bias)
-  local y = flow.matmul(x, weight, { transpose_b = true })
+  local s = x:shape()
+  local y
+  if #s > 2 then
+    local n_in = s[#s]
+    local y2 = flow.matmul(flow.reshape(x, { x:numel() // n_in, n_in }), weight, { transpose_b = true })
+    s[#s] = weight:shape()[1]
+    y = flow.reshape(y2, s)
+  else
+    y = flow.matmul(x, weight, { transpose_b = true })
+  end
   if bias then y = y + bias end
   return y
 end
