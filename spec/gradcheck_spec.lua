@@ -181,6 +181,7 @@ local function check_case(name, fn, case)
 end
 
 -- ---- cases: op name -> list of {label=, inputs=, attrs=} ------------------------------------
+-- The op runs as flow._call(name, attrs, inputs...), or as case.fn(inputs...) when given.
 
 local cases = {}
 
@@ -375,6 +376,20 @@ cases.to_device = {
   {label = "cpu to cpu", inputs = {{2, 3}}, attrs = {device = "cpu"}},
 }
 
+-- The global ops keep their placement and SBP in a table their attrs point into, so these
+-- cases go through the Lua API (fn) instead of raw attrs; on one rank every SBP is the whole tensor.
+local function through_global(sbp)
+  return function(x) return (x:to_global(flow.placement("cpu", {0}), sbp) * 3):to_local() end
+end
+cases.to_global = {
+  {label = "split(0), then to_local", inputs = {{2, 3}}, fn = through_global(flow.sbp.split(0))},
+  {label = "broadcast, transposed", inputs = {transposed({2, 3})}, fn = through_global(flow.sbp.broadcast)},
+}
+cases.to_local = {
+  {label = "of a local tensor", inputs = {{2, 3}}, attrs = {k = -1}},
+  {label = "of a split(1) tensor", inputs = {{2, 4}}, fn = through_global(flow.sbp.split(1))},
+}
+
 -- ---- the specs ------------------------------------------------------------------------------
 
 describe("gradient check", function()
@@ -391,7 +406,7 @@ describe("gradient check", function()
       else
         for _, case in ipairs(list) do
           it(("%s: %s"):format(op.name, case.label), function()
-            check_case(op.name, function(...) return flow._call(op.name, case.attrs or {}, ...) end, case)
+            check_case(op.name, case.fn or function(...) return flow._call(op.name, case.attrs or {}, ...) end, case)
           end)
         end
       end
