@@ -31,6 +31,11 @@ local matmul_us = per_call_us(function(n)
   for _ = 1, n do local _ = flow.matmul(m1, m2) end
 end, N // 2)
 
+-- What of the matmul figure is BLAS itself: cblas_sgemm on the same 8x8 data, called from C.
+local c8 = flow.zeros({8, 8})
+local sgemm_us = math.huge
+for _ = 1, REPEATS do sgemm_us = math.min(sgemm_us, flow._bench.sgemm(m1, m2, c8, N // 2) * 1e6) end
+
 -- The reference: a Lua function call that builds the result table of a 4-element add.
 local function lua_add(x, y)
   return {x[1] + y[1], x[2] + y[2], x[3] + y[3], x[4] + y[4]}
@@ -47,3 +52,5 @@ print(("  %-34s %8.3f µs   %6.1fx Lua   %5.2fx PyTorch (%.1f µs)")
   :format("a + b, float32 [4]", add_us, add_us / lua_us, add_us / TORCH_US, TORCH_US))
 print(("  %-34s %8.3f µs   %6.1fx Lua   %5.2fx PyTorch (%.1f µs)")
   :format("flow.matmul float32 [8,8]x[8,8]", matmul_us, matmul_us / lua_us, matmul_us / TORCH_US, TORCH_US))
+print(("  %-34s %8.3f µs   (flow.matmul overhead over BLAS: %.3f µs)")
+  :format("cblas_sgemm [8,8]x[8,8] from C", sgemm_us, matmul_us - sgemm_us))
