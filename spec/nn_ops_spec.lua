@@ -105,6 +105,11 @@ describe("softmax", function()
     assert_close({-1000, 0}, l, 1e-12, "log_softmax far apart")
   end)
 
+  it("gives 0 to -inf entries (masked positions)", function()
+    local y = flow.softmax(flow.tensor({{-math.huge, 0, 0}, {1, -math.huge, 1}}, {dtype = "float32"})):totable()
+    assert.are.same({{0, 0.5, 0.5}, {0.5, 0, 0.5}}, y)
+  end)
+
   it("log_softmax is log of softmax", function()
     local x = randt({4, 6})
     local y = flow.log_softmax(x):totable()

@@ -161,10 +161,9 @@ static void GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq
     GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, q + r0 * lq, (int)lq, k,
          (int)lk, 0, S, (int)nk);
     for (int64_t i = 0; i < br; i++) {
-      real *s = S + i * nk, m = -INFINITY, sum = 0;
+      real *s = S + i * nk;
       int64_t lim = causal ? r0 + i + 1 : nk;
-      for (int64_t j = 0; j < lim; j++) if (s[j] > m) m = s[j];
-      for (int64_t j = 0; j < lim; j++) sum += (s[j] = exp(s[j] - m));
+      real m = GEN(flow_cpu_row_max)(s, lim), sum = GEN(flow_cpu_exp_shift)(s, s, lim, m);
       for (int64_t j = lim; j < nk; j++) s[j] = 0;
       real r = 1 / sum;
       for (int64_t j = 0; j < lim; j++) s[j] *= r;
@@ -193,9 +192,9 @@ static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q,
     GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, qb, (int)lq, k, (int)lk, 0, P,
          (int)nk);
     for (int64_t i = 0; i < br; i++) {
-      real *p = P + i * nk, l = lse[r0 + i];
+      real *p = P + i * nk;
       int64_t lim = causal ? r0 + i + 1 : nk;
-      for (int64_t j = 0; j < lim; j++) p[j] = exp(p[j] - l);
+      GEN(flow_cpu_exp_shift)(p, p, lim, lse[r0 + i]);
       for (int64_t j = lim; j < nk; j++) p[j] = 0;
     }
     if (Dv > 0) {

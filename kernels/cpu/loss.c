@@ -3,6 +3,7 @@
  * once per dtype (Torch7's THGenerate pattern). */
 #ifndef real
 
+#include <stdlib.h>
 #include <tgmath.h>
 
 #include "nn.h"
@@ -40,13 +41,18 @@ int flow_cpu_cross_entropy_forward(flow_tensor *loss, flow_tensor *lse, const fl
   if (!t) { flow_tensor_decref(tx); return -1; }
   int64_t C = logits->shape[logits->ndim - 1], rows = flow_tensor_numel(target), count;
   int rc = check_targets(t, rows, C, ignore_index, &count);
+  void *row = rc == 0 ? malloc((size_t)(C ? C : 1) * flow_dtype_size(logits->dtype)) : NULL;
+  if (rc == 0 && !row) rc = flow_error_set("cross_entropy: out of memory");
   if (rc == 0) {
     /* summed in double: a mean over many rows should not lose digits in float32 */
     double total = logits->dtype == FLOW_F32
-        ? cross_entropy_forward_f32(flow_tensor_data(loss), flow_tensor_data(lse), x, t, rows, C, ignore_index, reduce)
-        : cross_entropy_forward_f64(flow_tensor_data(loss), flow_tensor_data(lse), x, t, rows, C, ignore_index, reduce);
+        ? cross_entropy_forward_f32(flow_tensor_data(loss), flow_tensor_data(lse), x, t, rows, C, ignore_index,
+                                    reduce, row)
+        : cross_entropy_forward_f64(flow_tensor_data(loss), flow_tensor_data(lse), x, t, rows, C, ignore_index,
+                                    reduce, row);
     if (reduce) flow_dtype_store(loss->dtype, flow_tensor_data(loss), mean ? total / (double)count : total);
   }
+  free(row);
   flow_tensor_decref(tx);
   flow_tensor_decref(tt);
   return rc;
@@ -81,16 +87,14 @@ int flow_cpu_cross_entropy_backward(flow_tensor *dlogits, const flow_tensor *log
 #else
 
 /* Per row: lse = m + log sum exp(x - m) (m = max x),  loss = lse - x[target]; ignored rows lose 0.
- * Writes per-row losses unless reduce; returns their sum. */
+ * Writes per-row losses unless reduce; returns their sum. row: scratch for C values. */
 static double GEN(cross_entropy_forward)(real *loss, real *lse, const real *x, const int64_t *t, int64_t rows,
-                                         int64_t C, int64_t ignore_index, bool reduce) {
+                                         int64_t C, int64_t ignore_index, bool reduce, real *row) {
   double total = 0;
   for (int64_t r = 0; r < rows; r++) {
     const real *xr = x + r * C;
-    real m = -INFINITY, s = 0;
-    for (int64_t j = 0; j < C; j++) if (xr[j] > m) m = xr[j];
-    for (int64_t j = 0; j < C; j++) s += exp(xr[j] - m);
-    lse[r] = m + log(s);
+    real m = GEN(flow_cpu_row_max)(xr, C);
+    lse[r] = m + log(GEN(flow_cpu_exp_shift)(row, xr, C, m));
     real l = t[r] == ignore_index ? 0 : lse[r] - xr[t[r]];
     if (!reduce) loss[r] = l;
     total += l;
@@ -107,8 +111,9 @@ static void GEN(cross_entropy_backward)(real *dx, const real *x, const int64_t *
     const real *xr = x + r * C;
     real *dr = dx + r * C;
     bool ignored = t[r] == ignore_index;
-    real sr = ignored ? 0 : g ? g[r] : scale, l = lse[r], sp = sr + glse[r];
-    for (int64_t j = 0; j < C; j++) dr[j] = exp(xr[j] - l) * sp;
+    real sr = ignored ? 0 : g ? g[r] : scale, sp = sr + glse[r];
+    GEN(flow_cpu_exp_shift)(dr, xr, C, lse[r]);
+    for (int64_t j = 0; j < C; j++) dr[j] *= sp;
     if (!ignored) dr[t[r]] -= sr;
   }
 }

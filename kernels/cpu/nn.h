@@ -48,6 +48,13 @@ typedef struct flow_adamw_hyper {
 int flow_cpu_adamw(flow_tensor *p, const flow_tensor *g, flow_tensor *m, flow_tensor *v,
                    const flow_adamw_hyper *h);
 
+/* Row primitives the kernels share (kernels/cpu/softmax.c): the max of x[0..n) (-inf when n == 0),
+ * and y[j] = exp(x[j] - shift) for j < n, returning the sum of the y (y may be x). */
+float flow_cpu_row_max_f32(const float *x, int64_t n);
+double flow_cpu_row_max_f64(const double *x, int64_t n);
+float flow_cpu_exp_shift_f32(float *y, const float *x, int64_t n, float shift);
+double flow_cpu_exp_shift_f64(double *y, const double *x, int64_t n, double shift);
+
 /* t's data as a dense row-major array: t itself when contiguous, else a copy left in *tmp
  * (the caller decrefs it). NULL + error if the copy cannot be made. */
 static inline const void *flow_cpu_dense(const flow_tensor *t, flow_tensor **tmp) {

@@ -1,11 +1,18 @@
-/* Softmax and log-softmax along one axis, forward and backward, float32 and float64.
- * The kernels after `#else` are written once against `real`: this file includes itself once per
- * dtype (Torch7's THGenerate pattern). A tensor is seen as [outer, n, inner] around the axis. */
+/* Softmax and log-softmax along one axis, forward and backward, float32 and float64, and the row
+ * primitives (max, shifted exp) the other fused kernels share. The code after `#else` is written
+ * once against `real`: this file includes itself once per dtype (Torch7's THGenerate pattern).
+ * A tensor is seen as [outer, n, inner] around the axis; rows along a non-last axis (inner > 1)
+ * are gathered into a contiguous scratch row, so one row kernel serves every axis. */
 #ifndef real
 
+#include <stdlib.h>
 #include <tgmath.h>
 
 #include "nn.h"
+
+/* Lanes of independent partial results: breaks the serial dependency of a running max or sum so
+ * the loop runs at throughput, not latency (and lets the compiler use one vector per 8 floats). */
+#define LANES 8
 
 #define real float
 #define GEN(name) name##_f32
@@ -24,73 +31,129 @@ static void split_axis(const flow_tensor *t, int axis, int64_t *outer, int64_t *
   *inner = t->ndim ? flow_shape_numel(t->ndim - axis - 1, t->shape + axis + 1) : 1;
 }
 
-int flow_cpu_softmax_forward(flow_tensor *y, const flow_tensor *x, int axis, bool as_log) {
+int flow_cpu_softmax_forward(flow_tensor *y, const flow_tensor *x, int axis, bool log) {
   flow_tensor *tmp;
   const void *xp = flow_cpu_dense(x, &tmp);
   if (!xp) return -1;
   int64_t outer, n, inner;
   split_axis(x, axis, &outer, &n, &inner);
-  if (x->dtype == FLOW_F32) softmax_forward_f32(flow_tensor_data(y), xp, outer, n, inner, as_log);
-  else softmax_forward_f64(flow_tensor_data(y), xp, outer, n, inner, as_log);
+  int rc = x->dtype == FLOW_F32 ? softmax_forward_f32(flow_tensor_data(y), xp, outer, n, inner, log)
+                                : softmax_forward_f64(flow_tensor_data(y), xp, outer, n, inner, log);
   flow_tensor_decref(tmp);
-  return 0;
+  return rc;
 }
 
 int flow_cpu_softmax_backward(flow_tensor *dx, const flow_tensor *y, const flow_tensor *dy, int axis,
-                              bool as_log) {
-  flow_tensor *ty, *tdy;
+                              bool log) {
+  flow_tensor *ty, *tdy = NULL;
   const void *yp = flow_cpu_dense(y, &ty);
   const void *dyp = yp ? flow_cpu_dense(dy, &tdy) : NULL;
   if (!dyp) { flow_tensor_decref(ty); return -1; }
   int64_t outer, n, inner;
   split_axis(y, axis, &outer, &n, &inner);
-  if (y->dtype == FLOW_F32) softmax_backward_f32(flow_tensor_data(dx), yp, dyp, outer, n, inner, as_log);
-  else softmax_backward_f64(flow_tensor_data(dx), yp, dyp, outer, n, inner, as_log);
+  int rc = y->dtype == FLOW_F32 ? softmax_backward_f32(flow_tensor_data(dx), yp, dyp, outer, n, inner, log)
+                                : softmax_backward_f64(flow_tensor_data(dx), yp, dyp, outer, n, inner, log);
   flow_tensor_decref(ty);
   flow_tensor_decref(tdy);
-  return 0;
+  return rc;
 }
 
 #else
 
-/* Per row (n elements, stride `inner`): m = max x,  s = sum exp(x - m),
+real GEN(flow_cpu_row_max)(const real *x, int64_t n) {
+  real m[LANES], r = -INFINITY;
+  int64_t j = 0;
+  for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  for (; j < n; j++) r = x[j] > r ? x[j] : r;
+  for (int l = 0; l < LANES; l++) r = m[l] > r ? m[l] : r;
+  return r;
+}
+
+real GEN(flow_cpu_exp_shift)(real *y, const real *x, int64_t n, real shift) {
+  real s[LANES] = {0}, sum = 0;
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; l++) s[l] += (y[j + l] = exp(x[j + l] - shift));
+  for (; j < n; j++) sum += (y[j] = exp(x[j] - shift));
+  for (int l = 0; l < LANES; l++) sum += s[l];
+  return sum;
+}
+
+/* One contiguous row: m = max x,  s = sum exp(x - m),
  * softmax: y = exp(x - m) / s;  log_softmax: y = x - m - log s. */
-static void GEN(softmax_forward)(real *y, const real *x, int64_t outer, int64_t n, int64_t inner, bool as_log) {
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < inner; i++) {
-      const real *xr = x + o * n * inner + i;
-      real *yr = y + o * n * inner + i;
-      real m = -INFINITY, s = 0;
-      for (int64_t j = 0; j < n; j++) if (xr[j * inner] > m) m = xr[j * inner];
-      if (as_log) {
-        for (int64_t j = 0; j < n; j++) s += exp(xr[j * inner] - m);
-        real shift = m + log(s);
-        for (int64_t j = 0; j < n; j++) yr[j * inner] = xr[j * inner] - shift;
-      } else {
-        for (int64_t j = 0; j < n; j++) s += (yr[j * inner] = exp(xr[j * inner] - m));
-        real r = 1 / s;
-        for (int64_t j = 0; j < n; j++) yr[j * inner] *= r;
-      }
-    }
+static void GEN(softmax_row)(real *y, const real *x, int64_t n, bool as_log) {
+  real m = GEN(flow_cpu_row_max)(x, n);
+  real s = GEN(flow_cpu_exp_shift)(y, x, n, m);
+  if (as_log) {
+    real shift = m + log(s);
+    for (int64_t j = 0; j < n; j++) y[j] = x[j] - shift;
+  } else {
+    real r = 1 / s;
+    for (int64_t j = 0; j < n; j++) y[j] *= r;
+  }
 }
 
 /* softmax:     dx = y * (dy - sum(dy * y))
  * log_softmax: dx = dy - exp(y) * sum(dy) */
-static void GEN(softmax_backward)(real *dx, const real *y, const real *dy, int64_t outer, int64_t n,
-                                  int64_t inner, bool as_log) {
+static void GEN(softmax_backward_row)(real *dx, const real *y, const real *dy, int64_t n, bool as_log) {
+  real s = 0;
+  if (as_log) {
+    for (int64_t j = 0; j < n; j++) s += dy[j];
+    for (int64_t j = 0; j < n; j++) dx[j] = dy[j] - exp(y[j]) * s;
+  } else {
+    for (int64_t j = 0; j < n; j++) s += dy[j] * y[j];
+    for (int64_t j = 0; j < n; j++) dx[j] = y[j] * (dy[j] - s);
+  }
+}
+
+/* Row r = (o, i) of [outer, n, inner] starts at o * n * inner + i with stride inner. */
+static void GEN(gather)(real *row, const real *x, int64_t n, int64_t inner) {
+  for (int64_t j = 0; j < n; j++) row[j] = x[j * inner];
+}
+static void GEN(scatter)(real *x, const real *row, int64_t n, int64_t inner) {
+  for (int64_t j = 0; j < n; j++) x[j * inner] = row[j];
+}
+
+static int GEN(softmax_forward)(real *y, const real *x, int64_t outer, int64_t n, int64_t inner, bool as_log) {
+  if (n == 0) return 0;
+  if (inner == 1) {
+    for (int64_t o = 0; o < outer; o++) GEN(softmax_row)(y + o * n, x + o * n, n, as_log);
+    return 0;
+  }
+  real *row = malloc(2 * (size_t)n * sizeof(real));
+  if (!row) return flow_error_set("softmax: out of memory");
   for (int64_t o = 0; o < outer; o++)
     for (int64_t i = 0; i < inner; i++) {
       int64_t base = o * n * inner + i;
-      const real *yr = y + base, *dyr = dy + base;
-      real *dxr = dx + base, s = 0;
-      if (as_log) {
-        for (int64_t j = 0; j < n; j++) s += dyr[j * inner];
-        for (int64_t j = 0; j < n; j++) dxr[j * inner] = dyr[j * inner] - exp(yr[j * inner]) * s;
-      } else {
-        for (int64_t j = 0; j < n; j++) s += dyr[j * inner] * yr[j * inner];
-        for (int64_t j = 0; j < n; j++) dxr[j * inner] = yr[j * inner] * (dyr[j * inner] - s);
-      }
+      GEN(gather)(row, x + base, n, inner);
+      GEN(softmax_row)(row + n, row, n, as_log);
+      GEN(scatter)(y + base, row + n, n, inner);
     }
+  free(row);
+  return 0;
+}
+
+static int GEN(softmax_backward)(real *dx, const real *y, const real *dy, int64_t outer, int64_t n, int64_t inner,
+                                 bool as_log) {
+  if (n == 0) return 0;
+  if (inner == 1) {
+    for (int64_t o = 0; o < outer; o++) GEN(softmax_backward_row)(dx + o * n, y + o * n, dy + o * n, n, as_log);
+    return 0;
+  }
+  real *row = malloc(3 * (size_t)n * sizeof(real));
+  if (!row) return flow_error_set("softmax: out of memory");
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      int64_t base = o * n * inner + i;
+      GEN(gather)(row, y + base, n, inner);
+      GEN(gather)(row + n, dy + base, n, inner);
+      GEN(softmax_backward_row)(row + 2 * n, row, row + n, n, as_log);
+      GEN(scatter)(dx + base, row + 2 * n, n, inner);
+    }
+  free(row);
+  return 0;
 }
 
 #endif
