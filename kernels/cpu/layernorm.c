@@ -38,7 +38,7 @@ int flow_cpu_layernorm_forward(flow_tensor *y, flow_tensor *mean, flow_tensor *r
   const void *p[3];
   flow_tensor *tmp[3];
   if (dense_all(in, p, tmp, 3) != 0) return -1;
-  int64_t C = x->shape[x->ndim - 1], rows = C ? flow_tensor_numel(x) / C : 0;
+  int64_t C = x->shape[x->ndim - 1], rows = flow_shape_numel(x->ndim - 1, x->shape);
   if (x->dtype == FLOW_F32)
     layernorm_forward_f32(flow_tensor_data(y), flow_tensor_data(mean), flow_tensor_data(rstd), p[0], p[1],
                           p[2], rows, C, (float)eps);
@@ -56,7 +56,7 @@ int flow_cpu_layernorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
   const void *p[7];
   flow_tensor *tmp[7];
   if (dense_all(in, p, tmp, 7) != 0) return -1;
-  int64_t C = x->shape[x->ndim - 1], rows = C ? flow_tensor_numel(x) / C : 0;
+  int64_t C = x->shape[x->ndim - 1], rows = flow_shape_numel(x->ndim - 1, x->shape);
   memset(flow_tensor_data(dw), 0, flow_tensor_nbytes(dw));
   memset(flow_tensor_data(db), 0, flow_tensor_nbytes(db));
   if (x->dtype == FLOW_F32)
