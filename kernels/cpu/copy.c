@@ -94,7 +94,9 @@ int flow_cpu_fill(flow_tensor *out, double v) {
       T *o = (T *)p[0];                                                                          \
       const uint8_t *c = (const uint8_t *)p[1];                                                  \
       const T *a = (const T *)p[2], *b = (const T *)p[3];                                        \
-      for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];                                 \
+      int64_t m = n & ~(int64_t)31, i;                                                           \
+      _Pragma("GCC ivdep") for (i = 0; i < m; i++) o[i] = c[i] ? a[i] : b[i];                    \
+      for (i = m; i < n; i++) o[i] = c[i] ? a[i] : b[i];                                         \
       return;                                                                                    \
     }                                                                                            \
     char *o = p[0];                                                                              \
