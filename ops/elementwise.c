@@ -342,46 +342,70 @@ static int infer_clamp(const flow_op *op, flow_tensor *const *in, int nin, const
 static double clamp_lo(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MIN ? a->scalar : -INFINITY; }
 static double clamp_hi(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MAX ? a->scalar2 : INFINITY; }
 
-/* gin = f'(.) g through the fused unary_backward op, from the saved output or input. */
-static int grad_unary(const flow_grad_ctx *c, flow_tensor **gin, flow_unary_code code) {
-  flow_tensor *g = c->gout[0];
-  if (!g || !c->need[0]) return 0;
-  if (code == FLOW_UN_NEG) return (gin[0] = flow_neg(g)) ? 0 : -1;
-  flow_attrs at = *c->attrs;
-  at.k = code;
-  flow_tensor *in[2] = {c->op->save_out ? c->out[0] : c->in[0], g};
-  gin[0] = flow_op_call1(&flow_op_unary_backward, in, 2, &at);
+/* <op>_grad(s, g) = f'(.) g in one pass, where s is the forward op's saved output (exp, sqrt,
+ * rsqrt, tanh, sigmoid, relu) or input (abs, log, gelu, clamp); clamp_grad reads clamp's attrs. */
+static int infer_unary_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                            flow_meta *out) {
+  (void)nin; (void)a;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, in[1], "gradient") != 0) return -1;
+  out->dtype = in[1]->dtype;
+  out->device = in[1]->device;
+  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+                              &out->ndim, out->shape);
+}
+
+static int grad_unary(const flow_grad_ctx *c, flow_tensor **gin, const flow_op *grad_op) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  flow_tensor *in[2] = {c->op->save_out ? c->out[0] : c->in[0], c->gout[0]};
+  gin[0] = flow_op_call1(grad_op, in, 2, c->attrs);
   return gin[0] ? 0 : -1;
 }
 
+static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  return (gin[0] = flow_neg(c->gout[0])) ? 0 : -1;
+}
+
+/* The op `id` (kernel and registration; grad rule grad_<id>). */
 #define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT)                                          \
   static FLOW_KERNEL(cpu_##id) {                                                              \
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
-  static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) { return grad_unary(c, gin, CODE); } \
   FLOW_OP(id) {.name = #id, .nin = 1, .nout = 1, .infer = INFER, .kernel = {[FLOW_CPU] = cpu_##id}, \
-               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};                  \
+               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};
+
+/* The op `<id>_grad` and the rule grad_<id> that runs it. */
+#define UNARY_GRAD(id, CODE)                                                                  \
+  static FLOW_KERNEL(cpu_##id##_grad) {                                                       \
+    (void)nin; (void)nout;                                                                    \
+    return flow_cpu_unary_backward(CODE, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));     \
+  }                                                                                           \
+  FLOW_OP(id##_grad) {.name = #id "_grad", .nin = 2, .nout = 1, .infer = infer_unary_grad,    \
+                      .kernel = {[FLOW_CPU] = cpu_##id##_grad}};                              \
+  static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) {                          \
+    return grad_unary(c, gin, &flow_op_##id##_grad);                                          \
+  }
+
+#define UNARY_ENTRY(id) \
   flow_tensor *flow_##id(flow_tensor *t) { return flow_op_call1(&flow_op_##id, &t, 1, flow_attrs_default()); }
 
 UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0)
-UNARY_OP(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
-UNARY_OP(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
-UNARY_OP(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
-UNARY_OP(sqrt, FLOW_UN_SQRT, infer_unary_float, 0, 1)
-UNARY_OP(rsqrt, FLOW_UN_RSQRT, infer_unary_float, 0, 1)
-UNARY_OP(tanh, FLOW_UN_TANH, infer_unary_float, 0, 1)
-UNARY_OP(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
-UNARY_OP(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
-UNARY_OP(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
+UNARY_ENTRY(neg)
 
-static FLOW_KERNEL(cpu_clamp) {
-  (void)nin; (void)nout;
-  return flow_cpu_unary(FLOW_UN_CLAMP, out[0], in[0], clamp_lo(a), clamp_hi(a));
-}
-static int grad_clamp(const flow_grad_ctx *c, flow_tensor **gin) { return grad_unary(c, gin, FLOW_UN_CLAMP); }
-FLOW_OP(clamp) {.name = "clamp", .nin = 1, .nout = 1, .infer = infer_clamp, .kernel = {[FLOW_CPU] = cpu_clamp},
-                .grad = grad_clamp, .save_in = 1};
+#define UNARY(id, CODE, INFER, SAVE_IN, SAVE_OUT) \
+  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT) UNARY_ENTRY(id)
+UNARY(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
+UNARY(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
+UNARY(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
+UNARY(sqrt, FLOW_UN_SQRT, infer_unary_float, 0, 1)
+UNARY(rsqrt, FLOW_UN_RSQRT, infer_unary_float, 0, 1)
+UNARY(tanh, FLOW_UN_TANH, infer_unary_float, 0, 1)
+UNARY(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
+UNARY(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
+UNARY(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
+UNARY_GRAD(clamp, FLOW_UN_CLAMP)
+UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0)
 
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max) {
   flow_attrs at;
@@ -391,26 +415,6 @@ flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, 
   at.scalar2 = max;
   return flow_op_call1(&flow_op_clamp, &t, 1, &at);
 }
-
-/* unary_backward(s, g): attrs.k is the flow_unary_code, the rest are the forward op's attrs. */
-static int infer_unary_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
-                                flow_meta *out) {
-  (void)nin;
-  if (a->k < 0 || a->k >= FLOW_NUNARY) return flow_error_set("%s: unknown unary code %lld", op->name, (long long)a->k);
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, in[1], "gradient") != 0) return -1;
-  out->dtype = in[1]->dtype;
-  out->device = in[1]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
-                              &out->ndim, out->shape);
-}
-
-static FLOW_KERNEL(cpu_unary_backward) {
-  (void)nin; (void)nout;
-  return flow_cpu_unary_backward((flow_unary_code)a->k, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));
-}
-
-FLOW_OP(unary_backward) {.name = "unary_backward", .nin = 2, .nout = 1, .infer = infer_unary_backward,
-                         .kernel = {[FLOW_CPU] = cpu_unary_backward}};
 
 /* ---- in place: add_, mul_, copy_, fill_ (optimizers, gradient accumulation; no autograd) ---- */
 
@@ -473,6 +477,10 @@ FLOW_OP(copy_) {.name = "copy_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .
                 .kernel = {[FLOW_CPU] = cpu_copy_}};
 FLOW_OP(fill_) {.name = "fill_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
                 .kernel = {[FLOW_CPU] = cpu_fill_}};
+/* zero_ is fill_ with 0, an op of its own because, unlike fill_, it is linear (a partial sum stays
+ * one: what the SBP rules need to know) */
+FLOW_OP(zero_) {.name = "zero_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
+                .kernel = {[FLOW_CPU] = cpu_fill_}};
 
 static int call_inplace(const flow_op *op, flow_tensor **in, int nin, const flow_attrs *a) {
   flow_tensor *out;
@@ -490,6 +498,7 @@ int flow_copy_inplace(flow_tensor *dst, flow_tensor *src) {
   return call_inplace(&flow_op_copy_, (flow_tensor *[]){dst, src}, 2, flow_attrs_default());
 }
 int flow_fill_inplace(flow_tensor *t, double v) {
+  if (v == 0) return call_inplace(&flow_op_zero_, &t, 1, flow_attrs_default());
   flow_attrs at;
   flow_attrs_init(&at);
   at.scalar = v;
