@@ -47,6 +47,13 @@ template <> __device__ __forceinline__ void store<int64_t, int64_t>(int64_t *p, 
 template <> __device__ __forceinline__ void store<int32_t, int64_t>(int32_t *p, int64_t v) { *p = (int32_t)v; }
 template <> __device__ __forceinline__ void store<uint8_t, int64_t>(uint8_t *p, int64_t v) { *p = (uint8_t)v; }
 template <> __device__ __forceinline__ void store<bool, int64_t>(bool *p, int64_t v) { *p = v != 0; }
+/* float storage read into double accumulators (sums, variances) and written back */
+template <> __device__ __forceinline__ double load<double, float>(const float *p) { return *p; }
+template <> __device__ __forceinline__ double load<double, bf16>(const bf16 *p) { return __bfloat162float(*p); }
+template <> __device__ __forceinline__ double load<double, f16>(const f16 *p) { return __half2float(*p); }
+template <> __device__ __forceinline__ void store<float, double>(float *p, double v) { *p = (float)v; }
+template <> __device__ __forceinline__ void store<bf16, double>(bf16 *p, double v) { *p = __float2bfloat16((float)v); }
+template <> __device__ __forceinline__ void store<f16, double>(f16 *p, double v) { *p = __float2half((float)v); }
 
 /* Call F.template operator()<T>() with T the storage type of dtype d; -1 + error if unsupported. */
 #define FLOW_CUDA_DISPATCH_FLOAT(d, WHAT, ...)                                                      \

@@ -1,0 +1,449 @@
+/* Fused neural-network kernels on CUDA, forward and backward, with the CPU kernels' math
+ * (kernels/cpu/nn.h): softmax/log_softmax, layernorm, cross-entropy, and the AdamW update.
+ * float32 and float64 (what the ops accept); float32 computes in float. Inputs are made dense. */
+#include "common.h"
+
+#define REAL_DISPATCH(d, WHAT, ...)                                                                \
+  switch (d) {                                                                                    \
+  case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
+  case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
+  default: return flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
+  }
+
+/* Block-wide sum and max in the accumulation type (blockDim.x a multiple of 32). */
+template <typename C> __device__ C bsum(C v) {
+  __shared__ C sh[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : (C)0;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename C> __device__ C bmax(C v) {
+  __shared__ C sh[32];
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : (C)-INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Dense versions of up to n tensors (NULL stays NULL); returns false if a copy failed. */
+static bool densify(flow_tensor *const *src, flow_tensor **dst, int n) {
+  bool ok = true;
+  for (int i = 0; i < n; i++) {
+    dst[i] = src[i] && ok ? cuda_dense(src[i]) : NULL;
+    if (src[i] && !dst[i]) ok = false;
+  }
+  return ok;
+}
+static void release(flow_tensor **t, int n) {
+  for (int i = 0; i < n; i++) if (t[i]) flow_tensor_decref(t[i]);
+}
+
+template <typename T> static T *ptr(flow_tensor *t) { return t ? data_of<T>(t) : NULL; }
+
+/* ---- softmax ---------------------------------------------------------------------------------- */
+/* x seen as [outer, n, inner]: softmax along n. inner == 1: a block per row; else a thread per
+ * (outer, inner) column walking n (adjacent threads read adjacent memory). */
+
+template <typename T>
+__global__ void softmax_rows(const T *x, T *y, int64_t n, bool log_) {
+  const T *xr = x + blockIdx.x * n;
+  T *yr = y + blockIdx.x * n;
+  T m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max(m, xr[j]);
+  m = bmax<T>(m);
+  T s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(xr[j] - m);
+  s = bsum<T>(s);
+  T ls = log(s);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = log_ ? xr[j] - m - ls : exp(xr[j] - m) / s;
+}
+
+template <typename T>
+__global__ void softmax_cols(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, bool log_) {
+  CUDA_LOOP(c, outer * inner) {
+    const T *xc = x + (c / inner) * n * inner + c % inner;
+    T *yc = y + (c / inner) * n * inner + c % inner;
+    T m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < n; j++) m = max(m, xc[j * inner]);
+    for (int64_t j = 0; j < n; j++) s += exp(xc[j * inner] - m);
+    T ls = log(s);
+    for (int64_t j = 0; j < n; j++) yc[j * inner] = log_ ? xc[j * inner] - m - ls : exp(xc[j * inner] - m) / s;
+  }
+}
+
+/* softmax: dx = y (dy - sum dy y);  log_softmax: dx = dy - exp(y) sum dy. */
+template <typename T>
+__global__ void softmax_grad_rows(const T *y, const T *dy, T *dx, int64_t n, bool log_) {
+  const T *yr = y + blockIdx.x * n, *dr = dy + blockIdx.x * n;
+  T *xr = dx + blockIdx.x * n;
+  T s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += log_ ? dr[j] : dr[j] * yr[j];
+  s = bsum<T>(s);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) xr[j] = log_ ? dr[j] - exp(yr[j]) * s : yr[j] * (dr[j] - s);
+}
+
+template <typename T>
+__global__ void softmax_grad_cols(const T *y, const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, bool log_) {
+  CUDA_LOOP(c, outer * inner) {
+    int64_t base = (c / inner) * n * inner + c % inner;
+    T s = 0;
+    for (int64_t j = 0; j < n; j++) s += log_ ? dy[base + j * inner] : dy[base + j * inner] * y[base + j * inner];
+    for (int64_t j = 0; j < n; j++) {
+      int64_t k = base + j * inner;
+      dx[k] = log_ ? dy[k] - exp(y[k]) * s : y[k] * (dy[k] - s);
+    }
+  }
+}
+
+static void split_axis(const flow_tensor *t, int axis, int64_t *outer, int64_t *n, int64_t *inner) {
+  *outer = *inner = 1;
+  *n = t->ndim ? t->shape[axis] : 1;
+  for (int d = 0; d < axis; d++) *outer *= t->shape[d];
+  for (int d = axis + 1; d < t->ndim; d++) *inner *= t->shape[d];
+}
+
+static int axis_of(const flow_attrs *a, int ndim) { return ndim == 0 ? 0 : (int)(a->axis < 0 ? a->axis + ndim : a->axis); }
+
+static int softmax_forward(flow_tensor *y, flow_tensor *x0, int axis, bool log_) {
+  flow_tensor *x;
+  if (!densify(&x0, &x, 1)) return -1;
+  int64_t outer, n, inner;
+  split_axis(x, axis, &outer, &n, &inner);
+  cudaStream_t s = stream_of(y);
+  int rc = 0;
+  if (outer * inner > 0 && n > 0) {
+    REAL_DISPATCH(x->dtype, "softmax",
+      if (inner == 1) softmax_rows<T><<<(unsigned)outer, 256, 0, s>>>(data_of<T>(x), data_of<T>(y), n, log_);
+      else softmax_cols<T><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<T>(x), data_of<T>(y), outer, n, inner, log_))
+    rc = launch_check("softmax_kernel");
+  }
+  flow_tensor_decref(x);
+  return rc;
+}
+
+static int softmax_backward(flow_tensor *dx, flow_tensor *y0, flow_tensor *dy0, int axis, bool log_) {
+  flow_tensor *src[2] = {y0, dy0}, *d[2];
+  int rc = -1;
+  if (densify(src, d, 2)) {
+    int64_t outer, n, inner;
+    split_axis(d[0], axis, &outer, &n, &inner);
+    cudaStream_t s = stream_of(dx);
+    rc = 0;
+    if (outer * inner > 0 && n > 0) {
+      switch (dx->dtype) {
+      case FLOW_F32:
+        if (inner == 1) softmax_grad_rows<float><<<(unsigned)outer, 256, 0, s>>>(data_of<float>(d[0]), data_of<float>(d[1]), data_of<float>(dx), n, log_);
+        else softmax_grad_cols<float><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<float>(d[0]), data_of<float>(d[1]), data_of<float>(dx), outer, n, inner, log_);
+        break;
+      case FLOW_F64:
+        if (inner == 1) softmax_grad_rows<double><<<(unsigned)outer, 256, 0, s>>>(data_of<double>(d[0]), data_of<double>(d[1]), data_of<double>(dx), n, log_);
+        else softmax_grad_cols<double><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<double>(d[0]), data_of<double>(d[1]), data_of<double>(dx), outer, n, inner, log_);
+        break;
+      default: rc = flow_error_set("softmax_grad: dtype %s is not supported on cuda", flow_dtype_name(dx->dtype));
+      }
+      if (rc == 0) rc = launch_check("softmax_grad_kernel");
+    }
+  }
+  release(d, 2);
+  return rc;
+}
+
+static FLOW_KERNEL(k_softmax) { return softmax_forward(out[0], in[0], axis_of(a, in[0]->ndim), false); }
+static FLOW_KERNEL(k_log_softmax) { return softmax_forward(out[0], in[0], axis_of(a, in[0]->ndim), true); }
+static FLOW_KERNEL(k_softmax_grad) { return softmax_backward(out[0], in[0], in[1], axis_of(a, in[0]->ndim), false); }
+static FLOW_KERNEL(k_log_softmax_grad) { return softmax_backward(out[0], in[0], in[1], axis_of(a, in[0]->ndim), true); }
+
+/* ---- layernorm (last axis) ---------------------------------------------------------------------- */
+
+/* Per row: mean = sum x / C, var = sum (x - mean)^2 / C, rstd = 1/sqrt(var + eps),
+ * y = (x - mean) rstd w + b. A block per row. */
+template <typename T>
+__global__ void layernorm_fwd(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd, int64_t C, double eps) {
+  const T *xr = x + blockIdx.x * C;
+  T *yr = y + blockIdx.x * C;
+  T s = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += xr[i];
+  T m = bsum<T>(s) / (T)C;
+  T v = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (xr[i] - m) * (xr[i] - m);
+  T r = (T)1 / sqrt(bsum<T>(v) / (T)C + (T)eps);
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    yr[i] = (xr[i] - m) * r * (w ? w[i] : (T)1) + (b ? b[i] : (T)0);
+  if (threadIdx.x == 0) { mean[blockIdx.x] = m; rstd[blockIdx.x] = r; }
+}
+
+/* dx = (dn - mean(dn) - xhat mean(dn xhat)) rstd, dn = dy w, with the saved statistics' gradients
+ * folded in: mean(dn) -= dmean / (rstd C) ... exactly as kernels/cpu/layernorm.c. */
+template <typename T>
+__global__ void layernorm_bwd_dx(const T *dy, const T *dmean, const T *drstd, const T *x, const T *w, const T *mean,
+                                 const T *rstd, T *dx, int64_t C) {
+  int64_t r = blockIdx.x;
+  const T *xr = x + r * C, *dyr = dy + r * C;
+  T *dxr = dx + r * C;
+  T m = mean[r], s = rstd[r], a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+    T dn = dyr[i] * (w ? w[i] : (T)1);
+    a += dn;
+    b += dn * (xr[i] - m) * s;
+  }
+  a = bsum<T>(a);
+  b = bsum<T>(b);
+  a = (a - (dmean ? dmean[r] : (T)0) / s) / (T)C;
+  b = (b + (drstd ? drstd[r] : (T)0) * s) / (T)C;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    dxr[i] = (dyr[i] * (w ? w[i] : (T)1) - a - (xr[i] - m) * s * b) * s;
+}
+
+/* dw[c] = sum_r dy xhat, db[c] = sum_r dy: partial sums over row chunks (grid.y), then a sum. */
+#define LN_CHUNKS 64
+template <typename T>
+__global__ void layernorm_bwd_dwdb(const T *dy, const T *x, const T *mean, const T *rstd, T *pw, T *pb, int64_t rows,
+                                   int64_t C) {
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  int64_t per = (rows + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
+  T sw = 0, sb = 0;
+  for (int64_t r = r0; r < r1; r++) {
+    T g = dy[r * C + c];
+    sw += g * (x[r * C + c] - mean[r]) * rstd[r];
+    sb += g;
+  }
+  pw[blockIdx.y * C + c] = sw;
+  pb[blockIdx.y * C + c] = sb;
+}
+
+template <typename T>
+__global__ void sum_chunks(const T *p, T *out, int64_t chunks, int64_t C) {
+  CUDA_LOOP(c, C) {
+    T s = 0;
+    for (int64_t k = 0; k < chunks; k++) s += p[k * C + c];
+    out[c] = s;
+  }
+}
+
+template <typename T>
+static int layernorm_backward_t(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, flow_tensor **d, int64_t rows,
+                                int64_t C) {
+  cudaStream_t s = stream_of(dx);
+  /* d: dy, dmean, drstd, x, w, mean, rstd */
+  layernorm_bwd_dx<T><<<(unsigned)rows, 256, 0, s>>>(ptr<T>(d[0]), ptr<T>(d[1]), ptr<T>(d[2]), ptr<T>(d[3]),
+                                                     ptr<T>(d[4]), ptr<T>(d[5]), ptr<T>(d[6]), data_of<T>(dx), C);
+  if (launch_check("layernorm_bwd_dx") != 0) return -1;
+  int64_t chunks = rows < LN_CHUNKS ? rows : LN_CHUNKS;
+  int64_t pshape[1] = {2 * chunks * C};
+  flow_tensor *part = flow_tensor_new(dx->dtype, dx->device, 1, pshape);
+  if (!part) return -1;
+  T *pw = data_of<T>(part), *pb = pw + chunks * C;
+  dim3 grid((unsigned)((C + 127) / 128), (unsigned)chunks);
+  layernorm_bwd_dwdb<T><<<grid, 128, 0, s>>>(ptr<T>(d[0]), ptr<T>(d[3]), ptr<T>(d[5]), ptr<T>(d[6]), pw, pb, rows, C);
+  sum_chunks<T><<<grid_for(C, 256), 256, 0, s>>>(pw, data_of<T>(dw), chunks, C);
+  sum_chunks<T><<<grid_for(C, 256), 256, 0, s>>>(pb, data_of<T>(db), chunks, C);
+  flow_tensor_decref(part);
+  return launch_check("layernorm_bwd_dwdb");
+}
+
+enum { LN_WEIGHT = 1 << 16, LN_BIAS = 1 << 17, CE_REDUCE = 1 << 16, CE_MEAN = 1 << 17 }; /* ops/nn.c's bits */
+
+static FLOW_KERNEL(k_layer_norm) {
+  flow_tensor *src[3] = {in[0], a->flags & LN_WEIGHT ? in[1] : NULL, a->flags & LN_BIAS ? in[nin - 1] : NULL}, *d[3];
+  int rc = -1;
+  if (densify(src, d, 3)) {
+    int64_t C = in[0]->ndim ? in[0]->shape[in[0]->ndim - 1] : 1, rows = C ? flow_tensor_numel(in[0]) / C : 0;
+    cudaStream_t s = stream_of(out[0]);
+    rc = 0;
+    if (rows > 0) {
+      REAL_DISPATCH(in[0]->dtype, "layer_norm",
+        layernorm_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), ptr<T>(d[1]), ptr<T>(d[2]), data_of<T>(out[0]),
+                                                        data_of<T>(out[1]), data_of<T>(out[2]), C, a->eps))
+      rc = launch_check("layernorm_fwd");
+    }
+  }
+  release(d, 3);
+  return rc;
+}
+
+/* inputs: dy, dmean, drstd, x, mean, rstd[, w]; outputs dx, dw, db */
+static FLOW_KERNEL(k_layer_norm_grad) {
+  flow_tensor *src[7] = {in[0], in[1], in[2], in[3], a->flags & LN_WEIGHT ? in[6] : NULL, in[4], in[5]}, *d[7];
+  int rc = -1;
+  if (densify(src, d, 7)) {
+    int64_t C = in[3]->shape[in[3]->ndim - 1], rows = C ? flow_tensor_numel(in[3]) / C : 0;
+    if (rows == 0 || C == 0) rc = flow_cuda_fill(out[1], 0) || flow_cuda_fill(out[2], 0) ? -1 : 0;
+    else if (in[3]->dtype == FLOW_F32) rc = layernorm_backward_t<float>(out[0], out[1], out[2], d, rows, C);
+    else if (in[3]->dtype == FLOW_F64) rc = layernorm_backward_t<double>(out[0], out[1], out[2], d, rows, C);
+    else rc = flow_error_set("layer_norm_grad: dtype %s is not supported on cuda", flow_dtype_name(in[3]->dtype));
+  }
+  release(d, 7);
+  return rc;
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------------ */
+
+/* Per row: lse = m + log sum exp(x - m), loss = lse - x[target] (0 if ignored; NaN for a target out
+ * of range, which the GPU cannot report without a sync). stat[0] += loss, stat[1] += 1 if counted. */
+template <typename T>
+__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *rowloss, int64_t C, int64_t ignore) {
+  int64_t r = blockIdx.x;
+  const T *xr = x + r * C;
+  T m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = max(m, xr[j]);
+  m = bmax<T>(m);
+  T s = 0;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += exp(xr[j] - m);
+  s = bsum<T>(s);
+  if (threadIdx.x == 0) {
+    T l = m + log(s);
+    lse[r] = l;
+    int64_t tr = t[r];
+    T v = tr == ignore ? (T)0 : (tr < 0 || tr >= C ? (T)NAN : l - xr[tr]);
+    if (loss) loss[r] = v;
+    if (rowloss) { rowloss[2 * r] = (double)v; rowloss[2 * r + 1] = tr == ignore ? 0.0 : 1.0; }
+  }
+}
+
+/* total = sum of row losses (/ count when mean); also leaves count in stat[0]. */
+template <typename T>
+__global__ void ce_total(const double *rowloss, int64_t rows, T *loss, double *count, bool mean) {
+  double s = 0, c = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) { s += rowloss[2 * r]; c += rowloss[2 * r + 1]; }
+  s = bsum<double>(s);
+  c = bsum<double>(c);
+  if (threadIdx.x == 0) {
+    if (loss) loss[0] = (T)(mean ? s / c : s);
+    if (count) count[0] = c;
+  }
+}
+
+/* dlogits = (exp(x - lse) - onehot(target)) sr + exp(x - lse) glse, sr = g[r], or g / count (mean),
+ * or g (sum); 0 for ignored rows. */
+template <typename T>
+__global__ void ce_bwd(const T *x, const int64_t *t, const T *lse, const T *g, const T *glse, const double *count,
+                       T *dx, int64_t C, int64_t ignore, bool reduce) {
+  int64_t r = blockIdx.x;
+  int64_t tr = t[r];
+  bool ignored = tr == ignore;
+  T sr = ignored ? (T)0 : reduce ? g[0] / (T)(count ? count[0] : 1.0) : g[r];
+  T sp = sr + glse[r], l = lse[r];
+  const T *xr = x + r * C;
+  T *dr = dx + r * C;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) dr[j] = exp(xr[j] - l) * sp - (j == tr ? sr : (T)0);
+}
+
+static FLOW_KERNEL(k_cross_entropy) {
+  flow_tensor *src[2] = {in[0], in[1]}, *d[2];
+  int rc = -1;
+  bool reduce = a->flags & CE_REDUCE, mean = a->flags & CE_MEAN;
+  if (densify(src, d, 2)) {
+    int64_t C = in[0]->shape[in[0]->ndim - 1], rows = flow_tensor_numel(in[1]);
+    cudaStream_t s = stream_of(out[0]);
+    flow_tensor *scratch = NULL;
+    int64_t sshape[1] = {2 * rows};
+    rc = 0;
+    if (reduce && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
+    if (rc == 0 && rows > 0) {
+      REAL_DISPATCH(in[0]->dtype, "cross_entropy",
+        ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), reduce ? NULL : data_of<T>(out[0]),
+                                                 data_of<T>(out[1]), scratch ? data_of<double>(scratch) : NULL, C, a->ignore_index);
+        if (reduce) ce_total<T><<<1, 1024, 0, s>>>(data_of<double>(scratch), rows, data_of<T>(out[0]), NULL, mean))
+      rc = launch_check("cross_entropy_fwd");
+    } else if (rc == 0 && reduce) {
+      rc = flow_cuda_fill(out[0], mean ? NAN : 0);
+    }
+    if (scratch) flow_tensor_decref(scratch);
+  }
+  release(d, 2);
+  return rc;
+}
+
+/* inputs: logits, target, lse, g, glse; output dlogits */
+static FLOW_KERNEL(k_cross_entropy_grad) {
+  flow_tensor *src[5] = {in[0], in[1], in[2], in[3], in[4]}, *d[5];
+  int rc = -1;
+  bool reduce = a->flags & CE_REDUCE, mean = a->flags & CE_MEAN;
+  if (densify(src, d, 5)) {
+    int64_t C = in[0]->shape[in[0]->ndim - 1], rows = flow_tensor_numel(in[1]);
+    cudaStream_t s = stream_of(out[0]);
+    flow_tensor *scratch = NULL;
+    int64_t sshape[1] = {2 * rows + 1};
+    rc = 0;
+    if (rows > 0 && mean && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
+    if (rc == 0 && rows > 0) {
+      REAL_DISPATCH(in[0]->dtype, "cross_entropy_grad",
+        double *cnt = NULL;
+        if (scratch) { /* the count of non-ignored targets, from a forward pass over the targets */
+          double *rl = data_of<double>(scratch);
+          flow_tensor *tmp_lse = flow_tensor_new(in[0]->dtype, in[0]->device, 1, &rows);
+          if (!tmp_lse) { rc = -1; break; }
+          ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), NULL, data_of<T>(tmp_lse), rl, C,
+                                                   a->ignore_index);
+          cnt = rl + 2 * rows;
+          ce_total<T><<<1, 1024, 0, s>>>(rl, rows, NULL, cnt, true);
+          flow_tensor_decref(tmp_lse);
+        }
+        ce_bwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), data_of<T>(d[2]), data_of<T>(d[3]),
+                                                 data_of<T>(d[4]), cnt, data_of<T>(out[0]), C, a->ignore_index, reduce))
+      if (rc == 0) rc = launch_check("cross_entropy_bwd");
+    }
+    if (scratch) flow_tensor_decref(scratch);
+  }
+  release(d, 5);
+  return rc;
+}
+
+/* ---- AdamW ---------------------------------------------------------------------------------------- */
+
+/* p *= 1 - lr wd;  m += (1 - b1)(g - m);  v = b2 v + (1 - b2) g^2;
+ * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)  (PyTorch's AdamW). */
+template <typename T>
+__global__ void adamw_kernel(Geo g, int64_t n, T *p, const T *gr, T *m, T *v, T decay, T b1, T b2, T step, T bc2, T eps) {
+  CUDA_LOOP(i, n) {
+    int64_t off[4];
+    geo_offsets<4>(g, i, off);
+    T gi = gr[off[1]];
+    T mi = m[off[2]] + (1 - b1) * (gi - m[off[2]]);
+    T vi = b2 * v[off[3]] + (1 - b2) * gi * gi;
+    m[off[2]] = mi;
+    v[off[3]] = vi;
+    p[off[0]] = p[off[0]] * decay - step * (mi / (sqrt(vi) / bc2 + eps));
+  }
+}
+
+static FLOW_KERNEL(k_adamw) {
+  int64_t n = flow_tensor_numel(in[0]);
+  if (n == 0) return 0;
+  const flow_tensor *ops[4] = {in[0], in[1], in[2], in[3]};
+  Geo g;
+  geo_init(&g, ops, 4);
+  double decay = 1 - a->lr * a->weight_decay, step = a->lr / (1 - pow(a->beta1, (double)a->k));
+  double bc2 = sqrt(1 - pow(a->beta2, (double)a->k));
+  cudaStream_t s = stream_of(in[0]);
+  REAL_DISPATCH(in[0]->dtype, "adamw_",
+    adamw_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<T>(in[0]), data_of<T>(in[1]), data_of<T>(in[2]),
+                                                    data_of<T>(in[3]), (T)decay, (T)a->beta1, (T)a->beta2, (T)step,
+                                                    (T)bc2, (T)a->eps))
+  if (launch_check("adamw_kernel") != 0) return -1;
+  in[2]->storage->version++; /* dispatch bumps param's version; the moments were written too */
+  in[3]->storage->version++;
+  return 0;
+}
+
+void flow_cuda_register_nn(void) {
+  cuda_attach("softmax", k_softmax);
+  cuda_attach("log_softmax", k_log_softmax);
+  cuda_attach("softmax_grad", k_softmax_grad);
+  cuda_attach("log_softmax_grad", k_log_softmax_grad);
+  cuda_attach("layer_norm", k_layer_norm);
+  cuda_attach("layer_norm_grad", k_layer_norm_grad);
+  cuda_attach("cross_entropy", k_cross_entropy);
+  cuda_attach("cross_entropy_grad", k_cross_entropy_grad);
+  cuda_attach("adamw_", k_adamw);
+}
