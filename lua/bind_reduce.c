@@ -1,4 +1,5 @@
 /* Lua bindings of the reductions. axes: nil (all), an integer, or a list; keepdim a boolean. */
+#include "../ops/elementwise.h"
 #include "../ops/reduce.h"
 #include "bind.h"
 
@@ -35,10 +36,12 @@ static bool opt_axis(lua_State *L, int idx, const char *fn, int64_t *axis) {
   return true;
 }
 
-/* max(t) -> the largest element (0-d); max(t, axis, keepdim) -> values, indices (int64) */
+/* max(t) -> the largest element (0-d); max(t, axis, keepdim) -> values, indices (int64);
+ * max(a, b) with two tensors is maximum(a, b), as in torch */
 static int maxmin(lua_State *L, bool is_max) {
   const char *fn = is_max ? "max" : "min";
-  flow_tensor *t = flow_lua_check(L, 1, fn);
+  flow_tensor *t = flow_lua_check(L, 1, fn), *other = flow_lua_test(L, 2);
+  if (other) return flow_lua_push(L, is_max ? flow_maximum(t, other) : flow_minimum(t, other));
   int64_t axis = 0;
   bool has_axis = opt_axis(L, 2, fn, &axis);
   flow_tensor *v, *i;

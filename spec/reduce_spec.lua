@@ -157,6 +157,12 @@ describe("max, min, argmax, argmin", function()
     assert.are.equal(8, a:int():max():item())
   end)
 
+  it("with two tensors are maximum and minimum", function()
+    local u = flow.tensor({{4, 4, 4}}, {dtype = "float32"})
+    assert.are.same({{4, 7, 7}, {9, 4, 4}}, t:max(u):totable())
+    assert.are.same({{3, 4, 4}, {4, -1, 2}}, flow.min(t, u):totable())
+  end)
+
   it("treat NaN as the extreme", function()
     local n = flow.tensor({1, 0 / 0, 3}, {dtype = "float64"})
     local m = n:max():item()
