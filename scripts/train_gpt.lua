@@ -135,6 +135,9 @@ for step = start, last_step - 1 do
   opt:step()
   opt:zero_grad()
   local l = loss:item()
+  -- free this step's tensors now, so the next step reuses their memory (Lua's GC does not see
+  -- tensor sizes and would let dead activations pile up)
+  collectgarbage()
   first_loss = first_loss or l
   last_loss = l
   steps_since = steps_since + 1

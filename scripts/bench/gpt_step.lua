@@ -19,16 +19,20 @@ local function step()
   loss:backward()
   opt:step()
   opt:zero_grad()
-  return loss:item()
+  local l = loss:item()
+  collectgarbage() -- free the step's tensors now, as train_gpt.lua does
+  return l
 end
 
 for _ = 1, args.warmup do step() end
 local times = {}
+local cpu0 = os.clock()
 for i = 1, args.steps do
   local t0 = utils.now()
   step()
   times[i] = (utils.now() - t0) * 1000
 end
+local cpu_ms = (os.clock() - cpu0) * 1000 / args.steps -- CPU time of all threads: shows load from others
 table.sort(times)
 local sum = 0
 for _, t in ipairs(times) do sum = sum + t end
@@ -36,5 +40,5 @@ local tokens = args.batch * args.seq
 print(("gpt_step: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, OPENBLAS_NUM_THREADS=%s"):format(
   args.layers, args.dim, args.heads, args.seq, args.batch, args.vocab, model:num_parameters() / 1e6,
   os.getenv("OPENBLAS_NUM_THREADS") or "unset"))
-print(("ms/step: mean %.1f  median %.1f  min %.1f  (%d steps; %.0f tokens/s)"):format(
-  sum / #times, times[(#times + 1) // 2], times[1], #times, tokens / (sum / #times / 1000)))
+print(("ms/step: mean %.1f  median %.1f  min %.1f  (%d steps; %.0f tokens/s; process CPU %.1f ms/step)"):format(
+  sum / #times, times[(#times + 1) // 2], times[1], #times, tokens / (sum / #times / 1000), cpu_ms))
