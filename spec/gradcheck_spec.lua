@@ -125,26 +125,56 @@ local function check_case(name, fn, case)
     end
   end
 
-  -- analytic: backward of sum(out_j * r_j)
-  local leaves = {}
-  for i, s in ipairs(specs) do
-    if not s.fixed then leaves[i] = make(s, values[i], true) end
+  -- analytic: backward of sum(out_j * r_j), with every leaf requiring grad or only leaf `only`
+  -- (gradient rules branch on which inputs need a gradient: both paths must agree)
+  local r
+  local function analytic(only)
+    local leaves = {}
+    for i, s in ipairs(specs) do
+      if not s.fixed then leaves[i] = make(s, values[i], only == nil or only == i) end
+    end
+    local outs = run(fn, specs, leaves)
+    local first = r == nil
+    r = r or {}
+    local L
+    for j = 1, outs.n do
+      local o = outs[j]
+      if is_float(o) then
+        if first then
+          r[j] = {}
+          for k = 1, o:numel() do r[j][k] = value() end
+        end
+        local term = (o * flow.tensor(nest(r[j], o:shape()), {dtype = o.dtype})):sum()
+        L = L and L + term or term
+      end
+    end
+    assert(L, name .. ": the op has no floating-point output to check")
+    L:backward()
+    local grads = {}
+    for i, s in ipairs(specs) do
+      if not s.fixed and (only == nil or only == i) then
+        local g = leaves[i].grad
+        assert(g, ("%s: input %d received no gradient"):format(name, i))
+        assert.are.same(s.shape, g:shape(), ("%s: gradient of input %d has the wrong shape"):format(name, i))
+        grads[i] = flatten(g:totable())
+      end
+    end
+    return grads
   end
-  local outs = run(fn, specs, leaves)
-  local r, L = {}, nil
-  for j = 1, outs.n do
-    local o = outs[j]
-    if is_float(o) then
-      local n = o:numel()
-      r[j] = {}
-      for k = 1, n do r[j][k] = value() end
-      local rt = flow.tensor(nest(r[j], o:shape()), {dtype = o.dtype})
-      local term = (o * rt):sum()
-      L = L and L + term or term
+  local grads = analytic(nil)
+  local nleaves = 0
+  for _ in pairs(grads) do nleaves = nleaves + 1 end
+  if nleaves > 1 then
+    for i, full in pairs(grads) do
+      local alone = analytic(i)[i]
+      for k = 1, #full do
+        if math.abs(alone[k] - full[k]) > ATOL + RTOL * math.abs(full[k]) then
+          error(("%s (%s): input %d element %d: gradient %.10g when only it requires grad, %.10g when all do")
+            :format(name, case.label or "case", i, k, alone[k], full[k]), 0)
+        end
+      end
     end
   end
-  assert(L, name .. ": the op has no floating-point output to check")
-  L:backward()
 
   -- numeric, one element at a time, with the other leaves held fixed
   local current = {}
@@ -155,10 +185,7 @@ local function check_case(name, fn, case)
   end)
   for i, s in ipairs(specs) do
     if not s.fixed then
-      local g = leaves[i].grad
-      assert(g, ("%s: input %d received no gradient"):format(name, i))
-      assert.are.same(s.shape, g:shape(), ("%s: gradient of input %d has the wrong shape"):format(name, i))
-      local analytic = flatten(g:totable())
+      local analytic = grads[i]
       local vals = values[i]
       for k = 1, #vals do
         local v0 = vals[k]
