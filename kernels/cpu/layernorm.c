@@ -8,6 +8,9 @@
 
 #include "nn.h"
 
+/* Independent partial sums per row: the row statistics run at throughput, not add latency. */
+#define LANES 8
+
 #define real float
 #define GEN(name) name##_f32
 #include "layernorm.c"
@@ -73,16 +76,24 @@ int flow_cpu_layernorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
 
 /* Per row of C: mean = sum x / C,  var = sum (x - mean)^2 / C (biased),  rstd = 1 / sqrt(var + eps),
  * y = (x - mean) * rstd * w + b  (w = 1, b = 0 when absent). */
+/* sum of (x - c)^p for p = 1 or 2 */
+static real GEN(row_moment)(const real *x, int64_t n, real c, int p) {
+  real acc[LANES] = {0}, sum = 0;
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int l = 0; l < LANES; l++) acc[l] += p == 1 ? x[i + l] - c : (x[i + l] - c) * (x[i + l] - c);
+  for (; i < n; i++) sum += p == 1 ? x[i] - c : (x[i] - c) * (x[i] - c);
+  for (int l = 0; l < LANES; l++) sum += acc[l];
+  return sum;
+}
+
 static void GEN(layernorm_forward)(real *y, real *mean, real *rstd, const real *x, const real *w,
                                    const real *b, int64_t rows, int64_t C, real eps) {
   for (int64_t r = 0; r < rows; r++) {
     const real *xr = x + r * C;
     real *yr = y + r * C;
-    real m = 0, var = 0;
-    for (int64_t i = 0; i < C; i++) m += xr[i];
-    m /= C;
-    for (int64_t i = 0; i < C; i++) var += (xr[i] - m) * (xr[i] - m);
-    real s = 1 / sqrt(var / C + eps);
+    real m = GEN(row_moment)(xr, C, 0, 1) / C;
+    real s = 1 / sqrt(GEN(row_moment)(xr, C, m, 2) / C + eps);
     for (int64_t i = 0; i < C; i++) {
       real n = (xr[i] - m) * s;
       yr[i] = n * (w ? w[i] : 1) + (b ? b[i] : 0);
@@ -102,15 +113,27 @@ static void GEN(layernorm_backward)(real *dx, real *dw, real *db, const real *dy
   for (int64_t r = 0; r < rows; r++) {
     const real *xr = x + r * C, *dyr = dy + r * C;
     real *dxr = dx + r * C, m = mean[r], s = rstd[r];
-    real dn_mean = 0, dn_xhat_mean = 0;
-    for (int64_t i = 0; i < C; i++) {
+    real dn_mean = 0, dn_xhat_mean = 0, a1[LANES] = {0}, a2[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= C; i += LANES)
+      for (int l = 0; l < LANES; l++) {
+        real dn = dyr[i + l] * (w ? w[i + l] : 1);
+        a1[l] += dn;
+        a2[l] += dn * (xr[i + l] - m);
+      }
+    for (; i < C; i++) {
       real dn = dyr[i] * (w ? w[i] : 1);
       dn_mean += dn;
-      dn_xhat_mean += dn * (xr[i] - m) * s;
+      dn_xhat_mean += dn * (xr[i] - m);
     }
+    for (int l = 0; l < LANES; l++) {
+      dn_mean += a1[l];
+      dn_xhat_mean += a2[l];
+    }
+    dn_xhat_mean *= s;
     dn_mean = (dn_mean - dmean[r] / s) / C;
     dn_xhat_mean = (dn_xhat_mean + drstd[r] * s) / C;
-    for (int64_t i = 0; i < C; i++) {
+    for (i = 0; i < C; i++) {
       real xhat = (xr[i] - m) * s;
       dxr[i] = (dyr[i] * (w ? w[i] : 1) - dn_mean - xhat * dn_xhat_mean) * s;
       dw[i] += dyr[i] * xhat;
