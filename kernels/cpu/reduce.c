@@ -149,7 +149,7 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
   accumulate(mean, in, NULL, mask, in->dtype == FLOW_F32 ? sum_f32 : sum_f64);
   scale_f64(mean, 1.0 / (double)count);
   accumulate(sq, in, mean, mask, in->dtype == FLOW_F32 ? sqdev_f32 : sqdev_f64);
-  scale_f64(sq, 1.0 / (double)(count - ddof));
+  scale_f64(sq, count > ddof ? 1.0 / (double)(count - ddof) : NAN); /* too few elements: nan, as torch */
   flow_cpu_copy(out, sq);
   flow_tensor_decref(mean);
   flow_tensor_decref(sq);
