@@ -240,6 +240,12 @@ describe("cross_entropy", function()
     end
   end)
 
+  it("reads non-contiguous logits", function()
+    local x, t = randt({4, 3}), flow.tensor({0, 2, 1})
+    local want = flow.cross_entropy(x:transpose(0, 1):contiguous(), t, {reduction = "none"}):totable()
+    assert_close(want, flow.cross_entropy(x:transpose(0, 1), t, {reduction = "none"}):totable(), 1e-12, "view")
+  end)
+
   it("has gradients matching finite differences", function()
     local t = flow.tensor({2, -100, 0})
     for _, red in ipairs({"mean", "sum", "none"}) do
