@@ -221,13 +221,14 @@ oom:
 
 static int run_node(flow_node *n) {
   if (check_versions(n) != 0) return -1;
-  flow_tensor *gin[FLOW_MAX_DIMS * 4] = {0};
-  if (n->nin > (int)(sizeof gin / sizeof gin[0]))
-    return flow_error_set("backward: %s has too many inputs", n->op->name);
+  flow_tensor *small[16] = {0}, **gin = small;
+  if (n->nin > 16 && !(gin = calloc((size_t)n->nin, sizeof *gin)))
+    return flow_error_set("backward: out of memory for the gradients of %s", n->op->name);
   flow_grad_ctx c = {n->op, &n->attrs, n->nin, n->nout, n->saved_in, n->saved_out,
                      n->in_meta, n->out_meta, n->gbuf, n->need};
   if (n->op->grad(&c, gin) != 0) {
     for (int i = 0; i < n->nin; i++) flow_tensor_decref(gin[i]);
+    if (gin != small) free(gin);
     return flow_error_prefix("backward of %s", n->op->name);
   }
   int rc = 0;
@@ -239,6 +240,7 @@ static int run_node(flow_node *n) {
     if (e->node) rc = accumulate(&e->node->gbuf[e->index], g);
     else rc = accumulate_leaf(e->leaf, g);
   }
+  if (gin != small) free(gin);
   return rc;
 }
 
