@@ -1,4 +1,436 @@
-/* Lua bindings: global. */
+/* Lua bindings: global. Ranks (rank, world_size, barrier, print_all, rank-0 print), placements,
+ * SBP values, to_global/to_local, explain, global creation and the registry hooks the tensor
+ * bindings call for a global tensor's shape, fields and printing. MPI starts when the module
+ * opens and finalises when the Lua state closes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/comm.h"
+#include "../ops/create.h"
+#include "../ops/elementwise.h"
+#include "../sbp/dispatch.h"
 #include "bind.h"
 
-void flow_lua_open_global(lua_State *L) { (void)L; }
+#define PLACEMENT_MT "flow.Placement"
+#define SBP_MT "flow.SBP"
+
+/* ---- ranks --------------------------------------------------------------------------------------- */
+
+static int l_rank(lua_State *L) { lua_pushinteger(L, flow_comm_rank()); return 1; }
+static int l_world_size(lua_State *L) { lua_pushinteger(L, flow_comm_size()); return 1; }
+
+static int l_barrier(lua_State *L) {
+  flow_comm *w = flow_comm_world();
+  if (w && w->ops->barrier(w) != 0) return flow_lua_error(L);
+  return 0;
+}
+
+/* print_all(...): every rank prints "[rank r] ..." in rank order (collective: all ranks call it). */
+static int l_print_all(lua_State *L) {
+  int n = lua_gettop(L), me = flow_comm_rank();
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "[rank %d]", me);
+  luaL_addvalue(&b);
+  for (int i = 1; i <= n; i++) {
+    luaL_addchar(&b, i == 1 ? ' ' : '\t');
+    luaL_tolstring(L, i, NULL);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  const char *line = lua_tostring(L, -1);
+  flow_comm *w = flow_comm_world();
+  for (int r = 0; r < flow_comm_size(); r++) {
+    if (r == me) { fprintf(stdout, "%s\n", line); fflush(stdout); }
+    if (w && w->ops->barrier(w) != 0) return flow_lua_error(L);
+  }
+  return 0;
+}
+
+/* print on rank 0 only (installed when the world has more than one rank) */
+static int l_print_rank0(lua_State *L) {
+  if (flow_comm_rank() != 0) return 0;
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 0);
+  return 0;
+}
+
+/* ---- placements and SBP values -------------------------------------------------------------------- */
+
+static void push_placement(lua_State *L, const flow_placement *p) {
+  const flow_placement **u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = p;
+  luaL_setmetatable(L, PLACEMENT_MT);
+}
+
+static const flow_placement *check_placement(lua_State *L, int idx, const char *fn) {
+  const flow_placement **u = luaL_testudata(L, idx, PLACEMENT_MT);
+  if (!u) luaL_error(L, "%s: expected a placement (flow.placement(...)), got %s", fn, luaL_typename(L, idx));
+  return *u;
+}
+
+/* Walk a nested list of ranks: the mesh shape from the nesting, the ranks row-major. */
+static void mesh_walk(lua_State *L, int idx, int depth, int *ndim, int *shape, int *ranks, int *n, int cap) {
+  if (lua_type(L, idx) == LUA_TNUMBER) {
+    if (depth != *ndim) luaL_error(L, "placement: ragged rank list (every row of the mesh needs the same depth)");
+    if (*n == cap) luaL_error(L, "placement: too many ranks");
+    ranks[(*n)++] = (int)luaL_checkinteger(L, idx);
+    return;
+  }
+  if (!lua_istable(L, idx)) luaL_error(L, "placement: ranks must be integers or lists of them (got %s)", luaL_typename(L, idx));
+  int len = (int)luaL_len(L, idx);
+  if (len == 0) luaL_error(L, "placement: empty rank list");
+  if (depth == *ndim) {
+    if (*ndim == FLOW_MAX_MESH) luaL_error(L, "placement: at most %d mesh axes", FLOW_MAX_MESH);
+    shape[(*ndim)++] = len;
+  } else if (depth > *ndim || shape[depth] != len) {
+    luaL_error(L, "placement: ragged rank list (rows of the mesh must have the same length)");
+  }
+  for (int i = 1; i <= len; i++) {
+    lua_geti(L, idx, i);
+    mesh_walk(L, lua_gettop(L), depth + 1, ndim, shape, ranks, n, cap);
+    lua_pop(L, 1);
+  }
+}
+
+/* placement(devtype, ranks): ranks {0, 1} (1-D mesh) or {{0, 1}, {2, 3}} (2-D); nil = every rank. */
+static int l_placement(lua_State *L) {
+  const char *type = luaL_checkstring(L, 1);
+  flow_devtype dt;
+  if (strcmp(type, "cpu") == 0) dt = FLOW_CPU;
+  else if (strcmp(type, "cuda") == 0) dt = FLOW_CUDA;
+  else return luaL_error(L, "placement: device type must be \"cpu\" or \"cuda\" (got \"%s\")", type);
+  int shape[FLOW_MAX_MESH], ndim = 0, n = 0, cap = 4096;
+  int *ranks = lua_newuserdatauv(L, (size_t)cap * sizeof(int), 0); /* freed by the GC, even on error */
+  if (lua_isnoneornil(L, 2)) {
+    ndim = 1;
+    n = shape[0] = flow_comm_size();
+    for (int i = 0; i < n; i++) ranks[i] = i;
+  } else if (lua_type(L, 2) == LUA_TNUMBER) {
+    ndim = 1;
+    shape[0] = n = 1;
+    ranks[0] = (int)luaL_checkinteger(L, 2);
+  } else {
+    mesh_walk(L, 2, 0, &ndim, shape, ranks, &n, cap);
+    if (ndim == 0) return luaL_error(L, "placement: empty rank list");
+  }
+  const flow_placement *p = flow_placement_get(dt, ndim, shape, ranks);
+  if (!p) return flow_lua_error(L);
+  push_placement(L, p);
+  return 1;
+}
+
+static int placement_index(lua_State *L) {
+  const flow_placement *p = check_placement(L, 1, "placement");
+  const char *k = luaL_checkstring(L, 2);
+  if (strcmp(k, "type") == 0) { lua_pushstring(L, p->devtype == FLOW_CPU ? "cpu" : "cuda"); return 1; }
+  if (strcmp(k, "shape") == 0) {
+    lua_createtable(L, p->ndim, 0);
+    for (int d = 0; d < p->ndim; d++) { lua_pushinteger(L, p->shape[d]); lua_rawseti(L, -2, d + 1); }
+    return 1;
+  }
+  if (strcmp(k, "ranks") == 0) { /* flat, row-major */
+    lua_createtable(L, p->nranks, 0);
+    for (int i = 0; i < p->nranks; i++) { lua_pushinteger(L, p->ranks[i]); lua_rawseti(L, -2, i + 1); }
+    return 1;
+  }
+  return 0;
+}
+
+static int placement_tostring(lua_State *L) {
+  char s[512];
+  lua_pushstring(L, flow_placement_str(check_placement(L, 1, "placement"), s, sizeof s));
+  return 1;
+}
+
+static int placement_eq(lua_State *L) {
+  const flow_placement **a = luaL_testudata(L, 1, PLACEMENT_MT), **b = luaL_testudata(L, 2, PLACEMENT_MT);
+  lua_pushboolean(L, a && b && *a == *b);
+  return 1;
+}
+
+static void push_sbp(lua_State *L, flow_sbp s) {
+  flow_sbp *u = lua_newuserdatauv(L, sizeof *u, 0);
+  *u = s;
+  luaL_setmetatable(L, SBP_MT);
+}
+
+static int l_split(lua_State *L) {
+  lua_Integer a = luaL_checkinteger(L, 1);
+  if (a < 0 || a >= FLOW_MAX_DIMS) return luaL_error(L, "sbp.split: axis must be in [0, %d) (got %d)", FLOW_MAX_DIMS, (int)a);
+  push_sbp(L, flow_sbp_split((int)a));
+  return 1;
+}
+
+static int sbp_tostring(lua_State *L) {
+  char s[16];
+  lua_pushstring(L, flow_sbp_str(*(flow_sbp *)luaL_checkudata(L, 1, SBP_MT), s, sizeof s));
+  return 1;
+}
+
+static int sbp_eq(lua_State *L) {
+  flow_sbp *a = luaL_testudata(L, 1, SBP_MT), *b = luaL_testudata(L, 2, SBP_MT);
+  lua_pushboolean(L, a && b && flow_sbp_eq(*a, *b));
+  return 1;
+}
+
+static int sbp_index(lua_State *L) {
+  flow_sbp *s = luaL_checkudata(L, 1, SBP_MT);
+  const char *k = luaL_checkstring(L, 2);
+  if (strcmp(k, "kind") == 0) { lua_pushstring(L, s->kind == FLOW_SBP_S ? "split" : s->kind == FLOW_SBP_B ? "broadcast" : "partial_sum"); return 1; }
+  if (strcmp(k, "axis") == 0 && s->kind == FLOW_SBP_S) { lua_pushinteger(L, s->axis); return 1; }
+  return 0;
+}
+
+/* One SBP value, or a list of them (one per mesh axis). */
+static void check_nd_sbp(lua_State *L, int idx, const char *fn, flow_nd_sbp *out) {
+  flow_sbp *one = luaL_testudata(L, idx, SBP_MT);
+  if (one) { out->n = 1; out->v[0] = *one; return; }
+  if (!lua_istable(L, idx))
+    luaL_error(L, "%s: sbp must be an SBP value (flow.sbp.split(k), .broadcast, .partial_sum) or a list of them (got %s)",
+               fn, luaL_typename(L, idx));
+  int n = (int)luaL_len(L, idx);
+  if (n < 1 || n > FLOW_MAX_MESH) luaL_error(L, "%s: an SBP list has 1 to %d values (got %d)", fn, FLOW_MAX_MESH, n);
+  out->n = n;
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, idx, i + 1);
+    flow_sbp *s = luaL_testudata(L, -1, SBP_MT);
+    if (!s) luaL_error(L, "%s: sbp entry %d is not an SBP value (got %s)", fn, i + 1, luaL_typename(L, -1));
+    out->v[i] = *s;
+    lua_pop(L, 1);
+  }
+}
+
+static void push_nd_sbp(lua_State *L, const flow_nd_sbp *s) {
+  if (s->n == 1) { push_sbp(L, s->v[0]); return; }
+  lua_createtable(L, s->n, 0);
+  for (int i = 0; i < s->n; i++) { push_sbp(L, s->v[i]); lua_rawseti(L, -2, i + 1); }
+}
+
+/* ---- global tensors -------------------------------------------------------------------------------- */
+
+/* t:to_global(placement, sbp): placement may be nil for a global t (keep its placement). */
+static int t_to_global(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "to_global");
+  const flow_placement *p;
+  if (lua_isnil(L, 2) && t->global) p = flow_global_of(t)->placement;
+  else p = check_placement(L, 2, "to_global");
+  flow_nd_sbp s;
+  check_nd_sbp(L, 3, "to_global", &s);
+  return flow_lua_push(L, flow_to_global(t, p, &s));
+}
+
+static int t_to_local(lua_State *L) { return flow_lua_push(L, flow_to_local(flow_lua_check(L, 1, "to_local"))); }
+
+/* explain(t, placement, sbp): the boxing that would run. explain(fn, ...): run fn and return its
+ * trace of global ops (signature, boxing, bytes) followed by fn's results. */
+static int l_explain(lua_State *L) {
+  if (lua_isfunction(L, 1)) {
+    flow_global_trace_begin();
+    int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+    char *s = flow_global_trace_end();
+    if (st != LUA_OK) { free(s); return lua_error(L); }
+    lua_pushstring(L, s);
+    free(s);
+    lua_insert(L, 1);
+    return lua_gettop(L);
+  }
+  flow_tensor *t = flow_lua_check(L, 1, "explain");
+  const flow_placement *p = lua_isnil(L, 2) && t->global ? flow_global_of(t)->placement : check_placement(L, 2, "explain");
+  flow_nd_sbp s;
+  check_nd_sbp(L, 3, "explain", &s);
+  char *text = flow_global_explain_boxing(t, p, &s);
+  if (!text) return flow_lua_error(L);
+  lua_pushstring(L, text);
+  free(text);
+  return 1;
+}
+
+static int l_set_check(lua_State *L) {
+  bool prev = flow_global_check_enabled();
+  flow_global_set_check(lua_toboolean(L, 1));
+  lua_pushboolean(L, prev);
+  return 1;
+}
+
+/* registry["flow.global_shape"](t) */
+static int r_global_shape(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "shape");
+  const flow_global *g = flow_global_of(t);
+  int nd = g ? g->ndim : t->ndim;
+  const int64_t *shape = g ? g->shape : t->shape;
+  lua_createtable(L, nd, 0);
+  for (int i = 0; i < nd; i++) { lua_pushinteger(L, shape[i]); lua_rawseti(L, -2, i + 1); }
+  return 1;
+}
+
+/* registry["flow.global_field"](t, key): t.placement, t.sbp (nil for local tensors) */
+static int r_global_field(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "index");
+  const char *k = luaL_checkstring(L, 2);
+  const flow_global *g = flow_global_of(t);
+  if (!g) return 0;
+  if (strcmp(k, "placement") == 0) { push_placement(L, g->placement); return 1; }
+  if (strcmp(k, "sbp") == 0) { push_nd_sbp(L, &g->sbp); return 1; }
+  return 0;
+}
+
+/* registry["flow.tostring_global"](t): logical shape, dtype, placement, SBP, each rank's block,
+ * and this rank's shard. Never communicates (print runs on rank 0 only). */
+static int r_tostring_global(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "tostring");
+  const flow_global *g = flow_global_of(t);
+  if (!g) { luaL_tolstring(L, 1, NULL); return 1; }
+  char shape[128], place[512], sbp[96];
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "tensor(shape=%s, dtype=%s, placement=%s, sbp=%s)", flow_shape_str(g->ndim, g->shape, shape, sizeof shape),
+                  flow_dtype_name(t->dtype), flow_placement_str(g->placement, place, sizeof place),
+                  flow_nd_sbp_str(&g->sbp, sbp, sizeof sbp));
+  luaL_addvalue(&b);
+  const flow_placement *p = g->placement;
+  for (int i = 0; i < p->nranks && i < 64; i++) {
+    int coord[FLOW_MAX_MESH];
+    int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
+    flow_placement_coord(p, i, coord);
+    flow_global_box(p, &g->sbp, g->ndim, g->shape, coord, -1, start, size);
+    lua_pushfstring(L, "\n  rank %d: [", p->ranks[i]);
+    luaL_addvalue(&b);
+    for (int d = 0; d < g->ndim; d++) {
+      lua_pushfstring(L, "%s%I:%I", d ? ", " : "", (lua_Integer)start[d], (lua_Integer)(start[d] + size[d]));
+      luaL_addvalue(&b);
+    }
+    bool partial = false;
+    for (int m = 0; m < g->sbp.n; m++) partial |= g->sbp.v[m].kind == FLOW_SBP_P;
+    luaL_addstring(&b, partial ? "] (partial)" : "]");
+  }
+  flow_tensor *local = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
+  if (!local) return flow_lua_error(L);
+  lua_pushfstring(L, "\n  local shard on rank %d: ", flow_comm_rank());
+  luaL_addvalue(&b);
+  flow_lua_push(L, local);
+  luaL_tolstring(L, -1, NULL);
+  lua_remove(L, -2);
+  luaL_addvalue(&b);
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* registry["flow.global_create"](opname, shape, value, opts): see lua/bind_create.c. Each rank
+ * makes its own shard; along partial_sum axes coordinate 0 holds the values, the rest zeros. */
+static int r_global_create(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  int64_t shape[FLOW_MAX_DIMS];
+  int nd = flow_lua_shape(L, 2, shape, name);
+  int opts = 4;
+  lua_getfield(L, opts, "placement");
+  const flow_placement *p = check_placement(L, -1, name);
+  lua_pop(L, 1);
+  flow_nd_sbp s;
+  lua_getfield(L, opts, "sbp");
+  if (lua_isnil(L, -1)) return luaL_error(L, "%s: a placement needs an sbp too", name);
+  check_nd_sbp(L, -1, name, &s);
+  lua_pop(L, 1);
+  if (flow_global_check(name, p, &s, nd) != 0) return flow_lua_error(L);
+  if (p->me < 0) return luaL_error(L, "[rank %d] %s: this rank is not in the placement (not supported yet)", flow_comm_rank(), name);
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.nshape = nd;
+  memcpy(at.shape, shape, sizeof shape);
+  at.dtype = flow_lua_opt_dtype(L, opts, FLOW_F32);
+  at.device = flow_lua_opt_device(L, opts, p->devtype == FLOW_CPU ? FLOW_DEVICE_CPU : (flow_device){FLOW_CUDA, 0});
+  if (lua_istable(L, 3)) {
+    at.scalar = flow_lua_opt_number(L, 3, strcmp(name, "linspace") == 0 || strcmp(name, "arange") == 0 ? "start" : "_", 0);
+    at.scalar2 = flow_lua_opt_number(L, 3, strcmp(name, "linspace") == 0 ? "stop" : "step", 0);
+    at.seed = (uint64_t)flow_lua_opt_number(L, 3, "seed", 0);
+    at.rng_offset = (uint64_t)flow_lua_opt_number(L, 3, "offset", 0);
+    if (strcmp(name, "randint") == 0) {
+      at.naxes = 2;
+      at.axes[0] = (int64_t)flow_lua_opt_number(L, 3, "low", 0);
+      at.axes[1] = (int64_t)flow_lua_opt_number(L, 3, "high", 0);
+    }
+  } else if (lua_type(L, 3) == LUA_TNUMBER) {
+    at.scalar = lua_tonumber(L, 3);
+  }
+  int64_t start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
+  flow_global_box(p, &s, nd, shape, p->coord, -1, start, box);
+  bool holds = true;
+  for (int m = 0; m < s.n; m++) holds &= s.v[m].kind != FLOW_SBP_P || p->coord[m] == 0;
+  flow_tensor *t;
+  if (!holds || strcmp(name, "full") == 0) {
+    t = flow_full(nd, box, holds ? at.scalar : 0, at.dtype, at.device);
+  } else {
+    const flow_op *op = flow_op_find(name);
+    if (!op) return luaL_error(L, "%s: no such creation op", name);
+    t = flow_create_shard(op, &at, start, box);
+  }
+  if (!t) return flow_lua_error(L);
+  flow_global *g = flow_global_new(p, &s, nd, shape);
+  if (!g) { flow_tensor_decref(t); return flow_lua_error(L); }
+  flow_global_attach(t, g);
+  t->requires_grad = flow_lua_opt_bool(L, opts, "requires_grad", 0) && flow_dtype_is_float(at.dtype);
+  return flow_lua_push(L, t);
+}
+
+/* ---- opening and closing ---------------------------------------------------------------------------- */
+
+static int finalize(lua_State *L) {
+  (void)L;
+  flow_comm_finalize();
+  return 0;
+}
+
+static char sentinel_key;
+
+void flow_lua_open_global(lua_State *L) {
+  if (flow_comm_init() != 0) luaL_error(L, "%s", flow_error_get());
+  flow_global_install();
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &sentinel_key);
+  if (lua_isnil(L, -1)) { /* finalise MPI when this state closes */
+    lua_newuserdatauv(L, 1, 0);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, finalize);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &sentinel_key);
+  }
+  lua_pop(L, 1);
+
+  luaL_newmetatable(L, PLACEMENT_MT);
+  lua_pushcfunction(L, placement_index); lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, placement_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pushcfunction(L, placement_eq); lua_setfield(L, -2, "__eq");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, SBP_MT);
+  lua_pushcfunction(L, sbp_index); lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, sbp_tostring); lua_setfield(L, -2, "__tostring");
+  lua_pushcfunction(L, sbp_eq); lua_setfield(L, -2, "__eq");
+  lua_pop(L, 1);
+
+  static const luaL_Reg fns[] = {{"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
+                                 {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain},
+                                 {"set_check_consistency", l_set_check}, {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
+  flow_lua_register(L, fns, methods);
+
+  lua_createtable(L, 0, 3); /* flow.sbp */
+  lua_pushcfunction(L, l_split); lua_setfield(L, -2, "split");
+  push_sbp(L, flow_sbp_broadcast()); lua_setfield(L, -2, "broadcast");
+  push_sbp(L, flow_sbp_partial()); lua_setfield(L, -2, "partial_sum");
+  lua_setfield(L, -2, "sbp");
+
+  static const struct { const char *key; lua_CFunction fn; } hooks[] = {
+      {"flow.global_shape", r_global_shape}, {"flow.global_field", r_global_field},
+      {"flow.tostring_global", r_tostring_global}, {"flow.global_create", r_global_create}};
+  for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
+    lua_pushcfunction(L, hooks[i].fn);
+    lua_setfield(L, LUA_REGISTRYINDEX, hooks[i].key);
+  }
+
+  if (flow_comm_size() > 1) { /* print speaks for rank 0 only; print_all for everyone */
+    lua_getglobal(L, "print");
+    lua_pushcclosure(L, l_print_rank0, 1);
+    lua_setglobal(L, "print");
+  }
+}

@@ -1,0 +1,272 @@
+/* Rank bootstrap with MPI and the MPI backend of the communicator interface (comm.h). */
+#include "comm.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+static bool we_started;
+static flow_comm *world;
+
+/* Communicators made for rank lists, kept for the life of the process (a handful exist). */
+typedef struct cached {
+  int n;
+  int *ranks;
+  flow_comm *comm;
+  struct cached *next;
+} cached;
+static cached *cache;
+
+/* ---- MPI backend ------------------------------------------------------------------------------ */
+
+static MPI_Comm mpi(flow_comm *c) { return *(MPI_Comm *)c->impl; }
+
+static MPI_Datatype mpi_type(flow_dtype dt) {
+  switch (dt) {
+  case FLOW_F32: return MPI_FLOAT;
+  case FLOW_F64: return MPI_DOUBLE;
+  case FLOW_I64: return MPI_INT64_T;
+  case FLOW_I32: return MPI_INT32_T;
+  case FLOW_F16: case FLOW_BF16: return MPI_UINT16_T;
+  default: return MPI_UINT8_T;
+  }
+}
+
+static int mpi_fail(const char *what, int rc) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return flow_error_set("[rank %d] %s failed: %s", flow_comm_rank(), what, msg);
+}
+
+#define CHECK(what, call) do { int rc_ = (call); if (rc_ != MPI_SUCCESS) return mpi_fail(what, rc_); } while (0)
+
+/* MPI counts are ints: convert, refusing what does not fit. */
+static int to_ints(const char *what, const size_t *v, int n, int *out) {
+  for (int i = 0; i < n; i++) {
+    if (v[i] > INT_MAX) return flow_error_set("%s: a block of %zu elements is too large for MPI", what, v[i]);
+    out[i] = (int)v[i];
+  }
+  return 0;
+}
+
+static bool equal_blocks(const size_t *counts, const size_t *displs, int n) {
+  for (int i = 0; i < n; i++)
+    if (counts[i] != counts[0] || (displs && displs[i] != (size_t)i * counts[0])) return false;
+  return true;
+}
+
+static int sum_check(const char *what, flow_dtype dt) {
+  if (dt == FLOW_F16 || dt == FLOW_BF16 || dt == FLOW_BOOL)
+    return flow_error_set("%s: partial sums of %s tensors are not supported (cast to float32 first)",
+                          what, flow_dtype_name(dt));
+  return 0;
+}
+
+static int m_allreduce(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
+  if (sum_check("all-reduce", dt)) return -1;
+  if (count > INT_MAX) return flow_error_set("all-reduce: %zu elements is too large for MPI", count);
+  CHECK("all-reduce", MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dt),
+                                    MPI_SUM, mpi(c)));
+  return 0;
+}
+
+static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv, const size_t *counts,
+                        const size_t *displs, flow_dtype dt) {
+  MPI_Datatype t = mpi_type(dt);
+  if (equal_blocks(counts, displs, c->size) && count <= INT_MAX) {
+    CHECK("all-gather", MPI_Allgather(send, (int)count, t, recv, (int)count, t, mpi(c)));
+    return 0;
+  }
+  int *ic = malloc(2 * (size_t)c->size * sizeof(int));
+  if (!ic) return flow_error_set("all-gather: out of memory");
+  int rc = to_ints("all-gather", counts, c->size, ic) || to_ints("all-gather", displs, c->size, ic + c->size);
+  if (rc == 0) {
+    int e = MPI_Allgatherv(send, (int)count, t, recv, ic, ic + c->size, t, mpi(c));
+    if (e != MPI_SUCCESS) rc = mpi_fail("all-gather", e);
+  }
+  free(ic);
+  return rc;
+}
+
+static int m_reduce_scatterv(flow_comm *c, const void *send, void *recv, const size_t *counts, flow_dtype dt) {
+  if (sum_check("reduce-scatter", dt)) return -1;
+  MPI_Datatype t = mpi_type(dt);
+  if (equal_blocks(counts, NULL, c->size) && counts[0] <= INT_MAX) {
+    CHECK("reduce-scatter", MPI_Reduce_scatter_block(send, recv, (int)counts[0], t, MPI_SUM, mpi(c)));
+    return 0;
+  }
+  int *ic = malloc((size_t)c->size * sizeof(int));
+  if (!ic) return flow_error_set("reduce-scatter: out of memory");
+  int rc = to_ints("reduce-scatter", counts, c->size, ic);
+  if (rc == 0) {
+    int e = MPI_Reduce_scatter(send, recv, ic, t, MPI_SUM, mpi(c));
+    if (e != MPI_SUCCESS) rc = mpi_fail("reduce-scatter", e);
+  }
+  free(ic);
+  return rc;
+}
+
+static int m_alltoall(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
+  if (count > INT_MAX) return flow_error_set("all-to-all: %zu elements is too large for MPI", count);
+  CHECK("all-to-all", MPI_Alltoall(send, (int)count, mpi_type(dt), recv, (int)count, mpi_type(dt), mpi(c)));
+  return 0;
+}
+
+static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                       void *recv, const size_t *rcounts, const size_t *rdispls, flow_dtype dt) {
+  MPI_Datatype t = mpi_type(dt);
+  int n = c->size, *ic = malloc(4 * (size_t)n * sizeof(int));
+  if (!ic) return flow_error_set("all-to-all: out of memory");
+  int rc = to_ints("all-to-all", scounts, n, ic) || to_ints("all-to-all", sdispls, n, ic + n) ||
+           to_ints("all-to-all", rcounts, n, ic + 2 * n) || to_ints("all-to-all", rdispls, n, ic + 3 * n);
+  if (rc == 0) {
+    int e = MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, mpi(c));
+    if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
+  }
+  free(ic);
+  return rc;
+}
+
+static int m_broadcast(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root) {
+  if (count > INT_MAX) return flow_error_set("broadcast: %zu elements is too large for MPI", count);
+  CHECK("broadcast", MPI_Bcast(buf, (int)count, mpi_type(dt), root, mpi(c)));
+  return 0;
+}
+
+static int m_send(flow_comm *c, const void *buf, size_t count, flow_dtype dt, int peer, int tag) {
+  if (count > INT_MAX) return flow_error_set("send: %zu elements is too large for MPI", count);
+  CHECK("send", MPI_Send(buf, (int)count, mpi_type(dt), peer, tag, mpi(c)));
+  return 0;
+}
+
+static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer, int tag) {
+  if (count > INT_MAX) return flow_error_set("recv: %zu elements is too large for MPI", count);
+  CHECK("recv", MPI_Recv(buf, (int)count, mpi_type(dt), peer, tag, mpi(c), MPI_STATUS_IGNORE));
+  return 0;
+}
+
+static int m_barrier(flow_comm *c) {
+  CHECK("barrier", MPI_Barrier(mpi(c)));
+  return 0;
+}
+
+static int m_minmax(flow_comm *c, long long v, long long *min, long long *max) {
+  long long in[2] = {v, -v}, out[2];
+  CHECK("agreement check", MPI_Allreduce(in, out, 2, MPI_LONG_LONG, MPI_MIN, mpi(c)));
+  *min = out[0];
+  *max = -out[1];
+  return 0;
+}
+
+static const flow_comm_ops mpi_ops;
+
+static flow_comm *wrap(MPI_Comm m) {
+  flow_comm *c = calloc(1, sizeof *c);
+  MPI_Comm *h = malloc(sizeof *h);
+  if (!c || !h) { free(c); free(h); flow_error_set("communicator: out of memory"); return NULL; }
+  *h = m;
+  c->ops = &mpi_ops;
+  c->impl = h;
+  MPI_Comm_rank(m, &c->rank);
+  MPI_Comm_size(m, &c->size);
+  return c;
+}
+
+static int m_group(flow_comm *c, const int *members, int n, flow_comm **out) {
+  MPI_Group all, sub;
+  MPI_Comm m;
+  CHECK("communicator group", MPI_Comm_group(mpi(c), &all));
+  int rc = MPI_Group_incl(all, n, members, &sub);
+  MPI_Group_free(&all);
+  if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
+  rc = MPI_Comm_create_group(mpi(c), sub, 7, &m);
+  MPI_Group_free(&sub);
+  if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
+  MPI_Comm_set_errhandler(m, MPI_ERRORS_RETURN);
+  *out = wrap(m);
+  return *out ? 0 : -1;
+}
+
+static void m_free(flow_comm *c) {
+  MPI_Comm *h = c->impl;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && *h != MPI_COMM_WORLD) MPI_Comm_free(h);
+  free(h);
+  free(c);
+}
+
+static const flow_comm_ops mpi_ops = {m_allreduce, m_allgatherv, m_reduce_scatterv, m_alltoall, m_alltoallv, m_broadcast,
+                                      m_send, m_recv, m_barrier, m_minmax, m_group, m_free};
+
+/* ---- bootstrap -------------------------------------------------------------------------------- */
+
+int flow_comm_init(void) {
+  if (world) return 0;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      return flow_error_set("MPI_Init_thread failed");
+    we_started = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  world = wrap(MPI_COMM_WORLD);
+  return world ? 0 : -1;
+}
+
+void flow_comm_finalize(void) {
+  while (cache) {
+    cached *c = cache;
+    cache = c->next;
+    c->comm->ops->free(c->comm);
+    free(c->ranks);
+    free(c);
+  }
+  if (world) world->ops->free(world);
+  world = NULL;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (we_started && !fin) MPI_Finalize();
+  we_started = false;
+}
+
+int flow_comm_rank(void) { return world ? world->rank : 0; }
+int flow_comm_size(void) { return world ? world->size : 1; }
+flow_comm *flow_comm_world(void) { return world; }
+
+flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
+  if (!world && flow_comm_init() != 0) return NULL;
+  for (cached *c = cache; c; c = c->next)
+    if (c->n == n && memcmp(c->ranks, ranks, (size_t)n * sizeof(int)) == 0) return c->comm;
+  bool member = false;
+  for (int i = 0; i < n; i++) member |= ranks[i] == world->rank;
+  if (!member) {
+    flow_error_set("[rank %d] communicator: this rank is not one of the group's ranks", world->rank);
+    return NULL;
+  }
+  cached *c = calloc(1, sizeof *c);
+  if (c) c->ranks = malloc((size_t)n * sizeof(int));
+  if (!c || !c->ranks) { if (c) free(c); flow_error_set("communicator: out of memory"); return NULL; }
+  memcpy(c->ranks, ranks, (size_t)n * sizeof(int));
+  c->n = n;
+  if (world->ops->group(world, ranks, n, &c->comm) != 0) { free(c->ranks); free(c); return NULL; }
+  c->next = cache;
+  cache = c;
+  return c->comm;
+}
+
+int flow_comm_allgather(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
+  size_t *v = malloc(2 * (size_t)c->size * sizeof(size_t));
+  if (!v) return flow_error_set("all-gather: out of memory");
+  for (int i = 0; i < c->size; i++) { v[i] = count; v[c->size + i] = (size_t)i * count; }
+  int rc = c->ops->allgatherv(c, send, count, recv, v, v + c->size, dt);
+  free(v);
+  return rc;
+}

@@ -1,0 +1,59 @@
+/* Ranks and communicators: MPI bootstrap (rank, world size) and a small collective interface with
+ * one vtable per backend (MPI here for host memory; an NCCL backend plugs into the same table).
+ * Counts and displacements are in elements; reductions are sums. */
+#ifndef FLOW_COMM_H
+#define FLOW_COMM_H
+
+#include <stddef.h>
+
+#include "dtype.h"
+
+typedef struct flow_comm flow_comm;
+
+typedef struct flow_comm_ops {
+  int (*allreduce)(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt);
+  /* recv holds every rank's block: rank q's at displs[q], counts[q] elements */
+  int (*allgatherv)(flow_comm *c, const void *send, size_t count, void *recv, const size_t *counts,
+                    const size_t *displs, flow_dtype dt);
+  /* send holds one block per rank, back to back (counts[q] elements for rank q); the sum of
+   * everyone's block for this rank lands in recv */
+  int (*reduce_scatterv)(flow_comm *c, const void *send, void *recv, const size_t *counts, flow_dtype dt);
+  /* every rank sends `count` elements to every rank (blocks back to back, in rank order) */
+  int (*alltoall)(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt);
+  /* per-peer counts; the choice between alltoall and alltoallv must be the same on every rank */
+  int (*alltoallv)(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                   void *recv, const size_t *rcounts, const size_t *rdispls, flow_dtype dt);
+  int (*broadcast)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root);
+  int (*send)(flow_comm *c, const void *buf, size_t count, flow_dtype dt, int peer, int tag);
+  int (*recv)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer, int tag);
+  int (*barrier)(flow_comm *c);
+  /* min and max of a value over the communicator (the cross-rank agreement check) */
+  int (*minmax)(flow_comm *c, long long v, long long *min, long long *max);
+  /* A communicator over the given members (indices into this one, in order); called by the
+   * members only. */
+  int (*group)(flow_comm *c, const int *members, int n, flow_comm **out);
+  void (*free)(flow_comm *c);
+} flow_comm_ops;
+
+struct flow_comm {
+  const flow_comm_ops *ops;
+  void *impl;
+  int rank, size;
+};
+
+/* Start MPI if nobody did (a plain run is a world of one); idempotent. */
+int flow_comm_init(void);
+/* Finalise MPI when flow_comm_init started it; frees every cached communicator. */
+void flow_comm_finalize(void);
+int flow_comm_rank(void);
+int flow_comm_size(void);
+flow_comm *flow_comm_world(void);
+
+/* The cached communicator over these world ranks (in this order), made on first use.
+ * Only members may ask; NULL + error otherwise. */
+flow_comm *flow_comm_for_ranks(const int *ranks, int n);
+
+/* Equal-block conveniences over the v-variants. */
+int flow_comm_allgather(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt);
+
+#endif

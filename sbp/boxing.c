@@ -1,0 +1,339 @@
+/* Boxing: plan and run SBP conversions on a placement (boxing.h).
+ * A step converts one mesh axis inside the group of ranks that differ only on that axis; that
+ * group holds one "sub-logical" box of the tensor (the box the other axes give it), and the step
+ * is the 1-D conversion of that box. Splits nest in mesh-axis order, so a step is valid unless a
+ * later (inner) mesh axis splits the same tensor axis the step splits or gathers. */
+#include "boxing.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "cost.h"
+
+/* ---- planning --------------------------------------------------------------------------------- */
+
+static bool splits(flow_sbp s, int axis) { return s.kind == FLOW_SBP_S && s.axis == axis; }
+
+/* Does an inner mesh axis (k > m) split a tensor axis that step m splits or gathers? */
+static bool conflicts(const flow_placement *p, const flow_nd_sbp *cur, int m, flow_sbp from, flow_sbp to) {
+  for (int k = m + 1; k < cur->n; k++) {
+    if (p->shape[k] == 1 || cur->v[k].kind != FLOW_SBP_S) continue;
+    if ((from.kind == FLOW_SBP_S && splits(cur->v[k], from.axis)) || (to.kind == FLOW_SBP_S && splits(cur->v[k], to.axis)))
+      return true;
+  }
+  return false;
+}
+
+static double group_bytes(const flow_placement *p, const flow_nd_sbp *cur, int m, int ndim, const int64_t *shape,
+                          flow_dtype dtype) {
+  int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
+  int zero[FLOW_MAX_MESH] = {0};
+  flow_global_box(p, cur, ndim, shape, p->me >= 0 ? p->coord : zero, m, start, size);
+  return (double)flow_shape_numel(ndim, size) * (double)flow_dtype_size(dtype);
+}
+
+static void add_step(flow_boxing_plan *plan, const flow_placement *p, flow_nd_sbp *cur, int m, flow_sbp to,
+                     int ndim, const int64_t *shape, flow_dtype dtype) {
+  flow_boxing_step *s = &plan->steps[plan->nsteps++];
+  s->axis = m;
+  s->from = cur->v[m];
+  s->to = to;
+  s->bytes = flow_cost_1d(s->from, to, p->shape[m], group_bytes(p, cur, m, ndim, shape, dtype), &s->collective);
+  plan->cost += s->bytes;
+  cur->v[m] = to;
+}
+
+/* Axis by axis in the given order; false if some step would be invalid. */
+static bool plan_direct(const flow_placement *p, const flow_nd_sbp *src, const flow_nd_sbp *dst, bool reverse,
+                        int ndim, const int64_t *shape, flow_dtype dtype, flow_boxing_plan *plan) {
+  flow_nd_sbp cur = *src;
+  plan->nsteps = 0;
+  plan->cost = 0;
+  for (int i = 0; i < src->n; i++) {
+    int m = reverse ? src->n - 1 - i : i;
+    if (p->shape[m] == 1 || flow_sbp_eq(cur.v[m], dst->v[m])) continue;
+    if (conflicts(p, &cur, m, cur.v[m], dst->v[m])) return false;
+    add_step(plan, p, &cur, m, dst->v[m], ndim, shape, dtype);
+  }
+  return true;
+}
+
+int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const flow_nd_sbp *dst,
+                          int ndim, const int64_t *shape, flow_dtype dtype, flow_boxing_plan *plan) {
+  memset(plan, 0, sizeof *plan);
+  if (src->n != p->ndim || dst->n != p->ndim)
+    return flow_error_set("to_global: %d SBP values for a placement with %d mesh axes", dst->n, p->ndim);
+  if (plan_direct(p, src, dst, true, ndim, shape, dtype, plan)) return 0;
+  if (plan_direct(p, src, dst, false, ndim, shape, dtype, plan)) return 0;
+  /* gather every axis to broadcast, innermost first, then slice outermost first */
+  flow_nd_sbp cur = *src;
+  plan->nsteps = 0;
+  plan->cost = 0;
+  plan->via_broadcast = true;
+  for (int m = src->n - 1; m >= 0; m--)
+    if (p->shape[m] > 1 && cur.v[m].kind != FLOW_SBP_B)
+      add_step(plan, p, &cur, m, flow_sbp_broadcast(), ndim, shape, dtype);
+  for (int m = 0; m < src->n; m++)
+    if (p->shape[m] > 1 && dst->v[m].kind != FLOW_SBP_B) add_step(plan, p, &cur, m, dst->v[m], ndim, shape, dtype);
+  return 0;
+}
+
+/* ---- moving bytes ----------------------------------------------------------------------------- */
+
+/* Copy the box `size` at sstart of a dense array of shape sshape to dstart of a dense array of
+ * shape dshape. Trailing axes copied whole merge into one memcpy. */
+static void copy_box(char *dst, const int64_t *dshape, const int64_t *dstart, const char *src,
+                     const int64_t *sshape, const int64_t *sstart, const int64_t *size, int ndim, size_t es) {
+  if (flow_shape_numel(ndim, size) == 0) return;
+  int k = ndim - 1;
+  size_t chunk = es;
+  while (k > 0 && size[k] == dshape[k] && size[k] == sshape[k]) chunk *= (size_t)size[k--];
+  if (ndim == 0) { memcpy(dst, src, es); return; }
+  chunk *= (size_t)size[k];
+  int64_t dstr[FLOW_MAX_DIMS], sstr[FLOW_MAX_DIMS], idx[FLOW_MAX_DIMS] = {0};
+  flow_contiguous_strides(ndim, dshape, dstr);
+  flow_contiguous_strides(ndim, sshape, sstr);
+  for (;;) {
+    int64_t doff = 0, soff = 0;
+    for (int d = 0; d <= k; d++) {
+      int64_t i = d < k ? idx[d] : 0;
+      doff += (dstart[d] + i) * dstr[d];
+      soff += (sstart[d] + i) * sstr[d];
+    }
+    memcpy(dst + doff * (int64_t)es, src + soff * (int64_t)es, chunk);
+    int d = k - 1;
+    while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}
+
+/* A dense copy of any strided tensor (or t itself, new reference, when already dense). */
+static flow_tensor *dense(flow_tensor *t) {
+  if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
+  flow_tensor *d = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
+  if (!d) return NULL;
+  size_t es = flow_dtype_size(t->dtype);
+  int64_t n = flow_tensor_numel(t), idx[FLOW_MAX_DIMS] = {0};
+  const char *base = (const char *)t->storage->data;
+  char *out = flow_tensor_data(d);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t off = t->offset;
+    for (int i = 0; i < t->ndim; i++) off += idx[i] * t->stride[i];
+    memcpy(out + e * (int64_t)es, base + off * (int64_t)es, es);
+    for (int i = t->ndim - 1; i >= 0 && ++idx[i] == t->shape[i]; i--) idx[i] = 0;
+  }
+  return d;
+}
+
+static flow_tensor *zeros(flow_dtype dt, flow_device dev, int ndim, const int64_t *shape) {
+  flow_tensor *t = flow_tensor_new(dt, dev, ndim, shape);
+  if (t) memset(flow_tensor_data(t), 0, flow_tensor_nbytes(t));
+  return t;
+}
+
+/* All axes before `axis` have size 1: blocks along `axis` are contiguous. */
+static bool leading(int ndim, const int64_t *shape, int axis) {
+  for (int d = 0; d < axis && d < ndim; d++)
+    if (shape[d] != 1) return false;
+  return true;
+}
+
+typedef struct group {
+  flow_comm *comm;
+  int p, r;              /* group size, this rank's index */
+  int ndim;
+  const int64_t *sub;    /* the box the group holds */
+} group;
+
+/* Shape of part q along axis a of the sub box, and where it starts. */
+static int64_t part(const group *g, int a, int q, int64_t *shape) {
+  int64_t s, l;
+  flow_split_range(g->sub[a], g->p, q, &s, &l);
+  memcpy(shape, g->sub, (size_t)g->ndim * sizeof(int64_t));
+  shape[a] = l;
+  return s;
+}
+
+static flow_tensor *gather(const group *g, flow_tensor *x, int a) {
+  int64_t yshape[FLOW_MAX_DIMS], bshape[FLOW_MAX_DIMS], zero[FLOW_MAX_DIMS] = {0}, start[FLOW_MAX_DIMS] = {0};
+  size_t es = flow_dtype_size(x->dtype), *counts = malloc(2 * (size_t)g->p * sizeof(size_t));
+  flow_tensor *y = flow_tensor_new(x->dtype, x->device, g->ndim, g->sub);
+  char *tmp = NULL;
+  if (!counts || !y) goto fail;
+  memcpy(yshape, g->sub, sizeof yshape);
+  size_t off = 0;
+  for (int q = 0; q < g->p; q++) {
+    part(g, a, q, bshape);
+    counts[q] = (size_t)flow_shape_numel(g->ndim, bshape);
+    counts[g->p + q] = off;
+    off += counts[q];
+  }
+  bool direct = leading(g->ndim, g->sub, a);
+  if (!direct && !(tmp = malloc(off * es + 1))) { flow_error_set("to_global: out of memory"); goto fail; }
+  if (g->comm->ops->allgatherv(g->comm, flow_tensor_data(x), (size_t)flow_tensor_numel(x),
+                               direct ? flow_tensor_data(y) : tmp, counts, counts + g->p, x->dtype) != 0)
+    goto fail;
+  for (int q = 0; !direct && q < g->p; q++) {
+    start[a] = part(g, a, q, bshape);
+    copy_box(flow_tensor_data(y), yshape, start, tmp + counts[g->p + q] * es, bshape, zero, bshape, g->ndim, es);
+  }
+  free(tmp);
+  free(counts);
+  return y;
+fail:
+  free(tmp);
+  free(counts);
+  flow_tensor_decref(y);
+  return NULL;
+}
+
+static flow_tensor *reduce_scatter(const group *g, flow_tensor *x, int a) {
+  int64_t yshape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, zero[FLOW_MAX_DIMS] = {0};
+  size_t es = flow_dtype_size(x->dtype), *counts = malloc((size_t)g->p * sizeof(size_t));
+  part(g, a, g->r, yshape);
+  flow_tensor *y = flow_tensor_new(x->dtype, x->device, g->ndim, yshape);
+  char *tmp = NULL;
+  if (!counts || !y) goto fail;
+  bool direct = leading(g->ndim, g->sub, a);
+  if (!direct && !(tmp = malloc(flow_tensor_nbytes(x) + 1))) { flow_error_set("to_global: out of memory"); goto fail; }
+  size_t off = 0;
+  for (int q = 0; q < g->p; q++) {
+    int64_t bshape[FLOW_MAX_DIMS];
+    start[a] = part(g, a, q, bshape);
+    counts[q] = (size_t)flow_shape_numel(g->ndim, bshape);
+    if (!direct) copy_box(tmp + off * es, bshape, zero, flow_tensor_data(x), g->sub, start, bshape, g->ndim, es);
+    off += counts[q];
+  }
+  if (g->comm->ops->reduce_scatterv(g->comm, direct ? flow_tensor_data(x) : tmp, flow_tensor_data(y), counts,
+                                    x->dtype) != 0)
+    goto fail;
+  free(tmp);
+  free(counts);
+  return y;
+fail:
+  free(tmp);
+  free(counts);
+  flow_tensor_decref(y);
+  return NULL;
+}
+
+/* S(a) -> S(b): rank r sends part q (along b) of its shard to rank q and receives part r (along b)
+ * of q's shard, which lands at q's offset along a. */
+static flow_tensor *all_to_all(const group *g, flow_tensor *x, int a, int b) {
+  int n = g->p, nd = g->ndim;
+  int64_t xshape[FLOW_MAX_DIMS], yshape[FLOW_MAX_DIMS], zero[FLOW_MAX_DIMS] = {0};
+  size_t es = flow_dtype_size(x->dtype), *v = malloc(4 * (size_t)n * sizeof(size_t));
+  part(g, a, g->r, xshape);
+  part(g, b, g->r, yshape);
+  flow_tensor *y = flow_tensor_new(x->dtype, x->device, nd, yshape);
+  char *sbuf = NULL, *rbuf = NULL;
+  if (!v || !y) goto fail;
+  bool pack = !leading(nd, xshape, b), unpack = !leading(nd, yshape, a);
+  if ((pack && !(sbuf = malloc(flow_tensor_nbytes(x) + 1))) || (unpack && !(rbuf = malloc(flow_tensor_nbytes(y) + 1)))) {
+    flow_error_set("to_global: out of memory");
+    goto fail;
+  }
+  size_t soff = 0, roff = 0;
+  for (int q = 0; q < n; q++) {
+    int64_t sshape[FLOW_MAX_DIMS], rshape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, tmp[FLOW_MAX_DIMS];
+    memcpy(sshape, xshape, sizeof sshape);
+    start[b] = part(g, b, q, tmp);
+    sshape[b] = tmp[b];
+    memcpy(rshape, yshape, sizeof rshape);
+    part(g, a, q, tmp);
+    rshape[a] = tmp[a];
+    v[q] = (size_t)flow_shape_numel(nd, sshape);
+    v[n + q] = soff;
+    v[2 * n + q] = (size_t)flow_shape_numel(nd, rshape);
+    v[3 * n + q] = roff;
+    if (pack) copy_box(sbuf + soff * es, sshape, zero, flow_tensor_data(x), xshape, start, sshape, nd, es);
+    soff += v[q];
+    roff += v[2 * n + q];
+  }
+  /* equal blocks everywhere exactly when both axes divide evenly: every rank decides alike */
+  const void *sp = pack ? sbuf : flow_tensor_data(x);
+  void *rp = unpack ? rbuf : flow_tensor_data(y);
+  int rc = g->sub[a] % n == 0 && g->sub[b] % n == 0 ? g->comm->ops->alltoall(g->comm, sp, rp, v[0], x->dtype)
+                                                    : g->comm->ops->alltoallv(g->comm, sp, v, v + n, rp, v + 2 * n, v + 3 * n, x->dtype);
+  if (rc != 0) goto fail;
+  for (int q = 0; unpack && q < n; q++) {
+    int64_t rshape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, tmp[FLOW_MAX_DIMS];
+    memcpy(rshape, yshape, sizeof rshape);
+    start[a] = part(g, a, q, tmp);
+    rshape[a] = tmp[a];
+    copy_box(flow_tensor_data(y), yshape, start, rbuf + v[3 * n + q] * es, rshape, zero, rshape, nd, es);
+  }
+  free(sbuf);
+  free(rbuf);
+  free(v);
+  return y;
+fail:
+  free(sbuf);
+  free(rbuf);
+  free(v);
+  flow_tensor_decref(y);
+  return NULL;
+}
+
+/* One 1-D conversion of the group's box; x is this rank's dense shard under `from`. */
+static flow_tensor *box1d(const group *g, flow_tensor *x, flow_sbp from, flow_sbp to) {
+  int nd = g->ndim;
+  size_t es = flow_dtype_size(x->dtype);
+  int64_t shape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, zero[FLOW_MAX_DIMS] = {0};
+  if (flow_sbp_eq(from, to) || g->p == 1) { flow_tensor_incref(x); return x; }
+  if (from.kind == FLOW_SBP_S && to.kind == FLOW_SBP_S) return all_to_all(g, x, from.axis, to.axis);
+  if (from.kind == FLOW_SBP_S && to.kind == FLOW_SBP_B) return gather(g, x, from.axis);
+  if (from.kind == FLOW_SBP_P && to.kind == FLOW_SBP_S) return reduce_scatter(g, x, to.axis);
+  if (from.kind == FLOW_SBP_P) { /* -> B */
+    flow_tensor *y = flow_tensor_new(x->dtype, x->device, nd, g->sub);
+    if (y && g->comm->ops->allreduce(g->comm, flow_tensor_data(x), flow_tensor_data(y), (size_t)flow_tensor_numel(x),
+                                     x->dtype) != 0) { flow_tensor_decref(y); return NULL; }
+    return y;
+  }
+  if (to.kind == FLOW_SBP_S) { /* B -> S: keep my part */
+    start[to.axis] = part(g, to.axis, g->r, shape);
+    flow_tensor *y = flow_tensor_new(x->dtype, x->device, nd, shape);
+    if (y) copy_box(flow_tensor_data(y), shape, zero, flow_tensor_data(x), g->sub, start, shape, nd, es);
+    return y;
+  }
+  /* -> P: one copy of the data survives, the rest is zeros */
+  flow_tensor *y = zeros(x->dtype, x->device, nd, g->sub);
+  if (!y) return NULL;
+  if (from.kind == FLOW_SBP_B) {
+    if (g->r == 0) memcpy(flow_tensor_data(y), flow_tensor_data(x), flow_tensor_nbytes(x));
+  } else {
+    start[from.axis] = part(g, from.axis, g->r, shape);
+    copy_box(flow_tensor_data(y), g->sub, start, flow_tensor_data(x), shape, zero, shape, nd, es);
+  }
+  return y;
+}
+
+flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
+                             int ndim, const int64_t *shape, flow_tensor *local) {
+  if (local->device.type != FLOW_CPU && plan->nsteps > 0) {
+    flow_error_set("to_global: boxing of device tensors needs a device communicator (not built yet)");
+    return NULL;
+  }
+  int64_t start[FLOW_MAX_DIMS], sub[FLOW_MAX_DIMS];
+  flow_global_box(p, src, ndim, shape, p->coord, -1, start, sub);
+  if (!flow_shape_eq(local->ndim, local->shape, ndim, sub)) {
+    char a[96], b[96];
+    flow_error_set("[rank %d] to_global: this rank's shard has shape %s but the SBP gives %s", flow_comm_rank(),
+                   flow_shape_str(local->ndim, local->shape, a, sizeof a), flow_shape_str(ndim, sub, b, sizeof b));
+    return NULL;
+  }
+  flow_tensor *x = dense(local);
+  flow_nd_sbp cur = *src;
+  for (int i = 0; x && i < plan->nsteps; i++) {
+    const flow_boxing_step *s = &plan->steps[i];
+    group g = {flow_placement_axis_comm(p, s->axis), p->shape[s->axis], p->coord[s->axis], ndim, sub};
+    if (!g.comm) { flow_tensor_decref(x); return NULL; }
+    flow_global_box(p, &cur, ndim, shape, p->coord, s->axis, start, sub);
+    flow_tensor *y = box1d(&g, x, s->from, s->to);
+    flow_tensor_decref(x);
+    x = y;
+    cur.v[s->axis] = s->to;
+  }
+  return x;
+}

@@ -1,0 +1,32 @@
+/* Boxing: converting a global tensor between nd-SBPs on a placement, one mesh axis at a time,
+ * each step a collective inside that axis' sub-communicator (or a local slice). Planned and
+ * costed here, run on raw shards; the op that makes boxing differentiable lives in dispatch.c. */
+#ifndef FLOW_BOXING_H
+#define FLOW_BOXING_H
+
+#include "global.h"
+
+typedef struct flow_boxing_step {
+  int axis;                 /* mesh axis */
+  flow_sbp from, to;
+  const char *collective;   /* "all-gather", "local slice", ... */
+  double bytes;             /* modelled bytes moved (cost.h) */
+} flow_boxing_step;
+
+typedef struct flow_boxing_plan {
+  int nsteps;
+  flow_boxing_step steps[2 * FLOW_MAX_MESH];
+  bool via_broadcast;       /* no axis-by-axis path: gather everything, then slice */
+  double cost;
+} flow_boxing_plan;
+
+/* Plan src -> (p, dst) for a tensor of this logical shape and dtype. -1 + error when the
+ * conversion is not supported (different placements). */
+int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const flow_nd_sbp *dst,
+                          int ndim, const int64_t *shape, flow_dtype dtype, flow_boxing_plan *plan);
+/* Run the plan on this rank's shard `local` (the shard of src); returns the shard of dst (a new
+ * reference, a plain local tensor) or NULL + error. */
+flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
+                             int ndim, const int64_t *shape, flow_tensor *local);
+
+#endif

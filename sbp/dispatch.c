@@ -1,0 +1,639 @@
+/* Eager global execution (dispatch.h): for an op with a global input, infer the logical result,
+ * pick the cheapest SBP signature per mesh axis, box the inputs, run the local kernel on shards
+ * and wrap the outputs. Boxing itself is the to_global op, whose gradient is the reverse boxing. */
+#include "dispatch.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ops/autograd.h"
+#include "../ops/op.h"
+#include "cost.h"
+#include "signature.h"
+
+/* ---- targets: (placement, nd-SBP, logical shape) interned so attrs can carry them as an id ---- */
+
+typedef struct target {
+  const flow_placement *placement;
+  flow_nd_sbp sbp;
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+} target;
+
+static target *targets;
+static int ntargets, captargets;
+
+static int target_id(const flow_placement *p, const flow_nd_sbp *sbp, int ndim, const int64_t *shape) {
+  for (int i = ntargets - 1; i >= 0; i--) {
+    target *t = &targets[i];
+    if (t->placement == p && flow_nd_sbp_eq(&t->sbp, sbp) && flow_shape_eq(t->ndim, t->shape, ndim, shape)) return i;
+  }
+  if (ntargets == captargets) {
+    int cap = captargets ? 2 * captargets : 64;
+    target *n = realloc(targets, (size_t)cap * sizeof *n);
+    if (!n) return flow_error_set("to_global: out of memory");
+    targets = n;
+    captargets = cap;
+  }
+  target *t = &targets[ntargets];
+  memset(t, 0, sizeof *t);
+  t->placement = p;
+  t->sbp = *sbp;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, (size_t)ndim * sizeof(int64_t));
+  return ntargets++;
+}
+
+/* ---- small helpers ----------------------------------------------------------------------------- */
+
+static int rank_error(const char *fmt, ...) {
+  char m[900];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m, sizeof m, fmt, ap);
+  va_end(ap);
+  return flow_error_set("[rank %d] %s", flow_comm_rank(), m);
+}
+
+/* Prefix the current error with the rank, once. */
+static int rank_prefix(void) {
+  const char *m = flow_error_get();
+  if (strncmp(m, "[rank ", 6) == 0) return -1;
+  char copy[1024];
+  snprintf(copy, sizeof copy, "%s", m);
+  return flow_error_set("[rank %d] %s", flow_comm_rank(), copy);
+}
+
+static void all_b(flow_nd_sbp *s, int n) {
+  s->n = n;
+  for (int i = 0; i < n; i++) s->v[i] = flow_sbp_broadcast();
+}
+
+/* t's current SBP on p: its own, or all-broadcast for a local tensor (same value on every rank). */
+static void sbp_of(const flow_tensor *t, const flow_placement *p, flow_nd_sbp *s) {
+  if (t->global) *s = flow_global_of(t)->sbp;
+  else all_b(s, p->ndim);
+}
+
+static void logical_of(const flow_tensor *t, int *ndim, int64_t *shape) {
+  const flow_global *g = flow_global_of(t);
+  *ndim = g ? g->ndim : t->ndim;
+  memcpy(shape, g ? g->shape : t->shape, (size_t)*ndim * sizeof(int64_t));
+}
+
+/* Give t (a plain local shard) global metadata. */
+static int wrap(flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp, int ndim, const int64_t *shape) {
+  flow_global *g = flow_global_new(p, sbp, ndim, shape);
+  if (!g) return -1;
+  flow_global_attach(t, g);
+  return 0;
+}
+
+/* ---- explain trace ----------------------------------------------------------------------------- */
+
+static char *trace;
+static size_t trace_len, trace_cap;
+static bool tracing;
+
+static void tracef(const char *fmt, ...) {
+  if (!tracing) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n >= sizeof line) n = sizeof line - 1;
+  if (trace_len + (size_t)n + 1 > trace_cap) {
+    size_t cap = (trace_cap + (size_t)n + 1) * 2;
+    char *t = realloc(trace, cap);
+    if (!t) return;
+    trace = t;
+    trace_cap = cap;
+  }
+  memcpy(trace + trace_len, line, (size_t)n + 1);
+  trace_len += (size_t)n;
+}
+
+void flow_global_trace_begin(void) {
+  tracing = true;
+  trace_len = 0;
+  if (trace) trace[0] = 0;
+}
+
+char *flow_global_trace_end(void) {
+  tracing = false;
+  char *s = trace ? trace : calloc(1, 1);
+  trace = NULL;
+  trace_len = trace_cap = 0;
+  return s;
+}
+
+static void trace_plan(const char *indent, const flow_boxing_plan *plan) {
+  if (plan->nsteps == 0) { tracef("%sno data moves\n", indent); return; }
+  if (plan->via_broadcast)
+    tracef("%sno axis-by-axis path: gather to broadcast, then slice\n", indent);
+  for (int i = 0; i < plan->nsteps; i++) {
+    const flow_boxing_step *s = &plan->steps[i];
+    char a[16], b[16];
+    tracef("%smesh axis %d: %s -> %s by %s, %.0f bytes moved\n", indent, s->axis, flow_sbp_str(s->from, a, sizeof a),
+           flow_sbp_str(s->to, b, sizeof b), s->collective, s->bytes);
+  }
+}
+
+/* ---- boxing a tensor ----------------------------------------------------------------------------- */
+
+/* The shard of t under (p, dst): t itself (new reference) when nothing changes. */
+static flow_tensor *box_shard(const char *what, flow_tensor *t, const flow_placement *p, const flow_nd_sbp *dst) {
+  flow_nd_sbp src;
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+  sbp_of(t, p, &src);
+  logical_of(t, &ndim, shape);
+  if (flow_nd_sbp_eq(&src, dst)) { flow_tensor_incref(t); return t; }
+  flow_boxing_plan plan;
+  if (flow_boxing_plan_make(p, &src, dst, ndim, shape, t->dtype, &plan) != 0) return NULL;
+  if (tracing) {
+    char a[64], b[64];
+    tracef("  %s: %s -> %s\n", what, flow_nd_sbp_str(&src, a, sizeof a), flow_nd_sbp_str(dst, b, sizeof b));
+    trace_plan("    ", &plan);
+  }
+  return flow_boxing_run(&plan, p, &src, ndim, shape, t);
+}
+
+/* ---- agreement check --------------------------------------------------------------------------- */
+
+static bool check_on;
+void flow_global_set_check(bool on) { check_on = on; }
+bool flow_global_check_enabled(void) { return check_on; }
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Every rank of the placement hashes (op, logical shapes, dtypes, SBP) and compares min and max. */
+static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, char *sig, size_t n) {
+  uint64_t h = fnv(1469598103934665603ull, op->name, strlen(op->name));
+  for (int i = 0; i < nin; i++) {
+    int nd;
+    int64_t shape[FLOW_MAX_DIMS];
+    flow_nd_sbp s;
+    logical_of(in[i], &nd, shape);
+    sbp_of(in[i], p, &s);
+    h = fnv(h, &nd, sizeof nd);
+    h = fnv(h, shape, (size_t)nd * sizeof(int64_t));
+    h = fnv(h, &in[i]->dtype, sizeof in[i]->dtype);
+    for (int m = 0; m < s.n; m++) {
+      int v[2] = {s.v[m].kind, s.v[m].axis};
+      h = fnv(h, v, sizeof v);
+    }
+  }
+  h = fnv(h, p->ranks, (size_t)p->nranks * sizeof(int));
+  flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
+  if (!c) return -1;
+  long long v = (long long)(h >> 2), lo, hi;
+  if (c->ops->minmax(c, v, &lo, &hi) != 0) return -1;
+  if (lo != hi)
+    return rank_error("%s: ranks disagree on this global op (the op, its input shapes or SBP differ between "
+                      "ranks); this rank called %s", op->name, sig);
+  (void)n;
+  return 0;
+}
+
+/* "matmul({8,16} S(0), {16,32} B)" for messages and traces */
+static void describe(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, char *buf, size_t n) {
+  size_t len = (size_t)snprintf(buf, n, "%s(", op->name);
+  for (int i = 0; i < nin && len < n; i++) {
+    int nd;
+    int64_t shape[FLOW_MAX_DIMS];
+    flow_nd_sbp s;
+    char a[96], b[64];
+    logical_of(in[i], &nd, shape);
+    sbp_of(in[i], p, &s);
+    len += (size_t)snprintf(buf + len, n - len, "%s%s %s%s", i ? ", " : "", flow_shape_str(nd, shape, a, sizeof a),
+                            flow_nd_sbp_str(&s, b, sizeof b), in[i]->global ? "" : " (local)");
+  }
+  if (len < n) snprintf(buf + len, n - len, ")");
+}
+
+/* ---- signature choice --------------------------------------------------------------------------- */
+
+typedef struct choice {
+  flow_nd_sbp in[FLOW_SIG_MAX_IO], out[FLOW_SIG_MAX_IO];
+  bool ruled;
+} choice;
+
+static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, const flow_meta *lmeta,
+                  const flow_placement *p, choice *ch) {
+  flow_sig_query q;
+  memset(&q, 0, sizeof q);
+  q.op = op->name;
+  q.nin = nin;
+  q.nout = op->nout;
+  q.attrs = a;
+  flow_nd_sbp cur[FLOW_SIG_MAX_IO];
+  double bytes[FLOW_SIG_MAX_IO];
+  for (int i = 0; i < nin; i++) {
+    logical_of(in[i], &q.in_ndim[i], q.in_shape[i]);
+    sbp_of(in[i], p, &cur[i]);
+    bytes[i] = (double)flow_shape_numel(q.in_ndim[i], q.in_shape[i]) * (double)flow_dtype_size(in[i]->dtype);
+    ch->in[i].n = p->ndim;
+  }
+  for (int j = 0; j < op->nout; j++) {
+    q.out_ndim[j] = lmeta[j].ndim;
+    memcpy(q.out_shape[j], lmeta[j].shape, sizeof q.out_shape[j]);
+    ch->out[j].n = p->ndim;
+  }
+  ch->ruled = true;
+  flow_sig_list list;
+  for (int m = 0; m < p->ndim; m++) {
+    q.p = p->shape[m];
+    ch->ruled &= flow_sbp_candidates(&q, &list);
+    int best = -1, best_moves = 0;
+    double best_cost = 0;
+    for (int c = 0; c < list.n; c++) {
+      const flow_sbp_sig *s = &list.v[c];
+      /* in place: the destination keeps its layout */
+      if (op->kind == FLOW_OP_INPLACE && (!flow_sbp_eq(s->in[0], cur[0].v[m]) || !flow_sbp_eq(s->out[0], cur[0].v[m])))
+        continue;
+      double cost = 0;
+      int moves = 0;
+      for (int i = 0; i < nin; i++) {
+        cost += flow_cost_infer(cur[i].v[m], s->in[i], p->shape[m], bytes[i]);
+        moves += !flow_sbp_eq(cur[i].v[m], s->in[i]);
+      }
+      /* ties: fewer conversions, then a split output over a broadcast one */
+      bool better = best < 0 || cost < best_cost || (cost == best_cost && moves < best_moves) ||
+                    (cost == best_cost && moves == best_moves && s->out[0].kind == FLOW_SBP_S &&
+                     list.v[best].out[0].kind != FLOW_SBP_S);
+      if (better) { best = c; best_cost = cost; best_moves = moves; }
+    }
+    if (best < 0) {
+      char d[512];
+      describe(op, in, nin, p, d, sizeof d);
+      return rank_error("%s: an in-place op cannot keep its destination's SBP here: %s (box the destination "
+                        "first)", op->name, d);
+    }
+    for (int i = 0; i < nin; i++) ch->in[i].v[m] = list.v[best].in[i];
+    for (int j = 0; j < op->nout; j++) ch->out[j].v[m] = list.v[best].out[j];
+  }
+  return 0;
+}
+
+/* ---- the boxing ops ------------------------------------------------------------------------------ */
+
+extern flow_op flow_op_to_global, flow_op_to_local;
+
+/* attrs of to_global: k = target id; start = the source's target id (-1 for a local source). */
+
+static int infer_same(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+  flow_meta_from(out, in[0]);
+  return 0;
+}
+
+static int copy_dense(flow_tensor *dst, const flow_tensor *src) {
+  size_t es = flow_dtype_size(src->dtype);
+  int64_t n = flow_tensor_numel(src), idx[FLOW_MAX_DIMS] = {0};
+  char *o = flow_tensor_data(dst);
+  const char *base = (const char *)src->storage->data;
+  if (src->device.type != FLOW_CPU) return flow_error_set("to_global: local device tensors are not supported yet");
+  for (int64_t e = 0; e < n; e++) {
+    int64_t off = src->offset;
+    for (int i = 0; i < src->ndim; i++) off += idx[i] * src->stride[i];
+    memcpy(o + e * (int64_t)es, base + off * (int64_t)es, es);
+    for (int i = src->ndim - 1; i >= 0 && ++idx[i] == src->shape[i]; i--) idx[i] = 0;
+  }
+  return 0;
+}
+
+/* A local tensor becomes this rank's shard. Collective over the placement: the logical shape is
+ * summed from the shards along split axes (innermost first), every rank checks its shard is the
+ * one the SBP gives it (and all agree on the outcome), and broadcast axes take coordinate 0's copy
+ * so the ranks hold the same values. */
+static FLOW_KERNEL(kernel_local_to_global) {
+  const target *tg = &targets[a->k];
+  const flow_placement *p = tg->placement;
+  if (p->me < 0) return rank_error("to_global: this rank is not in the placement (not supported yet)");
+  if (copy_dense(out[0], in[0]) != 0) return -1;
+  int nd = in[0]->ndim;
+  int64_t shape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
+  memcpy(shape, in[0]->shape, sizeof shape);
+  for (int m = p->ndim - 1; m >= 0; m--) {
+    if (tg->sbp.v[m].kind != FLOW_SBP_S || p->shape[m] == 1) continue;
+    flow_comm *c = flow_placement_axis_comm(p, m);
+    int ax = tg->sbp.v[m].axis;
+    if (!c || c->ops->allreduce(c, &shape[ax], &shape[ax], 1, FLOW_I64) != 0) return -1;
+  }
+  flow_global_box(p, &tg->sbp, nd, shape, p->coord, -1, start, box);
+  flow_comm *all = flow_comm_for_ranks(p->ranks, p->nranks);
+  long long lo, hi;
+  if (!all || all->ops->minmax(all, flow_shape_eq(nd, box, nd, in[0]->shape), &lo, &hi) != 0) return -1;
+  if (lo == 0) {
+    char s[96], l[96];
+    return rank_error("to_global: the local shards do not form a tensor split as asked (this rank holds %s of a "
+                      "logical %s; splits give the first n %% p ranks one more row)",
+                      flow_shape_str(nd, in[0]->shape, s, sizeof s), flow_shape_str(nd, shape, l, sizeof l));
+  }
+  for (int m = 0; m < p->ndim; m++) {
+    if (tg->sbp.v[m].kind != FLOW_SBP_B || p->shape[m] == 1) continue;
+    flow_comm *c = flow_placement_axis_comm(p, m);
+    if (!c || c->ops->broadcast(c, flow_tensor_data(out[0]), (size_t)flow_tensor_numel(out[0]), out[0]->dtype, 0) != 0)
+      return -1;
+  }
+  return wrap(out[0], p, &tg->sbp, nd, shape);
+}
+
+/* Global -> global: plan and run the boxing; the result shares nothing with the input. */
+static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out) {
+  const target *tg = &targets[a->k];
+  const flow_global *g = flow_global_of(in);
+  if (g->placement != tg->placement) {
+    char x[128], y[128];
+    return rank_error("to_global: moving between placements (%s to %s) is not supported yet",
+                      flow_placement_str(g->placement, x, sizeof x), flow_placement_str(tg->placement, y, sizeof y));
+  }
+  if (tracing) {
+    char s[256];
+    describe(&flow_op_to_global, &in, 1, g->placement, s, sizeof s);
+    tracef("%s\n", s);
+  }
+  flow_tensor *y = box_shard("input 1", in, tg->placement, &tg->sbp);
+  if (!y) return rank_prefix();
+  if (y == in) { /* nothing to move: a new header on the same shard */
+    flow_tensor_decref(y);
+    y = flow_tensor_view_of(in, in->ndim, in->shape, in->stride, in->offset);
+    if (!y) return -1;
+  }
+  if (wrap(y, tg->placement, &tg->sbp, g->ndim, g->shape) != 0) { flow_tensor_decref(y); return -1; }
+  out[0] = y;
+  return 0;
+}
+
+/* Local gradient for a local source: the gradient's shard under the forward SBP with partial
+ * sums made whole. Global source: the gradient boxed back to the source SBP, except that a
+ * broadcast source keeps a partial gradient partial (the reverse of broadcast is partial_sum). */
+static int grad_to_global(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0];
+  if (!g || !c->need[0]) return 0;
+  const target *dst = &targets[c->attrs->k];
+  flow_tensor *gg = g;
+  flow_tensor_incref(gg);
+  if (!g->global) { /* a local gradient is the same value everywhere: broadcast */
+    flow_nd_sbp b;
+    all_b(&b, dst->placement->ndim);
+    flow_tensor *w = flow_tensor_alias(g);
+    if (!w || wrap(w, dst->placement, &b, g->ndim, g->shape) != 0) { flow_tensor_decref(w); flow_tensor_decref(gg); return -1; }
+    flow_tensor_decref(gg);
+    gg = w;
+  }
+  flow_nd_sbp want;
+  const flow_placement *p;
+  if (c->attrs->start < 0) {
+    p = dst->placement;
+    want = dst->sbp;
+    for (int m = 0; m < want.n; m++)
+      if (want.v[m].kind == FLOW_SBP_P) want.v[m] = flow_sbp_broadcast();
+  } else {
+    const target *src = &targets[c->attrs->start];
+    const flow_nd_sbp *gs = &flow_global_of(gg)->sbp;
+    p = src->placement;
+    want = src->sbp;
+    for (int m = 0; m < want.n; m++)
+      if (want.v[m].kind == FLOW_SBP_B && gs->v[m].kind == FLOW_SBP_P) want.v[m] = flow_sbp_partial();
+  }
+  flow_tensor *r = flow_to_global(gg, p, &want);
+  flow_tensor_decref(gg);
+  if (!r) return -1;
+  if (c->attrs->start < 0) {
+    gin[0] = flow_to_local(r);
+    flow_tensor_decref(r);
+    return gin[0] ? 0 : -1;
+  }
+  gin[0] = r;
+  return 0;
+}
+
+FLOW_OP(to_global) {.name = "to_global", .nin = 1, .nout = 1, .infer = infer_same,
+                    .kernel = {[FLOW_CPU] = kernel_local_to_global}, .grad = grad_to_global};
+
+/* to_local on a local tensor is the identity (a view). */
+static FLOW_KERNEL(kernel_to_local) {
+  out[0] = flow_tensor_view_of(in[0], in[0]->ndim, in[0]->shape, in[0]->stride, in[0]->offset);
+  return out[0] ? 0 : -1;
+}
+
+/* The shard's gradient is the shard of the global gradient (attrs.k: the source's target). */
+static int grad_to_local(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0];
+  if (!g || !c->need[0]) return 0;
+  if (c->attrs->k < 0 || g->global) { flow_tensor_incref(g); gin[0] = g; return 0; }
+  const target *t = &targets[c->attrs->k];
+  flow_tensor *w = flow_tensor_alias(g);
+  if (!w || wrap(w, t->placement, &t->sbp, t->ndim, t->shape) != 0) { flow_tensor_decref(w); return -1; }
+  gin[0] = w;
+  return 0;
+}
+
+FLOW_OP(to_local) {.name = "to_local", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_same,
+                   .kernel = {[FLOW_CPU] = kernel_to_local, [FLOW_CUDA] = kernel_to_local}, .grad = grad_to_local};
+
+flow_tensor *flow_to_global(flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp) {
+  int nd;
+  int64_t shape[FLOW_MAX_DIMS];
+  logical_of(t, &nd, shape);
+  if (flow_global_check("to_global", p, sbp, nd) != 0) return NULL;
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.start = -1;
+  if (t->global) {
+    const flow_global *g = flow_global_of(t);
+    if ((at.start = target_id(g->placement, &g->sbp, g->ndim, g->shape)) < 0) return NULL;
+  }
+  /* a local source's logical shape is only known after the kernel runs: the id is patched there */
+  if ((at.k = target_id(p, sbp, nd, shape)) < 0) return NULL;
+  return flow_op_call1(&flow_op_to_global, &t, 1, &at);
+}
+
+flow_tensor *flow_to_local(flow_tensor *t) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.k = -1;
+  if (t->global) {
+    const flow_global *g = flow_global_of(t);
+    if ((at.k = target_id(g->placement, &g->sbp, g->ndim, g->shape)) < 0) return NULL;
+  }
+  return flow_op_call1(&flow_op_to_local, &t, 1, &at);
+}
+
+char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp) {
+  int nd;
+  int64_t shape[FLOW_MAX_DIMS];
+  flow_nd_sbp src;
+  logical_of(t, &nd, shape);
+  if (flow_global_check("explain", p, sbp, nd) != 0) return NULL;
+  sbp_of(t, p, &src);
+  bool saved = tracing;
+  char *prev = trace;
+  size_t plen = trace_len, pcap = trace_cap;
+  trace = NULL;
+  trace_len = trace_cap = 0;
+  tracing = true;
+  char a[96], b[64], c[64], d[160];
+  tracef("to_global of %s %s on %s: %s -> %s\n", flow_shape_str(nd, shape, a, sizeof a), flow_dtype_name(t->dtype),
+         flow_placement_str(p, d, sizeof d), flow_nd_sbp_str(&src, b, sizeof b), flow_nd_sbp_str(sbp, c, sizeof c));
+  int rc = 0;
+  if (t->global && flow_global_of(t)->placement != p) {
+    tracef("  between placements: not supported yet\n");
+  } else if (!t->global) {
+    tracef("  a local tensor becomes this rank's shard (shapes are summed over split axes, broadcast axes "
+           "take rank 0's copy)\n");
+  } else {
+    flow_boxing_plan plan;
+    rc = flow_boxing_plan_make(p, &src, sbp, nd, shape, t->dtype, &plan);
+    if (rc == 0) {
+      trace_plan("  ", &plan);
+      tracef("  total: %.0f bytes moved\n", plan.cost);
+    }
+  }
+  char *s = flow_global_trace_end();
+  trace = prev;
+  trace_len = plen;
+  trace_cap = pcap;
+  tracing = saved;
+  if (rc != 0) { free(s); return NULL; }
+  return s;
+}
+
+/* ---- the dispatcher ------------------------------------------------------------------------------ */
+
+static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
+  for (int j = 0; j < op->nout; j++) out[j] = NULL;
+  if (op == &flow_op_to_global) return run_to_global(in[0], a, out);
+  if (op == &flow_op_to_local) {
+    out[0] = flow_tensor_view_of(in[0], in[0]->ndim, in[0]->shape, in[0]->stride, in[0]->offset);
+    return out[0] ? 0 : -1;
+  }
+  const flow_placement *p = NULL;
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]->global) continue;
+    const flow_placement *q = flow_global_of(in[i])->placement;
+    if (!p) p = q;
+    else if (p != q) {
+      char x[128], y[128];
+      return rank_error("%s: inputs are on different placements (%s and %s); move one with to_global", op->name,
+                        flow_placement_str(p, x, sizeof x), flow_placement_str(q, y, sizeof y));
+    }
+  }
+  if (nin > FLOW_SIG_MAX_IO || op->nout > FLOW_SIG_MAX_IO)
+    return rank_error("%s: too many inputs or outputs for a global op", op->name);
+  if (p->me < 0) return rank_error("%s: this rank is not in the placement (not supported yet)", op->name);
+  char desc[768];
+  describe(op, in, nin, p, desc, sizeof desc);
+  if (check_on && agree(op, in, nin, p, desc, sizeof desc) != 0) return -1;
+
+  /* logical inference on headers carrying the logical shapes */
+  flow_tensor fake[FLOW_SIG_MAX_IO], *fp[FLOW_SIG_MAX_IO];
+  flow_meta lmeta[FLOW_SIG_MAX_IO];
+  for (int i = 0; i < nin; i++) {
+    fake[i] = *in[i];
+    fake[i].global = NULL;
+    logical_of(in[i], &fake[i].ndim, fake[i].shape);
+    flow_contiguous_strides(fake[i].ndim, fake[i].shape, fake[i].stride);
+    fake[i].offset = 0;
+    fp[i] = &fake[i];
+  }
+  if (op->infer(op, fp, nin, a, lmeta) != 0) return rank_prefix();
+
+  choice ch;
+  if (choose(op, in, nin, a, lmeta, p, &ch) != 0) return -1;
+  if (tracing) {
+    char s[128];
+    tracef("%s\n", desc);
+    if (!ch.ruled) tracef("  no SBP rule for %s: every input is boxed to broadcast and the op runs whole on every rank\n", op->name);
+    size_t len = (size_t)snprintf(s, sizeof s, "  signature [%s]: ", flow_sbp_family(op->name) ? flow_sbp_family(op->name) : "broadcast");
+    for (int i = 0; i < nin && len < sizeof s; i++) {
+      char b[48];
+      len += (size_t)snprintf(s + len, sizeof s - len, "%s%s", i ? ", " : "", flow_nd_sbp_str(&ch.in[i], b, sizeof b));
+    }
+    tracef("%s -> ", s);
+    for (int j = 0; j < op->nout; j++) {
+      char b[48];
+      tracef("%s%s", j ? ", " : "", flow_nd_sbp_str(&ch.out[j], b, sizeof b));
+    }
+    tracef("\n");
+  }
+
+  flow_tensor *shard[FLOW_SIG_MAX_IO] = {0};
+  int rc = 0;
+  for (int i = 0; i < nin && rc == 0; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "input %d", i + 1);
+    shard[i] = op->kind == FLOW_OP_INPLACE && i == 0 ? (flow_tensor_incref(in[0]), in[0])
+                                                     : box_shard(what, in[i], p, &ch.in[i]);
+    if (!shard[i]) rc = -1;
+  }
+  int64_t start[FLOW_MAX_DIMS], box[FLOW_SIG_MAX_IO][FLOW_MAX_DIMS];
+  for (int j = 0; j < op->nout; j++)
+    flow_global_box(p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape, p->coord, -1, start, box[j]);
+  flow_attrs local = *a;
+  if (rc == 0 && (strcmp(op->name, "view") == 0 || strcmp(op->name, "expand") == 0)) {
+    /* shape attrs are logical; the kernel makes this rank's shard */
+    memcpy(local.shape, box[0], sizeof local.shape);
+    local.nshape = lmeta[0].ndim;
+  }
+  if (rc == 0) rc = flow_op_call_local(op, shard, nin, &local, out);
+  for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);
+  if (rc != 0) return rank_prefix();
+  if (op->kind == FLOW_OP_INPLACE) return 0; /* out[0] is in[0], layout kept */
+  for (int j = 0; j < op->nout && rc == 0; j++) {
+    if (!flow_shape_eq(out[j]->ndim, out[j]->shape, lmeta[j].ndim, box[j])) {
+      char x[96], y[96], s[48];
+      rc = rank_error("%s: output %d shard has shape %s but %s of the logical result gives %s (an SBP rule "
+                      "does not fit this op)", op->name, j + 1, flow_shape_str(out[j]->ndim, out[j]->shape, x, sizeof x),
+                      flow_nd_sbp_str(&ch.out[j], s, sizeof s), flow_shape_str(lmeta[j].ndim, box[j], y, sizeof y));
+      break;
+    }
+    rc = wrap(out[j], p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape);
+  }
+  if (rc != 0)
+    for (int j = 0; j < op->nout; j++) { flow_tensor_decref(out[j]); out[j] = NULL; }
+  return rc;
+}
+
+/* A broadcast parameter's gradient arrives partial (one piece per rank): box it to the leaf's
+ * own SBP, which for data parallelism is the all-reduce. */
+static flow_tensor *leaf_hook(flow_tensor *leaf, flow_tensor *g) {
+  const flow_global *lg = flow_global_of(leaf), *gg = flow_global_of(g);
+  if (!lg && !gg) { flow_tensor_incref(g); return g; }
+  if (!lg) { /* a local leaf used in a global op: its gradient is the whole logical gradient */
+    flow_nd_sbp b;
+    all_b(&b, gg->placement->ndim);
+    flow_tensor *full = flow_to_global(g, gg->placement, &b);
+    flow_tensor *r = full ? flow_to_local(full) : NULL;
+    flow_tensor_decref(full);
+    return r;
+  }
+  if (gg && gg->placement == lg->placement && flow_nd_sbp_eq(&gg->sbp, &lg->sbp)) { flow_tensor_incref(g); return g; }
+  flow_tensor *src = g;
+  flow_tensor_incref(src);
+  if (!gg) {
+    flow_nd_sbp b;
+    all_b(&b, lg->placement->ndim);
+    flow_tensor *w = flow_tensor_alias(g);
+    if (!w || wrap(w, lg->placement, &b, g->ndim, g->shape) != 0) { flow_tensor_decref(w); flow_tensor_decref(src); return NULL; }
+    flow_tensor_decref(src);
+    src = w;
+  }
+  flow_tensor *r = flow_to_global(src, lg->placement, &lg->sbp);
+  flow_tensor_decref(src);
+  return r;
+}
+
+void flow_global_install(void) {
+  flow_op_set_global_dispatch(run_global);
+  flow_autograd_set_leaf_hook(leaf_hook);
+}

@@ -1,0 +1,31 @@
+/* Eager global execution (DESIGN.md section 5): the dispatcher ops hand global calls to, the
+ * boxing ops (to_global / to_local, differentiable), the autograd leaf hook, the cross-rank
+ * agreement check and the explain trace. */
+#ifndef FLOW_SBP_DISPATCH_H
+#define FLOW_SBP_DISPATCH_H
+
+#include "boxing.h"
+
+/* Register the dispatcher and the leaf hook with ops/ (idempotent). */
+void flow_global_install(void);
+
+/* t (global or local) as a global tensor on (p, sbp), through the to_global op (autograd flows
+ * back through it). A local t is this rank's shard: its logical shape is assembled from every
+ * rank's shard, and broadcast axes take rank 0's copy. New reference or NULL + error. */
+flow_tensor *flow_to_global(flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp);
+/* This rank's shard as a local tensor (a view; the gradient comes back as the shard of the
+ * global gradient). A local t comes back unchanged (new reference). */
+flow_tensor *flow_to_local(flow_tensor *t);
+
+/* The cross-rank agreement check before each global op (off by default). */
+void flow_global_set_check(bool on);
+bool flow_global_check_enabled(void);
+
+/* Explain: while a trace is open, every global op appends what it chose and what it moved. */
+void flow_global_trace_begin(void);
+/* The text collected (malloc'ed; the caller frees), closing the trace. */
+char *flow_global_trace_end(void);
+/* Describe boxing t to (p, sbp) without running it; malloc'ed text or NULL + error. */
+char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp);
+
+#endif

@@ -1,0 +1,103 @@
+/* Placements (placement.h). */
+#include "placement.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+
+static flow_placement *interned;
+
+void flow_placement_coord(const flow_placement *p, int index, int *coord) {
+  for (int d = p->ndim - 1; d >= 0; d--) {
+    coord[d] = index % p->shape[d];
+    index /= p->shape[d];
+  }
+}
+
+const flow_placement *flow_placement_get(flow_devtype devtype, int ndim, const int *shape, const int *ranks) {
+  if (ndim < 1 || ndim > FLOW_MAX_MESH) {
+    flow_error_set("placement: a mesh has 1 to %d axes (got %d)", FLOW_MAX_MESH, ndim);
+    return NULL;
+  }
+  int n = 1, world = flow_comm_size();
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 1) { flow_error_set("placement: mesh axis %d is empty", d); return NULL; }
+    n *= shape[d];
+  }
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= world) {
+      flow_error_set("placement: rank %d is out of range (world size %d)", ranks[i], world);
+      return NULL;
+    }
+    for (int j = 0; j < i; j++)
+      if (ranks[j] == ranks[i]) { flow_error_set("placement: rank %d appears twice", ranks[i]); return NULL; }
+  }
+  for (flow_placement *p = interned; p; p = p->next)
+    if (p->devtype == devtype && p->ndim == ndim && memcmp(p->shape, shape, (size_t)ndim * sizeof(int)) == 0 &&
+        memcmp(p->ranks, ranks, (size_t)n * sizeof(int)) == 0)
+      return p;
+  flow_placement *p = calloc(1, sizeof *p);
+  if (p) p->ranks = malloc((size_t)n * sizeof(int));
+  if (!p || !p->ranks) { free(p); flow_error_set("placement: out of memory"); return NULL; }
+  p->devtype = devtype;
+  p->ndim = ndim;
+  memcpy(p->shape, shape, (size_t)ndim * sizeof(int));
+  memcpy(p->ranks, ranks, (size_t)n * sizeof(int));
+  p->nranks = n;
+  p->me = -1;
+  for (int i = 0; i < n; i++)
+    if (ranks[i] == flow_comm_rank()) p->me = i;
+  if (p->me >= 0) flow_placement_coord(p, p->me, p->coord);
+  p->next = interned;
+  interned = p;
+  return p;
+}
+
+flow_comm *flow_placement_axis_comm(const flow_placement *p, int axis) {
+  flow_placement *mp = (flow_placement *)p; /* the cache is not part of the value */
+  if (mp->axis_comm[axis]) return mp->axis_comm[axis];
+  if (p->me < 0) {
+    flow_error_set("[rank %d] placement: this rank is not in the placement", flow_comm_rank());
+    return NULL;
+  }
+  int members[1024], coord[FLOW_MAX_MESH];
+  if (p->shape[axis] > 1024) { flow_error_set("placement: mesh axis too large"); return NULL; }
+  memcpy(coord, p->coord, sizeof coord);
+  for (int k = 0; k < p->shape[axis]; k++) {
+    coord[axis] = k;
+    int idx = 0;
+    for (int d = 0; d < p->ndim; d++) idx = idx * p->shape[d] + coord[d];
+    members[k] = p->ranks[idx];
+  }
+  mp->axis_comm[axis] = flow_comm_for_ranks(members, p->shape[axis]);
+  return mp->axis_comm[axis];
+}
+
+char *flow_placement_str(const flow_placement *p, char *buf, size_t n) {
+  static const char *names[] = {"cpu", "cuda"};
+  size_t len = (size_t)snprintf(buf, n, "%s", names[p->devtype]);
+  for (int i = 0; i < p->nranks && len < n; i++) {
+    /* open a brace for every mesh axis whose block starts here */
+    int opens = 0, stride = 1;
+    for (int d = p->ndim - 1; d >= 0; d--) { stride *= p->shape[d]; if (i % stride == 0) opens++; }
+    if (i) len += (size_t)snprintf(buf + len, n - len, ", ");
+    for (int k = 0; k < opens && len < n; k++) len += (size_t)snprintf(buf + len, n - len, "{");
+    len += (size_t)snprintf(buf + len, n - len, "%d", p->ranks[i]);
+    int closes = 0;
+    stride = 1;
+    for (int d = p->ndim - 1; d >= 0; d--) { stride *= p->shape[d]; if ((i + 1) % stride == 0) closes++; }
+    for (int k = 0; k < closes && len < n; k++) len += (size_t)snprintf(buf + len, n - len, "}");
+  }
+  return buf;
+}
+
+void flow_placement_free_all(void) {
+  while (interned) {
+    flow_placement *p = interned;
+    interned = p->next;
+    free(p->ranks);
+    free(p);
+  }
+}

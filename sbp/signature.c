@@ -1,0 +1,264 @@
+/* SBP signature rules by op family (signature.h). Each rule lists the 1-D signatures under which
+ * running the op on shards gives the shards of the logical result (ONEFLOW-NOTES.md, "Op
+ * signatures"). Rules read logical shapes and attrs only; they never see data. */
+#include "signature.h"
+
+#include <string.h>
+
+typedef void (*rule_fn)(const flow_sig_query *q, flow_sig_list *l);
+
+static flow_sbp S(int a) { return flow_sbp_split(a); }
+static const flow_sbp B = {FLOW_SBP_B, 0}, P = {FLOW_SBP_P, 0};
+
+/* A new signature, all broadcast. */
+static flow_sbp_sig *add(flow_sig_list *l) {
+  if (l->n == FLOW_SIG_MAX) return NULL;
+  flow_sbp_sig *s = &l->v[l->n++];
+  for (int i = 0; i < FLOW_SIG_MAX_IO; i++) s->in[i] = s->out[i] = B;
+  return s;
+}
+
+/* Every input and output takes the same value (P->P for linear ops). */
+static void all_same(const flow_sig_query *q, flow_sig_list *l, flow_sbp v) {
+  flow_sbp_sig *s = add(l);
+  if (!s) return;
+  for (int i = 0; i < q->nin; i++) s->in[i] = v;
+  for (int j = 0; j < q->nout; j++) s->out[j] = v;
+}
+
+static bool name_in(const char *name, const char *const *list) {
+  for (; *list; list++)
+    if (strcmp(name, *list) == 0) return true;
+  return false;
+}
+
+static int norm_axis(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + ndim : axis); }
+
+/* ---- elementwise with broadcasting ----------------------------------------------------------- */
+
+static const char *const linear_unary[] = {"neg", "cast", "contiguous", "copy", "to_device", "zero_", NULL};
+static const char *const sum_like[] = {"add", "sub", "add_", "copy_", NULL};
+
+/* Output axis i split: each input splits the matching axis, or is broadcast where it has size 1. */
+static void r_elementwise(const flow_sig_query *q, flow_sig_list *l) {
+  int nd = q->out_ndim[0];
+  for (int i = 0; i < nd; i++) {
+    if (q->out_shape[0][i] == 1) continue;
+    flow_sbp_sig *s = add(l);
+    if (!s) return;
+    for (int k = 0; k < q->nin; k++) {
+      int j = i - (nd - q->in_ndim[k]);
+      s->in[k] = j >= 0 && q->in_shape[k][j] == q->out_shape[0][i] ? S(j) : B;
+    }
+    for (int o = 0; o < q->nout; o++) s->out[o] = q->out_ndim[o] == nd ? S(i) : B;
+  }
+  if ((q->nin == 1 && name_in(q->op, linear_unary)) || (q->nin == 2 && name_in(q->op, sum_like)))
+    all_same(q, l, P);
+  bool mul = strcmp(q->op, "mul") == 0 || strcmp(q->op, "mul_") == 0;
+  if (q->nin == 2 && (mul || strcmp(q->op, "div") == 0)) { /* linear in the first factor */
+    flow_sbp_sig *s = add(l);
+    if (s) { s->in[0] = P; s->out[0] = P; }
+  }
+  if (q->nin == 2 && mul) {
+    flow_sbp_sig *s = add(l);
+    if (s) { s->in[1] = P; s->out[0] = P; }
+  }
+}
+
+/* ---- reductions ------------------------------------------------------------------------------ */
+
+static void r_reduce(const flow_sig_query *q, flow_sig_list *l) {
+  const flow_attrs *a = q->attrs;
+  int nd = q->in_ndim[0], removed = 0;
+  bool mask[FLOW_MAX_DIMS];
+  for (int d = 0; d < nd; d++) mask[d] = a->naxes == 0;
+  for (int i = 0; i < a->naxes; i++) {
+    int d = norm_axis(a->axes[i], nd);
+    if (d >= 0 && d < nd) mask[d] = true;
+  }
+  bool sum = strcmp(q->op, "sum") == 0;
+  for (int i = 0; i < nd; i++) {
+    if (mask[i] && !sum) { removed++; continue; }
+    flow_sbp_sig *s = add(l);
+    if (!s) return;
+    s->in[0] = S(i);
+    for (int o = 0; o < q->nout; o++) s->out[o] = mask[i] ? P : S(a->keepdim ? i : i - removed);
+    removed += mask[i];
+  }
+  if (sum) all_same(q, l, P);
+}
+
+/* ---- matmul: Y = op(A) op(B), batched ---------------------------------------------------------- */
+
+static void r_matmul(const flow_sig_query *q, flow_sig_list *l) {
+  int an = q->in_ndim[0], bn = q->in_ndim[1], on = q->out_ndim[0];
+  bool ta = q->attrs->flags & FLOW_ATTR_TRANS_A, tb = q->attrs->flags & FLOW_ATTR_TRANS_B;
+  flow_sbp_sig *s;
+  if (an >= 2 && bn >= 2) {
+    int am = ta ? an - 1 : an - 2, ak = ta ? an - 2 : an - 1;
+    int bk = tb ? bn - 1 : bn - 2, bN = tb ? bn - 2 : bn - 1;
+    if ((s = add(l))) { s->in[0] = S(am); s->out[0] = S(on - 2); }
+    if ((s = add(l))) { s->in[1] = S(bN); s->out[0] = S(on - 1); }
+    if ((s = add(l))) { s->in[0] = S(ak); s->in[1] = S(bk); s->out[0] = P; }
+    for (int i = 0; i < on - 2; i++) {
+      if (q->out_shape[0][i] == 1 || !(s = add(l))) continue;
+      int ja = i - (on - an), jb = i - (on - bn);
+      s->in[0] = ja >= 0 && q->in_shape[0][ja] == q->out_shape[0][i] ? S(ja) : B;
+      s->in[1] = jb >= 0 && q->in_shape[1][jb] == q->out_shape[0][i] ? S(jb) : B;
+      s->out[0] = S(i);
+    }
+  }
+  if ((s = add(l))) { s->in[0] = P; s->out[0] = P; }
+  if ((s = add(l))) { s->in[1] = P; s->out[0] = P; }
+}
+
+/* ---- ops normalising over one axis: split on any other ------------------------------------- */
+
+static void r_softmax(const flow_sig_query *q, flow_sig_list *l) {
+  int nd = q->in_ndim[0], ax = norm_axis(q->attrs->axis, nd);
+  for (int i = 0; i < nd; i++)
+    if (i != ax) all_same(q, l, S(i));
+}
+
+/* layer_norm: x then weight/bias; outputs y, mean, rstd. layer_norm_grad: dy, dmean, drstd, x,
+ * mean, rstd then weight; outputs dx and the partial weight and bias gradients. */
+static void r_layer_norm(const flow_sig_query *q, flow_sig_list *l) {
+  bool grad = strcmp(q->op, "layer_norm_grad") == 0;
+  int rows = grad ? 6 : 1, nd = q->in_ndim[grad ? 3 : 0];
+  for (int i = 0; i < nd - 1; i++) {
+    flow_sbp_sig *s = add(l);
+    if (!s) return;
+    for (int k = 0; k < rows; k++) s->in[k] = S(i);
+    for (int o = 0; o < q->nout; o++) s->out[o] = grad && o > 0 ? P : S(i);
+  }
+}
+
+/* attention over [B, H, T, D]: batch and heads split; every tensor has both axes first */
+static void r_attention(const flow_sig_query *q, flow_sig_list *l) {
+  for (int i = 0; i < 2; i++) all_same(q, l, S(i));
+}
+
+/* ---- views and shape ops ----------------------------------------------------------------------- */
+
+static void r_permute(const flow_sig_query *q, flow_sig_list *l) {
+  const flow_attrs *a = q->attrs;
+  for (int i = 0; i < a->naxes; i++) {
+    flow_sbp_sig *s = add(l);
+    if (!s) return;
+    s->in[0] = S(norm_axis(a->axes[i], a->naxes));
+    s->out[0] = S(i);
+  }
+  all_same(q, l, P);
+}
+
+/* split on any axis but the one the op works along (narrow, cat) */
+static void r_except_axis(const flow_sig_query *q, flow_sig_list *l) {
+  int nd = q->out_ndim[0], ax = norm_axis(q->attrs->axis, nd);
+  for (int i = 0; i < nd; i++)
+    if (i != ax) all_same(q, l, S(i));
+  all_same(q, l, P);
+}
+
+static void r_triangle(const flow_sig_query *q, flow_sig_list *l) {
+  for (int i = 0; i < q->in_ndim[0] - 2; i++) all_same(q, l, S(i));
+  all_same(q, l, P);
+}
+
+/* view: input axis i stays split as output axis j when the elements before them agree and the
+ * shards cover the same flat ranges (equal sizes, or both divisible by p). The dispatcher gives
+ * the kernel the shard's shape. */
+static void r_view(const flow_sig_query *q, flow_sig_list *l) {
+  int64_t pin = 1;
+  for (int i = 0; i < q->in_ndim[0]; i++) {
+    int64_t pout = 1, n = q->in_shape[0][i];
+    for (int j = 0; j < q->out_ndim[0]; j++) {
+      int64_t m = q->out_shape[0][j];
+      if (pout == pin && n > 1 && (m == n || (n % q->p == 0 && m % q->p == 0))) {
+        flow_sbp_sig *s = add(l);
+        if (s) { s->in[0] = S(i); s->out[0] = S(j); }
+        break;
+      }
+      pout *= m;
+      if (pout > pin) break;
+    }
+    pin *= n;
+  }
+  all_same(q, l, P);
+}
+
+static void r_expand(const flow_sig_query *q, flow_sig_list *l) {
+  int lead = q->out_ndim[0] - q->in_ndim[0];
+  for (int i = 0; i < q->in_ndim[0]; i++) {
+    if (q->in_shape[0][i] != q->out_shape[0][i + lead] || q->in_shape[0][i] == 1) continue;
+    flow_sbp_sig *s = add(l);
+    if (s) { s->in[0] = S(i); s->out[0] = S(i + lead); }
+  }
+  all_same(q, l, P);
+}
+
+/* ---- lookups ----------------------------------------------------------------------------------- */
+
+/* embedding(ids, weight [V, D]): ids split -> rows split; weight split on D -> output split on D */
+static void r_embedding(const flow_sig_query *q, flow_sig_list *l) {
+  flow_sbp_sig *s;
+  for (int i = 0; i < q->in_ndim[0]; i++)
+    if ((s = add(l))) { s->in[0] = S(i); s->out[0] = S(i); }
+  if ((s = add(l))) { s->in[1] = S(1); s->out[0] = S(q->out_ndim[0] - 1); }
+  if ((s = add(l))) { s->in[1] = P; s->out[0] = P; }
+}
+
+/* index_select(t, idx) along attrs.axis: split t on any other axis */
+static void r_index_select(const flow_sig_query *q, flow_sig_list *l) {
+  int nd = q->in_ndim[0], ax = norm_axis(q->attrs->axis, nd);
+  flow_sbp_sig *s;
+  for (int i = 0; i < nd; i++)
+    if (i != ax && (s = add(l))) { s->in[0] = S(i); s->out[0] = S(i); }
+  if ((s = add(l))) { s->in[0] = P; s->out[0] = P; }
+}
+
+/* ---- the table --------------------------------------------------------------------------------- */
+
+static const struct family {
+  const char *name;
+  rule_fn rule;
+  const char *const ops[40];
+} families[] = {
+    {"elementwise", r_elementwise,
+     {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "sin", "cos",
+      "clamp", "cast", "contiguous", "copy", "to_device", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+      "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "add_", "copy_", "mul_", "zero_", "adamw_",
+      "relu_grad", NULL}},
+    {"elementwise", r_elementwise, {"gelu_grad", "tanh_grad", "sigmoid_grad", "clamp_grad", NULL}},
+    {"reduce", r_reduce, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", NULL}},
+    {"matmul", r_matmul, {"matmul", NULL}},
+    {"softmax", r_softmax, {"softmax", "log_softmax", "softmax_grad", "log_softmax_grad", NULL}},
+    {"layer_norm", r_layer_norm, {"layer_norm", "layer_norm_grad", NULL}},
+    {"attention", r_attention, {"scaled_dot_product_attention", "scaled_dot_product_attention_grad", NULL}},
+    {"permute", r_permute, {"permute", NULL}},
+    {"along an axis", r_except_axis, {"narrow", "cat", NULL}},
+    {"triangle", r_triangle, {"tril", "triu", NULL}},
+    {"view", r_view, {"view", NULL}},
+    {"expand", r_expand, {"expand", NULL}},
+    {"embedding", r_embedding, {"embedding", NULL}},
+    {"index_select", r_index_select, {"index_select", NULL}},
+};
+
+static const struct family *find(const char *op) {
+  for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
+    if (name_in(op, families[f].ops)) return &families[f];
+  return NULL;
+}
+
+const char *flow_sbp_family(const char *op) {
+  const struct family *f = find(op);
+  return f ? f->name : NULL;
+}
+
+bool flow_sbp_candidates(const flow_sig_query *q, flow_sig_list *out) {
+  out->n = 0;
+  all_same(q, out, B);
+  const struct family *f = find(q->op);
+  if (!f || q->nin > FLOW_SIG_MAX_IO || q->nout > FLOW_SIG_MAX_IO) return false;
+  f->rule(q, out);
+  return true;
+}

@@ -1,0 +1,143 @@
+-- Boxing under mpirun (-np 2 and 4; also valid on 1 rank): every SBP conversion on 1-D and 2-D
+-- meshes gives back the same logical tensor, shards hold the slices DESIGN.md section 4 names.
+local flow = require "flow"
+local S, B, PS = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
+local ws, me = flow.world_size(), flow.rank()
+flow.set_check_consistency(true)
+
+local function all_ranks()
+  local r = {}
+  for i = 0, ws - 1 do r[#r + 1] = i end
+  return r
+end
+local P = flow.placement("cpu", all_ranks())
+
+-- full (the same on every rank) as a global tensor with the given SBP
+local function global(full, place, sbp)
+  local bb = {}
+  for i = 1, #place.shape do bb[i] = B end
+  return full:to_global(place, #bb == 1 and B or bb):to_global(place, sbp)
+end
+local function whole(g)
+  local bb = {}
+  for i = 1, #g.placement.shape do bb[i] = B end
+  return g:to_global(g.placement, #bb == 1 and B or bb):to_local()
+end
+local function full_of(shape)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return flow.arange(0, n):float():view(shape)
+end
+-- first n % p parts get one more
+local function range(n, p, i)
+  local base, extra = n // p, n % p
+  local len = base + (i < extra and 1 or 0)
+  return i * base + math.min(i, extra), len
+end
+
+describe("ranks", function()
+  it("rank is in [0, world_size) and barrier returns", function()
+    assert.is_true(me >= 0 and me < ws)
+    flow.barrier()
+  end)
+end)
+
+describe("1-D boxing", function()
+  local sbps = { S(0), S(1), B, PS }
+  for _, shape in ipairs({ { 5, 7 }, { 8, 4 }, { 3, 2 } }) do
+    for _, from in ipairs(sbps) do
+      for _, to in ipairs(sbps) do
+        it(("%s -> %s on {%d,%d}"):format(tostring(from), tostring(to), shape[1], shape[2]), function()
+          local full = full_of(shape)
+          local x = global(full, P, from)
+          local y = x:to_global(P, to)
+          assert.equal(tostring(to), tostring(y.sbp))
+          assert.same(shape, y:shape())
+          assert.same(full:totable(), whole(y):totable())
+        end)
+      end
+    end
+  end
+
+  it("S(2) -> S(0) on a 3-d tensor keeps every value", function()
+    local full = full_of({ 6, 3, 5 })
+    local y = global(full, P, S(2)):to_global(P, S(0))
+    assert.same(full:totable(), whole(y):totable())
+  end)
+
+  it("shards follow the uneven split rule", function()
+    local full = full_of({ 5, 2 })
+    local local_ = global(full, P, S(0)):to_local()
+    local start, len = range(5, ws, me)
+    assert.same({ len, 2 }, local_:shape())
+    if len > 0 then assert.same(full:narrow(0, start, len):totable(), local_:totable()) end
+  end)
+
+  it("partial_sum shards sum to the logical value", function()
+    local full = full_of({ 3, 4 })
+    local mine = global(full, P, PS):to_local()
+    local total = flow.tensor(mine:totable()):to_global(P, PS):to_global(P, B):to_local()
+    assert.same(full:totable(), total:totable())
+  end)
+
+  it("a local tensor becomes this rank's shard: the logical shape sums the shards", function()
+    local mine = flow.full({ me + 1, 3 }, me)
+    if ws > 1 then
+      assert.has_error(function() mine:to_global(P, S(0)) end)
+    end
+    local rows = math.max(1, 2)
+    local g = flow.full({ rows, 3 }, me):to_global(P, S(0))
+    assert.same({ rows * ws, 3 }, g:shape())
+    local w = whole(g):totable()
+    for r = 0, ws - 1 do assert.equal(r, w[r * rows + 1][1]) end
+  end)
+
+  it("broadcast from local takes rank 0's copy", function()
+    local g = flow.full({ 2 }, me + 10):to_global(P, B)
+    assert.same({ 10, 10 }, g:to_local():totable())
+  end)
+
+  it("explain names the collective and the bytes", function()
+    local x = global(full_of({ 8, 4 }), P, S(0))
+    local s = flow.explain(x, P, B)
+    if ws > 1 then
+      assert.matches("all%-gather", s)
+      assert.matches(("%d bytes"):format((ws - 1) * 8 * 4 * 4), s, 1, true)
+    else
+      assert.matches("no data moves", s)
+    end
+    assert.matches("all%-reduce", flow.explain(global(full_of({ 2 }), P, PS), P, B) .. (ws == 1 and "all-reduce" or ""))
+  end)
+end)
+
+describe("2-D boxing", function()
+  if ws ~= 4 then return end
+  local P2 = flow.placement("cpu", { { 0, 1 }, { 2, 3 } })
+  local values = { S(0), S(1), B, PS }
+  local list = {}
+  for _, a in ipairs(values) do for _, b in ipairs(values) do list[#list + 1] = { a, b } end end
+  local picks = { { B, S(0) }, { S(0), S(0) }, { S(0), S(1) }, { PS, S(1) }, { S(1), PS }, { B, B }, { PS, PS }, { S(1), S(0) } }
+  for _, from in ipairs(picks) do
+    for _, to in ipairs(list) do
+      it(("(%s, %s) -> (%s, %s)"):format(tostring(from[1]), tostring(from[2]), tostring(to[1]), tostring(to[2])), function()
+        local full = full_of({ 5, 6 })
+        local y = global(full, P2, from):to_global(P2, to)
+        assert.same(full:totable(), whole(y):totable())
+      end)
+    end
+  end
+
+  it("(B, S(0)) holds rows split within each mesh row", function()
+    local full = full_of({ 4, 2 })
+    local mine = global(full, P2, { B, S(0) }):to_local()
+    local col = me % 2
+    assert.same(full:narrow(0, col * 2, 2):totable(), mine:totable())
+  end)
+
+  it("one mesh axis changes inside its sub-communicator", function()
+    local x = global(full_of({ 8, 4 }), P2, { S(0), S(1) })
+    local s = flow.explain(x, P2, { S(0), B })
+    assert.matches("mesh axis 1: S%(1%) %-> B by all%-gather", s)
+    assert.not_matches("mesh axis 0", s)
+  end)
+end)
