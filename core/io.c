@@ -388,7 +388,14 @@ static int parse_metadata(jp *j, flow_io_file *f) {
 static int read_tensor(FILE *fp, const char *path, const char *name, const entry *e, uint64_t data_start,
                        uint64_t data_len, flow_tensor **out) {
   char s[128];
-  uint64_t want = (uint64_t)flow_shape_numel(e->ndim, e->shape) * flow_dtype_size(e->dtype);
+  uint64_t want = flow_dtype_size(e->dtype);
+  for (int d = 0; d < e->ndim; d++) { /* a corrupt shape must not overflow the byte count */
+    uint64_t n = (uint64_t)e->shape[d];
+    if (n && want > UINT64_MAX / n)
+      return flow_error_set("load: '%s': tensor '%s' has shape %s, too large", path, name,
+                            flow_shape_str(e->ndim, e->shape, s, sizeof s));
+    want *= n;
+  }
   if (e->begin > e->end || e->end > data_len)
     return flow_error_set("load: '%s': tensor '%s' has data_offsets [%llu, %llu] outside the %llu data bytes (truncated file?)",
                           path, name, (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)data_len);

@@ -129,6 +129,7 @@ describe("flow.save / flow.load (safetensors)", function()
       { raw_file('{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', "\0\0\0\0"), "expected a non%-negative integer" },
       { raw_file('{"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}}', "\0\0\0\0"), "expected an integer" },
       { raw_file('{"a":{"dtype":"F32","shape":[1]}}', "\0\0\0\0"), "tensor 'a' lacks data_offsets" },
+      { raw_file('{"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]}}', "\0\0\0\0"), "has shape {1099511627776,1099511627776}, too large" },
       { raw_file('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}}', "\0\0\0\0"), "unknown field 'x'" },
       { raw_file('{"a\\ud800":1}'), "unpaired surrogate" },
       { raw_file('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', "\0\0\0\0"), "tensor 'a' appears twice" },
