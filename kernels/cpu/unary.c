@@ -12,6 +12,9 @@
 #include "cpu.h"
 #include "iter.h"
 
+/* The per-element helpers must inline into the loops for those to vectorise. */
+#define ELEMENT static inline __attribute__((always_inline))
+
 /* Bounds of clamp in each dtype, plus nothing else: the context of every loop. */
 typedef struct bounds {
   float lo_f, hi_f;
@@ -27,7 +30,7 @@ static inline uint32_t float_to_bits(float f) { union { uint32_t u; float f; } v
 /* exp(x) = 2^k * e^r with k = round(x / ln 2), |r| <= ln2 / 2 and e^r from the Cephes degree-6
  * polynomial (relative error ~1e-7). k comes from the float's mantissa after adding 1.5 * 2^23,
  * and 2^k is built as two halves so k = 128 does not overflow. */
-static inline float exp_f32(float x) {
+ELEMENT float exp_f32(float x) {
   float xc = x > -87.33654f ? x : -87.33654f;
   xc = xc < 88.72283f ? xc : 88.72283f;
   float z = xc * 1.44269504088896341f + 12582912.0f;
@@ -49,7 +52,7 @@ static inline float exp_f32(float x) {
 }
 
 /* tanh: the Cephes odd polynomial below 0.625, else 1 - 2 / (e^2|x| + 1) with x's sign. */
-static inline float tanh_f32(float x) {
+ELEMENT float tanh_f32(float x) {
   float a = x < 0 ? -x : x, s = x * x;
   float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
                   1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
@@ -63,19 +66,19 @@ static inline float tanh_f32(float x) {
 #define GELU_C 0.7978845608028654
 #define GELU_A 0.044715
 
-static inline float gelu_f32(float x) {
+ELEMENT float gelu_f32(float x) {
   float u = (float)GELU_C * (x + (float)GELU_A * x * x * x);
   return x / (1.0f + exp_f32(-2.0f * u));
 }
 
-static inline double gelu_f64(double x) {
+ELEMENT double gelu_f64(double x) {
   double u = GELU_C * (x + GELU_A * x * x * x);
   return 0.5 * x * (1.0 + tanh(u));
 }
 
 /* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u) */
 #define GELU_GRAD(T, TANH)                                                                       \
-  static inline T gelu_grad_##T(T x) {                                                            \
+  ELEMENT T gelu_grad_##T(T x) {                                                            \
     T x2 = x * x, t = TANH((T)GELU_C * (x + (T)GELU_A * x2 * x));                                \
     return (T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * (T)GELU_C * (1 + 3 * (T)GELU_A * x2);   \
   }
@@ -103,15 +106,21 @@ GELU_GRAD(double, tanh)
     }                                                                                            \
   }
 
-/* gin = F(s, g) */
+/* gin = F(s, g); g may also be one value broadcast (the gradient of a sum) */
 #define DEF_BACKWARD(fname, T, F)                                                                \
   static void fname(char **p, const int64_t *st, int64_t n, void *ctx) {                        \
     const bounds *b = ctx;                                                                       \
     (void)b;                                                                                     \
-    if (st[0] == sizeof(T) && st[1] == sizeof(T) && st[2] == sizeof(T)) {                        \
+    if (st[0] == sizeof(T) && st[1] == sizeof(T) && (st[2] == sizeof(T) || st[2] == 0)) {        \
       T *o = (T *)p[0];                                                                          \
       const T *s = (const T *)p[1], *g = (const T *)p[2];                                        \
       int64_t m = n & ~(int64_t)31;                                                              \
+      if (st[2] == 0) {                                                                          \
+        const T gv = *g;                                                                         \
+        _Pragma("GCC ivdep") for (int64_t i = 0; i < m; i++) o[i] = F(s[i], gv);                 \
+        for (int64_t i = m; i < n; i++) o[i] = F(s[i], gv);                                      \
+        return;                                                                                  \
+      }                                                                                          \
       _Pragma("GCC ivdep") for (int64_t i = 0; i < m; i++) o[i] = F(s[i], g[i]);                 \
       for (int64_t i = m; i < n; i++) o[i] = F(s[i], g[i]);                                      \
     } else {                                                                                     \
