@@ -1,0 +1,104 @@
+-- Drives the flowlua binary (FLOW_BIN, exported by scripts/test.sh) through pipes. Each start
+-- costs an MPI initialisation, so one REPL session serves several checks; MPI runs as an
+-- isolated singleton (no orted) to keep it quick.
+local bin = os.getenv("FLOW_BIN")
+if not bin then
+  describe("the flowlua REPL", function()
+    it("needs the binary", function() pending("FLOW_BIN is not set (scripts/test.sh exports the flowlua path)") end)
+  end)
+  return
+end
+
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local flowlua = "OMPI_MCA_ess_singleton_isolated=1 " .. sh_quote(bin)
+
+-- Run a shell command line; returns everything it printed (stdout and stderr) and its exit code.
+local function run(cmd)
+  local p = assert(io.popen("{ " .. cmd .. "\n} 2>&1"))
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return out, code
+end
+
+describe("the flowlua REPL", function()
+  -- one session on a pipe; each input line's output is checked below in order
+  local out, code
+  setup(function()
+    out, code = run(flowlua .. " <<'FLOW_EOF'\n" .. table.concat({
+      "1+1",
+      "return 1, 'a', nil",
+      "flow.tensor({1, 2})",
+      "function f(x)", "  return x * 2", "end", "f(21)",
+      "1 +", "2",
+      "t = {", "n = 5 }", "t.n",
+      "error('boom')",
+      "'still here'",
+      "1 2",
+      "'after'",
+    }, "\n") .. "\nFLOW_EOF")
+  end)
+
+  it("prints the value of an expression, every value of a multiple return", function()
+    assert.equal(0, code)
+    assert.matches("^2\n1\ta\tnil\n", out)
+  end)
+
+  it("prints tensors with their own tostring", function()
+    assert.matches("\ntensor%(%[1, 2%], shape={2}, dtype=int64%)\n", out)
+  end)
+
+  it("continues an incomplete chunk over several lines", function()
+    assert.matches("\n42\n3\n5\n", out)
+  end)
+
+  it("reports an error and goes on", function()
+    assert.matches("\nflowlua: stdin:1: boom\nstack traceback:", out)
+    assert.matches("\nstill here\nflowlua: stdin:1: unexpected symbol near '1'\nafter\n$", out)
+  end)
+
+  it("interrupts a running chunk on SIGINT and reads on", function()
+    -- the REPL reads from a fifo we hold open; the chunk says "ready" once it is running, and
+    -- only then comes the signal (timeout passes it on, and kills the REPL if it never lands)
+    local dir = os.tmpname()
+    os.remove(dir)
+    local script = table.concat({
+      "mkdir " .. dir .. " && mkfifo " .. dir .. "/in || exit 1",
+      "OMPI_MCA_ess_singleton_isolated=1 timeout -s KILL 20 " .. sh_quote(bin) .. " < " .. dir .. "/in > "
+        .. dir .. "/out 2>&1 & pid=$!",
+      "exec 3>" .. dir .. "/in",
+      "echo 'print(\"ready\") while true do end' >&3",
+      "i=0; until grep -q ready " .. dir .. "/out || [ $i -ge 300 ]; do sleep 0.05; i=$((i+1)); done",
+      "kill -INT $pid",
+      "echo 'print(40 + 2)' >&3; exec 3>&-",
+      "wait $pid; echo rc=$?",
+      "cat " .. dir .. "/out; rm -r " .. dir,
+    }, "\n")
+    local res = run("sh -c " .. sh_quote(script))
+    assert.matches("^rc=0\nready\n", res)
+    assert.matches("flowlua: interrupted", res)
+    assert.matches("\n42\n$", res)
+  end)
+end)
+
+describe("the flowlua command line", function()
+  it("prints the version with -v and runs -e chunks in order", function()
+    local out, code = run(flowlua .. " -v -e 'print(flow.arange(3):sum():item())' -e 'print(2)'")
+    assert.equal(0, code)
+    assert.matches("^flowlua %d+%.%d+%.%d+ %(Lua 5%.4[^\n]*%)\n3\n2\n$", out)
+  end)
+
+  it("runs a script from stdin with -, passing its arguments in arg and ...", function()
+    local out, code = run("echo \"print(#arg, arg[0], arg[1], arg[2], select('#', ...), ...)\" | "
+                          .. flowlua .. " - one two")
+    assert.equal(0, code)
+    assert.equal("2\t-\tone\ttwo\t2\tone\ttwo\n", out)
+  end)
+
+  it("exits 1 with a traceback when the script fails", function()
+    local out, code = run(flowlua .. " -e 'local function inner() error(\"deep\") end inner()'")
+    assert.equal(1, code)
+    assert.matches("deep", out)
+    assert.matches("stack traceback:", out)
+    assert.matches("in local 'inner'", out)
+  end)
+end)
