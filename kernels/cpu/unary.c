@@ -1,5 +1,5 @@
 /* Elementwise unary kernels and their fused gradients: one generic loop, instantiated per op and
- * dtype. float32 exp/tanh/sigmoid/gelu use branch-free polynomial forms that the compiler
+ * dtype. float32 exp/log/tanh/sigmoid/gelu use branch-free polynomial forms that the compiler
  * vectorises; float64 goes through libm. */
 
 /* -O2's vectoriser refuses to if-convert selects next to floating-point ops that "may trap"; these
@@ -7,6 +7,7 @@
 #pragma GCC optimize("no-trapping-math")
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cpu.h"
@@ -49,6 +50,33 @@ ELEMENT float exp_f32(float x) {
   y = x < -87.33654f ? 0.0f : y;
   y = x > 88.72283f ? INFINITY : y;
   return x == x ? y : x;
+}
+
+/* log(x) = e ln2 + log(1 + f) with x = 2^e (1 + f), 1 + f in [sqrt(1/2), sqrt(2)), and log(1 + f)
+ * from the Cephes degree-9 polynomial (< 1 ulp). Subnormals are scaled by 2^25 first. */
+ELEMENT float log_f32(float x) {
+  bool sub = x < 1.17549435e-38f;
+  uint32_t u = float_to_bits(sub ? x * 33554432.0f : x);
+  int32_t e = (int32_t)((u >> 23) & 0xff) - 126 - (sub ? 25 : 0);
+  float m = bits_to_float((u & 0x007fffffu) | 0x3f000000u); /* [0.5, 1) */
+  bool small = m < 0.70710678118654752f;
+  e = small ? e - 1 : e;
+  float f = small ? m + m - 1.0f : m - 1.0f, z = f * f;
+  float y = 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  float fe = (float)e;
+  float r = f + (y * f * z - 2.12194440e-4f * fe - 0.5f * z) + 0.693359375f * fe;
+  r = x == 0 ? -INFINITY : r;
+  r = x < 0 ? NAN : r;
+  r = x == INFINITY ? INFINITY : r;
+  return x == x ? r : x;
 }
 
 /* tanh: the Cephes odd polynomial below 0.625, else 1 - 2 / (e^2|x| + 1) with x's sign. */
@@ -156,7 +184,7 @@ DEF_UNARY(abs_i64, int64_t, ABS)
 DEF_UNARY(abs_i32, int32_t, ABS)
 DEF_UNARY(exp_f32v, float, exp_f32)
 DEF_UNARY(exp_f64, double, exp)
-DEF_UNARY(log_f32, float, logf)
+DEF_UNARY(log_f32v, float, log_f32)
 DEF_UNARY(log_f64, double, log)
 DEF_UNARY(sqrt_f32, float, sqrtf)
 DEF_UNARY(sqrt_f64, double, sqrt)
@@ -182,7 +210,7 @@ static const flow_iter_fn forward[FLOW_NUNARY][4] = {
   [FLOW_UN_NEG] = {neg_f32, neg_f64, neg_i64, neg_i32},
   [FLOW_UN_ABS] = {abs_f32, abs_f64, abs_i64, abs_i32},
   [FLOW_UN_EXP] = {exp_f32v, exp_f64},
-  [FLOW_UN_LOG] = {log_f32, log_f64},
+  [FLOW_UN_LOG] = {log_f32v, log_f64},
   [FLOW_UN_SQRT] = {sqrt_f32, sqrt_f64},
   [FLOW_UN_RSQRT] = {rsqrt_f32, rsqrt_f64},
   [FLOW_UN_TANH] = {tanh_f32v, tanh_f64},
