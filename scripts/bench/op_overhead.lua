@@ -3,8 +3,8 @@
 -- same run. Usage: flowlua scripts/bench/op_overhead.lua [iterations]
 local flow = require "flow"
 
-local N = tonumber(arg and arg[1]) or 200000
-local REPEATS = 5
+local N = tonumber(arg and arg[1]) or 50000
+local REPEATS = 15 -- short runs, many of them: the minimum filters out interference
 local TORCH_US = 0.8 -- PyTorch's typical eager op overhead on CPU (stated, not measured here)
 local now = flow.now
 
