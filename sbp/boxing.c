@@ -108,8 +108,7 @@ static void copy_box(char *dst, const int64_t *dshape, const int64_t *dstart, co
   }
 }
 
-/* A dense copy of any strided tensor (or t itself, new reference, when already dense). */
-static flow_tensor *dense(flow_tensor *t) {
+flow_tensor *flow_boxing_dense(flow_tensor *t) {
   if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
   flow_tensor *d = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
   if (!d) return NULL;
@@ -323,7 +322,7 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
                    flow_shape_str(local->ndim, local->shape, a, sizeof a), flow_shape_str(ndim, sub, b, sizeof b));
     return NULL;
   }
-  flow_tensor *x = dense(local);
+  flow_tensor *x = flow_boxing_dense(local);
   flow_nd_sbp cur = *src;
   for (int i = 0; x && i < plan->nsteps; i++) {
     const flow_boxing_step *s = &plan->steps[i];

@@ -29,4 +29,7 @@ int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const
 flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
                              int ndim, const int64_t *shape, flow_tensor *local);
 
+/* A dense copy of a strided local tensor, or t itself (new reference) when already dense. */
+flow_tensor *flow_boxing_dense(flow_tensor *t);
+
 #endif

@@ -567,13 +567,22 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     tracef("\n");
   }
 
+  /* kernels see plain local shards (no global metadata: their shapes are the shards') */
   flow_tensor *shard[FLOW_SIG_MAX_IO] = {0};
+  bool reshape = strcmp(op->name, "view") == 0;
   int rc = 0;
   for (int i = 0; i < nin && rc == 0; i++) {
     char what[32];
     snprintf(what, sizeof what, "input %d", i + 1);
-    shard[i] = op->kind == FLOW_OP_INPLACE && i == 0 ? (flow_tensor_incref(in[0]), in[0])
-                                                     : box_shard(what, in[i], p, &ch.in[i]);
+    flow_tensor *x = op->kind == FLOW_OP_INPLACE && i == 0 ? (flow_tensor_incref(in[0]), in[0])
+                                                           : box_shard(what, in[i], p, &ch.in[i]);
+    if (x && reshape) { /* a shard of a strided tensor may not be viewable as the new shape */
+      flow_tensor *d = flow_boxing_dense(x);
+      flow_tensor_decref(x);
+      x = d;
+    }
+    shard[i] = x ? flow_tensor_view_of(x, x->ndim, x->shape, x->stride, x->offset) : NULL;
+    flow_tensor_decref(x);
     if (!shard[i]) rc = -1;
   }
   int64_t start[FLOW_MAX_DIMS], box[FLOW_SIG_MAX_IO][FLOW_MAX_DIMS];
@@ -588,7 +597,12 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   if (rc == 0) rc = flow_op_call_local(op, shard, nin, &local, out);
   for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);
   if (rc != 0) return rank_prefix();
-  if (op->kind == FLOW_OP_INPLACE) return 0; /* out[0] is in[0], layout kept */
+  if (op->kind == FLOW_OP_INPLACE) { /* out[0] is (a view of) in[0]: hand back in[0] itself */
+    flow_tensor_decref(out[0]);
+    flow_tensor_incref(in[0]);
+    out[0] = in[0];
+    return 0;
+  }
   for (int j = 0; j < op->nout && rc == 0; j++) {
     if (!flow_shape_eq(out[j]->ndim, out[j]->shape, lmeta[j].ndim, box[j])) {
       char x[96], y[96], s[48];

@@ -1,10 +1,14 @@
 /* Global tensor metadata (global.h). */
 #include "global.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/error.h"
+
+_Static_assert(offsetof(flow_global, shape) == offsetof(flow_logical_shape, shape),
+               "flow_global must start like flow_logical_shape (core/tensor.h)");
 
 static void retain(void *g) { ((flow_global *)g)->refcount++; }
 static void release(void *g) {

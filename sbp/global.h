@@ -8,11 +8,11 @@
 #include "placement.h"
 
 typedef struct flow_global {
+  int ndim;                       /* logical shape, first: laid out as flow_logical_shape */
+  int64_t shape[FLOW_MAX_DIMS];
   int refcount;
   const flow_placement *placement;
   flow_nd_sbp sbp;
-  int ndim;                       /* logical shape */
-  int64_t shape[FLOW_MAX_DIMS];
 } flow_global;
 
 /* NULL + error when the SBP does not fit the placement or the shape. */

@@ -1,0 +1,222 @@
+-- Eager global ops under mpirun: each result equals the same op on the whole (1-rank) tensor, with
+-- the SBP the signature rules give; gradients flow through boxing; ranks that disagree get an error.
+local flow = require "flow"
+local S, B, PS = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
+local ws, me = flow.world_size(), flow.rank()
+flow.set_check_consistency(true)
+
+local ranks = {}
+for i = 0, ws - 1 do ranks[#ranks + 1] = i end
+local P = flow.placement("cpu", ranks)
+
+local function global(full, place, sbp)
+  local bb = {}
+  for i = 1, #place.shape do bb[i] = B end
+  return full:to_global(place, #bb == 1 and B or bb):to_global(place, sbp)
+end
+local function whole(g)
+  local bb = {}
+  for i = 1, #g.placement.shape do bb[i] = B end
+  return g:to_global(g.placement, #bb == 1 and B or bb):to_local()
+end
+local function flat(t, out)
+  out = out or {}
+  if type(t) ~= "table" then out[#out + 1] = t return out end
+  for _, v in ipairs(t) do flat(v, out) end
+  return out
+end
+local function assert_close(expected, actual, tol)
+  local e, a = flat(expected:totable()), flat(actual:totable())
+  assert.equal(#e, #a)
+  for i = 1, #e do
+    if math.abs(e[i] - a[i]) > (tol or 1e-5) * (1 + math.abs(e[i])) then
+      error(("element %d: expected %g, got %g"):format(i, e[i], a[i]), 2)
+    end
+  end
+end
+local function randn(shape)
+  flow.manual_seed(1234)
+  return flow.randn(shape)
+end
+
+describe("elementwise SBP", function()
+  it("S(0) + B bias broadcast gives S(0)", function()
+    local x, b = randn({ 6, 4 }), flow.arange(0, 4):float()
+    local y = global(x, P, S(0)) + global(b, P, B)
+    assert.equal("S(0)", tostring(y.sbp))
+    assert_close(x + b, whole(y))
+  end)
+
+  it("P + P stays partial and sums right", function()
+    local x = randn({ 3, 5 })
+    local y = global(x, P, PS) + global(x, P, PS)
+    assert.equal("P", tostring(y.sbp))
+    assert_close(x * 2, whole(y))
+  end)
+
+  it("P * B stays partial", function()
+    local x, w = randn({ 3, 5 }), flow.arange(0, 15):float():view({ 3, 5 })
+    local y = global(x, P, PS) * global(w, P, B)
+    assert.equal("P", tostring(y.sbp))
+    assert_close(x * w, whole(y))
+  end)
+
+  it("P + a number boxes P away first (adding 1 on every rank would count it p times)", function()
+    local x = randn({ 4 })
+    local y = global(x, P, PS) + 1
+    assert.equal("S(0)", tostring(y.sbp)) -- reduce-scatter is cheaper than all-reduce
+    assert_close(x + 1, whole(y))
+  end)
+
+  it("S(1) * S(0) boxes one side", function()
+    local x = randn({ 4, 6 })
+    local y = global(x, P, S(1)) * global(x, P, S(0))
+    assert_close(x * x, whole(y))
+  end)
+end)
+
+describe("matmul SBP", function()
+  local a, w = randn({ 6, 5 }), flow.arange(0, 15):float():view({ 5, 3 }) / 10
+  local expect = flow.matmul(a, w)
+  it("S(0) x B gives S(0)", function()
+    local y = flow.matmul(global(a, P, S(0)), global(w, P, B))
+    assert.equal("S(0)", tostring(y.sbp))
+    assert_close(expect, whole(y), 1e-4)
+  end)
+  it("B x S(1) gives S(1)", function()
+    local y = flow.matmul(global(a, P, B), global(w, P, S(1)))
+    assert.equal("S(1)", tostring(y.sbp))
+    assert_close(expect, whole(y), 1e-4)
+  end)
+  it("S(1) x S(0) gives P", function()
+    local y = flow.matmul(global(a, P, S(1)), global(w, P, S(0)))
+    assert.equal(ws > 1 and "P" or "P", tostring(y.sbp))
+    assert_close(expect, whole(y), 1e-4)
+  end)
+  it("transposed operands move the split axes", function()
+    local y = flow.matmul(global(a:transpose(0, 1):contiguous(), P, S(1)), global(w, P, B), { transpose_a = true })
+    assert.equal("S(0)", tostring(y.sbp))
+    assert_close(expect, whole(y), 1e-4)
+  end)
+end)
+
+describe("reductions and normalisations", function()
+  local x = randn({ 6, 4 })
+  it("sum over the split axis gives P", function()
+    local y = flow.sum(global(x, P, S(0)), 0)
+    assert.equal("P", tostring(y.sbp))
+    assert_close(flow.sum(x, 0), whole(y), 1e-4)
+  end)
+  it("sum over a kept axis stays split", function()
+    local y = flow.sum(global(x, P, S(0)), 1)
+    assert.equal("S(0)", tostring(y.sbp))
+    assert_close(flow.sum(x, 1), whole(y), 1e-4)
+  end)
+  it("sum of everything of a split tensor", function()
+    local y = flow.sum(global(x, P, S(1)))
+    assert_close(flow.sum(x), whole(y), 1e-4)
+  end)
+  it("softmax over the last axis keeps S(0)", function()
+    local y = flow.softmax(global(x, P, S(0)), -1)
+    assert.equal("S(0)", tostring(y.sbp))
+    assert_close(flow.softmax(x, -1), whole(y))
+  end)
+  it("softmax over the split axis boxes it away", function()
+    local y = flow.softmax(global(x, P, S(0)), 0)
+    assert.not_equal("S(0)", tostring(y.sbp))
+    assert_close(flow.softmax(x, 0), whole(y))
+  end)
+  it("layer_norm splits rows, weight broadcast", function()
+    local wt, bs = flow.arange(1, 5):float(), flow.arange(0, 4):float()
+    local y = flow.layer_norm(global(x, P, S(0)), global(wt, P, B), global(bs, P, B))
+    assert.equal("S(0)", tostring(y.sbp))
+    assert_close(flow.layer_norm(x, wt, bs), whole(y), 1e-4)
+  end)
+end)
+
+describe("global autograd", function()
+  it("a broadcast weight gets the all-reduced gradient (data parallel)", function()
+    local x, w0 = randn({ 8, 5 }), flow.arange(0, 15):float():view({ 5, 3 }) / 10
+    local w = global(w0, P, B):detach():requires_grad_(true)
+    local loss = flow.sum(flow.matmul(global(x, P, S(0)), w))
+    loss:backward()
+    assert.equal("B", tostring(w.grad.sbp))
+    local wl = w0:detach():requires_grad_(true)
+    flow.sum(flow.matmul(x, wl)):backward()
+    assert_close(wl.grad, w.grad:to_local(), 1e-4)
+  end)
+
+  it("gradients flow back through to_global to the local source", function()
+    local x = randn({ 4, 3 }):requires_grad_(true)
+    local g = x:to_global(P, B):to_global(P, S(0))
+    flow.sum(g * g):backward()
+    assert_close(x * 2, x.grad, 1e-5)
+  end)
+
+  it("a split leaf gets a split gradient", function()
+    local x0 = randn({ 6, 2 })
+    local x = global(x0, P, S(0)):detach():requires_grad_(true)
+    flow.sum(flow.softmax(x, -1) * global(x0, P, B)):backward()
+    local xl = x0:detach():requires_grad_(true)
+    flow.sum(flow.softmax(xl, -1) * x0):backward()
+    assert.equal("S(0)", tostring(x.grad.sbp))
+    assert_close(xl.grad, whole(x.grad), 1e-4)
+  end)
+end)
+
+describe("global errors", function()
+  it("ranks calling different ops get an error on every rank", function()
+    if ws == 1 then return end
+    local x = global(randn({ 4 }), P, S(0))
+    local ok, err = pcall(function() if me == 0 then return x + x else return x * x end end)
+    assert.is_false(ok)
+    assert.matches("%[rank %d+%] %a+: ranks disagree", err)
+  end)
+
+  it("inputs on different placements are refused", function()
+    local P0 = flow.placement("cpu", { 0 })
+    if ws == 1 then return end
+    local ok, err = pcall(function() return global(randn({ 2 }), P, B) + global(randn({ 2 }), P0, B) end)
+    if me == 0 then
+      assert.is_false(ok)
+      assert.matches("different placements", err)
+    end
+  end)
+
+  it("shape errors name the rank and the op with logical shapes", function()
+    local ok, err = pcall(flow.matmul, global(randn({ 4, 3 }), P, S(0)), global(randn({ 4, 3 }), P, B))
+    assert.is_false(ok)
+    assert.matches("%[rank %d+%] matmul: .*{4,3}", err)
+  end)
+end)
+
+describe("explain for ops", function()
+  it("shows the signature and the boxing each op ran", function()
+    local a, w = global(randn({ 4, 6 }), P, S(1)), global(randn({ 6, 2 }), P, B)
+    local text, y = flow.explain(function() return flow.matmul(a, w) end)
+    assert.matches("matmul%(", text)
+    assert.matches("signature %[matmul%]", text)
+    assert.same({ 4, 2 }, y:shape())
+  end)
+end)
+
+describe("2-D mesh ops", function()
+  if ws ~= 4 then return end
+  local P2 = flow.placement("cpu", { { 0, 1 }, { 2, 3 } })
+  it("(S(0), B) x (B, S(1)) gives (S(0), S(1))", function()
+    local a, w = randn({ 6, 5 }), flow.arange(0, 20):float():view({ 5, 4 }) / 10
+    local y = flow.matmul(global(a, P2, { S(0), B }), global(w, P2, { B, S(1) }))
+    assert.equal("S(0)", tostring(y.sbp[1]))
+    assert.equal("S(1)", tostring(y.sbp[2]))
+    assert_close(flow.matmul(a, w), whole(y), 1e-4)
+  end)
+  it("data x tensor parallel gradient of a (B, S(1)) weight", function()
+    local a, w0 = randn({ 4, 5 }), flow.arange(0, 20):float():view({ 5, 4 }) / 10
+    local w = global(w0, P2, { B, S(1) }):detach():requires_grad_(true)
+    flow.sum(flow.matmul(global(a, P2, { S(0), B }), w)):backward()
+    local wl = w0:detach():requires_grad_(true)
+    flow.sum(flow.matmul(a, wl)):backward()
+    assert.equal("B", tostring(w.grad.sbp[1]))
+    assert_close(wl.grad, whole(w.grad), 1e-4)
+  end)
+end)
