@@ -43,6 +43,21 @@ typedef struct flow_tensor {
   void (*global_free)(void *global);
 } flow_tensor;
 
+/* A global tensor's metadata (sbp/global.h) starts with its logical shape laid out like this, so
+ * layers below sbp/ (autograd metadata, shape helpers of gradient rules) can read it. */
+typedef struct flow_logical_shape {
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];
+} flow_logical_shape;
+
+/* The logical shape: a local tensor's own, a global tensor's whole (not its shard's). */
+static inline int flow_tensor_lndim(const flow_tensor *t) {
+  return t->global ? ((const flow_logical_shape *)t->global)->ndim : t->ndim;
+}
+static inline const int64_t *flow_tensor_lshape(const flow_tensor *t) {
+  return t->global ? ((const flow_logical_shape *)t->global)->shape : t->shape;
+}
+
 /* Attributes of an op call: one bag of fields; each op documents which it reads. */
 typedef struct flow_attrs {
   int64_t axes[FLOW_MAX_DIMS]; int naxes;    /* reduce axes, permutation, split sizes */

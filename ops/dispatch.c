@@ -23,11 +23,12 @@ const flow_op *flow_op_first(void) { return registry_head; }
 
 void flow_op_set_global_dispatch(flow_global_dispatch_fn fn) { global_dispatch = fn; }
 
+/* Logical shape for a global tensor (what autograd records; kernels only ever see shards). */
 void flow_meta_from(flow_meta *m, const flow_tensor *t) {
   m->dtype = t->dtype;
   m->device = t->device;
-  m->ndim = t->ndim;
-  memcpy(m->shape, t->shape, sizeof m->shape);
+  m->ndim = flow_tensor_lndim(t);
+  memcpy(m->shape, flow_tensor_lshape(t), (size_t)m->ndim * sizeof(int64_t));
 }
 
 int flow_check_same_dtype(const flow_op *op, flow_tensor *const *in, int nin) {

@@ -600,8 +600,9 @@ flow_tensor *flow_full(int ndim, const int64_t *shape, double v, flow_dtype dtyp
   return flow_op_call1(&flow_op_full, NULL, 0, &at);
 }
 
+/* For a global t: a local tensor of its logical shape (the same on every rank, so it acts as broadcast). */
 flow_tensor *flow_full_like(flow_tensor *t, double v) {
-  return flow_full(t->ndim, t->shape, v, t->dtype, t->device);
+  return flow_full(flow_tensor_lndim(t), flow_tensor_lshape(t), v, t->dtype, t->device);
 }
 flow_tensor *flow_zeros_like(flow_tensor *t) { return flow_full_like(t, 0); }
 flow_tensor *flow_ones_like(flow_tensor *t) { return flow_full_like(t, 1); }

@@ -301,11 +301,13 @@ flow_tensor *flow_sum(flow_tensor *t, int naxes, const int64_t *axes, bool keepd
 }
 
 flow_tensor *flow_sum_to_shape(flow_tensor *g, int ndim, const int64_t *shape) {
-  if (flow_shape_eq(g->ndim, g->shape, ndim, shape)) { flow_tensor_incref(g); return g; }
+  int gnd = flow_tensor_lndim(g); /* logical: g may be global */
+  const int64_t *gshape = flow_tensor_lshape(g);
+  if (flow_shape_eq(gnd, gshape, ndim, shape)) { flow_tensor_incref(g); return g; }
   int64_t axes[FLOW_MAX_DIMS];
-  int naxes = 0, lead = g->ndim - ndim;
-  for (int d = 0; d < g->ndim; d++)
-    if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1)) axes[naxes++] = d;
+  int naxes = 0, lead = gnd - ndim;
+  for (int d = 0; d < gnd; d++)
+    if (d < lead || (shape[d - lead] == 1 && gshape[d] != 1)) axes[naxes++] = d;
   /* no axis to sum (only size-1 axes differ): naxes == 0 would mean "all axes" */
   flow_tensor *s = naxes ? flow_sum(g, naxes, axes, true) : (flow_tensor_incref(g), g);
   if (!s) return NULL;

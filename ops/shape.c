@@ -103,6 +103,7 @@ flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape) {
   if (ndim > FLOW_MAX_DIMS) { flow_error_set("reshape: at most %d dimensions", FLOW_MAX_DIMS); return NULL; }
   at.nshape = ndim;
   for (int i = 0; i < ndim; i++) at.shape[i] = shape[i];
+  if (t->global) return flow_op_call1(&flow_op_view, &t, 1, &at); /* the global layer reshapes shards */
   int64_t resolved[FLOW_MAX_DIMS], st[FLOW_MAX_DIMS];
   if (resolve_shape("reshape", t, ndim, shape, resolved) != 0) return NULL;
   if (flow_view_strides(t, ndim, resolved, st)) return flow_op_call1(&flow_op_view, &t, 1, &at);
