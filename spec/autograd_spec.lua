@@ -184,6 +184,41 @@ describe("backward errors", function()
   end)
 end)
 
+describe("graph shapes", function()
+  it("a tensor reached by paths of different lengths gets every contribution once", function()
+    local x = leaf({1, 2})
+    local y = x * 2
+    local z = y * 3 + y          -- 8x
+    ;(z * y):sum():backward()     -- d/dx (8x * 2x) = 32x
+    close({32, 64}, x.grad:totable())
+  end)
+
+  it("an unused output of a multi-output op is a zero gradient", function()
+    local x = leaf({1, 2, 3, 4})
+    local parts = flow.split(x, 2)
+    ;(parts[2] * 5):sum():backward()
+    close({0, 0, 5, 5}, x.grad:totable())
+  end)
+
+  it("integer outputs (indices) carry no gradient", function()
+    local x = leaf({{3, 1}, {2, 5}})
+    local v, i = flow.max(x, 1)
+    assert.is_true(v.requires_grad)
+    assert.is_false(i.requires_grad)
+    v:sum():backward()
+    close({1, 0}, x.grad:totable()[1])
+    close({0, 1}, x.grad:totable()[2])
+  end)
+
+  it("a detached alias shares the version counter: writing it invalidates the graph", function()
+    local x = leaf({1, 2})
+    local d = x:detach()
+    local y = x * x
+    flow.no_grad(function() d:add_(1) end)
+    assert.matches("input 1 of mul.*in%-place", error_of(function() y:sum():backward() end))
+  end)
+end)
+
 describe("graph size", function()
   it("backward through a chain of 10000 adds does not overflow the stack", function()
     local x = leaf({1})
