@@ -60,6 +60,7 @@ describe("gradient accumulation", function()
 end)
 
 describe("grad mode", function()
+  after_each(function() flow.set_grad_enabled(true) end) -- a failing test must not leak the mode
   it("no_grad runs fn with arguments, returns its results and records nothing", function()
     local x = leaf({1, 2})
     local y, n = flow.no_grad(function(a, k) return a * 2, k + 1 end, x, 41)
