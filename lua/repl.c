@@ -259,7 +259,7 @@ static int next_line(int tty, const char *prompt, char **line) {
   *line = NULL;
   if (rank == 0) kind = tty ? read_tty(prompt, line) : read_pipe(line);
   if (nranks == 1) return kind;
-  long len = kind == LINE_EOF ? -1 : kind == LINE_CANCEL ? -2 : (long)strlen(*line);
+  long len = kind == LINE_EOF ? -1 : kind == LINE_CANCEL ? -2 : rank == 0 ? (long)strlen(*line) : 0;
   MPI_Bcast(&len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   if (len < 0) return len == -1 ? LINE_EOF : LINE_CANCEL;
   if (rank != 0 && !(*line = malloc((size_t)len + 1))) abort();
