@@ -102,6 +102,7 @@ static int l_placement(lua_State *L) {
   else if (strcmp(type, "cuda") == 0) dt = FLOW_CUDA;
   else return luaL_error(L, "placement: device type must be \"cpu\" or \"cuda\" (got \"%s\")", type);
   int shape[FLOW_MAX_MESH], ndim = 0, n = 0, cap = 4096;
+  lua_settop(L, 2);
   int *ranks = lua_newuserdatauv(L, (size_t)cap * sizeof(int), 0); /* freed by the GC, even on error */
   if (lua_isnoneornil(L, 2)) {
     ndim = 1;
