@@ -160,8 +160,9 @@ void flow_lua_open_elementwise(lua_State *L) {
   BOTH(add), BOTH(sub), BOTH(mul), BOTH(div), BOTH(pow), BOTH(maximum), BOTH(minimum), BOTH(eq),  \
   BOTH(ne), BOTH(lt), BOTH(le), BOTH(gt), BOTH(ge), BOTH(neg), BOTH(abs), BOTH(exp), BOTH(log),   \
   BOTH(sqrt), BOTH(rsqrt), BOTH(tanh), BOTH(sigmoid), BOTH(relu), BOTH(gelu), BOTH(clamp),        \
-  BOTH(where), BOTH(masked_fill), BOTH(cast)
-  static const luaL_Reg fns[] = {MATH_OPS, {NULL, NULL}};
+  BOTH(masked_fill), BOTH(cast)
+  /* where is no method: t:where(...) would read differently here (t the condition) and in torch */
+  static const luaL_Reg fns[] = {MATH_OPS, BOTH(where), {NULL, NULL}};
   static const luaL_Reg methods[] = {
     MATH_OPS, BOTH(float), BOTH(double), BOTH(half), BOTH(bfloat16), BOTH(long), BOTH(int), BOTH(bool),
     BOTH(add_), BOTH(mul_), BOTH(copy_), BOTH(fill_), BOTH(zero_), {NULL, NULL}};

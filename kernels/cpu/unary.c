@@ -16,7 +16,7 @@
 /* The per-element helpers must inline into the loops for those to vectorise. */
 #define ELEMENT static inline __attribute__((always_inline))
 
-/* Bounds of clamp in each dtype, plus nothing else: the context of every loop. */
+/* clamp's bounds in each dtype: the context every loop receives. */
 typedef struct bounds {
   float lo_f, hi_f;
   double lo_d, hi_d;
@@ -106,7 +106,7 @@ ELEMENT double gelu_f64(double x) {
 
 /* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u) */
 #define GELU_GRAD(T, TANH)                                                                       \
-  ELEMENT T gelu_grad_##T(T x) {                                                            \
+  ELEMENT T gelu_grad_##T(T x) {                                                                \
     T x2 = x * x, t = TANH((T)GELU_C * (x + (T)GELU_A * x2 * x));                                \
     return (T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * (T)GELU_C * (1 + 3 * (T)GELU_A * x2);   \
   }
