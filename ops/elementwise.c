@@ -126,8 +126,7 @@ static int grad_pow(const flow_grad_ctx *c, flow_tensor **gin) {
     flow_tensor *r = q ? flow_mul(g, q) : NULL;
     flow_tensor *bz = r ? flow_eq_scalar(b, 0) : NULL;
     flow_tensor *d = bz ? flow_masked_fill(r, bz, 0) : NULL;
-    flow_tensor_decref(bm1); flow_tensor_decref(p); flow_tensor_decref(q);
-    flow_tensor_decref(r); flow_tensor_decref(bz);
+    flow_decref_all((flow_tensor *[]){bm1, p, q, r, bz}, 5);
     if (give(gin, 0, d, c) != 0) return -1;
   }
   if (c->need[1]) {
@@ -136,7 +135,7 @@ static int grad_pow(const flow_grad_ctx *c, flow_tensor **gin) {
     flow_tensor *r = q ? flow_mul(g, q) : NULL;
     flow_tensor *az = r ? flow_eq_scalar(a, 0) : NULL;
     flow_tensor *d = az ? flow_masked_fill(r, az, 0) : NULL;
-    flow_tensor_decref(l); flow_tensor_decref(q); flow_tensor_decref(r); flow_tensor_decref(az);
+    flow_decref_all((flow_tensor *[]){l, q, r, az}, 4);
     if (give(gin, 1, d, c) != 0) return -1;
   }
   return 0;
