@@ -165,6 +165,18 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
                     int64_t inner) {                                                             \
     T *vals = vvals;                                                                             \
     const T *x = vx;                                                                             \
+    if (inner == 1) { /* along the contiguous last axis: a scan with the best in registers */   \
+      for (int64_t o = 0; o < outer; o++) {                                                      \
+        const T *row = x + o * K;                                                                \
+        T best = row[0];                                                                         \
+        int64_t bi = 0;                                                                          \
+        for (int64_t k = 1; k < K; k++)                                                          \
+          if (BETTER(row[k], best)) { best = row[k]; bi = k; }                                   \
+        vals[o] = best;                                                                          \
+        idx[o] = bi;                                                                             \
+      }                                                                                          \
+      return;                                                                                    \
+    }                                                                                            \
     for (int64_t o = 0; o < outer; o++) {                                                        \
       T *v = vals + o * inner;                                                                   \
       int64_t *ix = idx + o * inner;                                                             \
