@@ -2,6 +2,7 @@
  * SBP values, to_global/to_local, explain, global creation and the registry hooks the tensor
  * bindings call for a global tensor's shape, fields and printing. MPI starts when the module
  * opens and finalises when the Lua state closes. */
+#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -374,6 +375,24 @@ static int r_global_create(lua_State *L) {
   return flow_lua_push(L, t);
 }
 
+/* flow._mpi(name, send, recv): the raw MPI collective on two float32 tensors' memory over the
+ * world (the reference the boxing benchmark measures against). */
+static int l_raw_mpi(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  flow_tensor *s = flow_lua_check(L, 2, "_mpi"), *r = flow_lua_check(L, 3, "_mpi");
+  if (s->dtype != FLOW_F32 || r->dtype != FLOW_F32 || !flow_tensor_is_contiguous(s) || !flow_tensor_is_contiguous(r))
+    return luaL_error(L, "_mpi: contiguous float32 tensors only");
+  int n = (int)flow_tensor_numel(s), p = flow_comm_size(), rc;
+  void *sp = flow_tensor_data(s), *rp = flow_tensor_data(r);
+  if (strcmp(name, "allreduce") == 0) rc = MPI_Allreduce(sp, rp, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  else if (strcmp(name, "allgather") == 0) rc = MPI_Allgather(sp, n, MPI_FLOAT, rp, n, MPI_FLOAT, MPI_COMM_WORLD);
+  else if (strcmp(name, "reduce_scatter") == 0) rc = MPI_Reduce_scatter_block(sp, rp, n / p, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  else if (strcmp(name, "alltoall") == 0) rc = MPI_Alltoall(sp, n / p, MPI_FLOAT, rp, n / p, MPI_FLOAT, MPI_COMM_WORLD);
+  else return luaL_error(L, "_mpi: unknown collective '%s'", name);
+  if (rc != MPI_SUCCESS) return luaL_error(L, "_mpi: %s failed", name);
+  return 0;
+}
+
 /* ---- opening and closing ---------------------------------------------------------------------------- */
 
 static int finalize(lua_State *L) {
@@ -411,7 +430,7 @@ void flow_lua_open_global(lua_State *L) {
 
   static const luaL_Reg fns[] = {{"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
                                  {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain},
-                                 {"set_check_consistency", l_set_check}, {NULL, NULL}};
+                                 {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
 

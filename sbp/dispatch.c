@@ -176,8 +176,13 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 }
 
 /* Every rank of the placement hashes (op, logical shapes, dtypes, SBP) and compares min and max. */
-static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, char *sig, size_t n) {
+static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, const char *sig,
+                 const flow_nd_sbp *target) {
   uint64_t h = fnv(1469598103934665603ull, op->name, strlen(op->name));
+  for (int m = 0; target && m < target->n; m++) {
+    int v[2] = {target->v[m].kind, target->v[m].axis};
+    h = fnv(h, v, sizeof v);
+  }
   for (int i = 0; i < nin; i++) {
     int nd;
     int64_t shape[FLOW_MAX_DIMS];
@@ -200,7 +205,6 @@ static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_
   if (lo != hi)
     return rank_error("%s: ranks disagree on this global op (the op, its input shapes or SBP differ between "
                       "ranks); this rank called %s", op->name, sig);
-  (void)n;
   return 0;
 }
 
@@ -356,11 +360,11 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     return rank_error("to_global: moving between placements (%s to %s) is not supported yet",
                       flow_placement_str(g->placement, x, sizeof x), flow_placement_str(tg->placement, y, sizeof y));
   }
-  if (tracing) {
-    char s[256];
-    describe(&flow_op_to_global, &in, 1, g->placement, s, sizeof s);
-    tracef("%s\n", s);
-  }
+  char s[256], t[64];
+  describe(&flow_op_to_global, &in, 1, g->placement, s, sizeof s);
+  snprintf(s + strlen(s), sizeof s - strlen(s), " -> %s", flow_nd_sbp_str(&tg->sbp, t, sizeof t));
+  if (check_on && agree(&flow_op_to_global, &in, 1, g->placement, s, &tg->sbp) != 0) return -1;
+  tracef("%s\n", s);
   flow_tensor *y = box_shard("input 1", in, tg->placement, &tg->sbp);
   if (!y) return rank_prefix();
   if (y == in) { /* nothing to move: a new header on the same shard */
@@ -533,7 +537,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   if (p->me < 0) return rank_error("%s: this rank is not in the placement (not supported yet)", op->name);
   char desc[768];
   describe(op, in, nin, p, desc, sizeof desc);
-  if (check_on && agree(op, in, nin, p, desc, sizeof desc) != 0) return -1;
+  if (check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
 
   /* logical inference on headers carrying the logical shapes */
   flow_tensor fake[FLOW_SIG_MAX_IO], *fp[FLOW_SIG_MAX_IO];

@@ -173,6 +173,14 @@ describe("global errors", function()
     assert.matches("%[rank %d+%] %a+: ranks disagree", err)
   end)
 
+  it("ranks asking for different boxings get an error on every rank", function()
+    if ws == 1 then return end
+    local x = global(randn({ 4 }), P, S(0))
+    local ok, err = pcall(function() return x:to_global(P, me == 0 and B or PS) end)
+    assert.is_false(ok)
+    assert.matches("to_global: ranks disagree", err)
+  end)
+
   it("inputs on different placements are refused", function()
     local P0 = flow.placement("cpu", { 0 })
     if ws == 1 then return end
