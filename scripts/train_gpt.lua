@@ -10,7 +10,7 @@ local gpt = require "flow.gpt"
 
 local defaults = {
   layers = 4, dim = 128, heads = 4, seq = 64, batch = 16, steps = 1000,
-  lr = 3e-3, warmup = 50, min_lr = 3e-4, weight_decay = 0.1, grad_clip = 1.0,
+  dropout = 0.0, lr = 3e-3, warmup = 50, min_lr = 3e-4, weight_decay = 0.1, grad_clip = 1.0,
   eval_every = 250, eval_iters = 10, log_every = 50,
   data = "/usr/share/doc/jargon-text/jargon.txt.gz", val_fraction = 0.05,
   save = "", save_every = 0, stop_at = 0, resume = "", seed = 1337, sample_len = 200, temperature = 0.8,
@@ -40,7 +40,8 @@ local ok_data, ds = pcall(data.load, args.data, { val_fraction = args.val_fracti
 if not ok_data then fail(ds) end
 local rng = utils.Generator(args.seed)
 
-local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim }
+local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim,
+              dropout = args.dropout }
 local model = gpt.GPT(cfg)
 local opt = model:configure_optimizer({ lr = args.lr, weight_decay = args.weight_decay })
 local lr_at = flow.optim.cosine_schedule({ lr = args.lr, min_lr = args.min_lr, warmup = args.warmup, steps = args.steps })
