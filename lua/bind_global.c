@@ -335,7 +335,6 @@ static int r_global_create(lua_State *L) {
   check_nd_sbp(L, -1, name, &s);
   lua_pop(L, 1);
   if (flow_global_check(name, p, &s, nd) != 0) return flow_lua_error(L);
-  if (p->me < 0) return luaL_error(L, "[rank %d] %s: this rank is not in the placement (not supported yet)", flow_comm_rank(), name);
   flow_attrs at;
   flow_attrs_init(&at);
   at.nshape = nd;
@@ -355,9 +354,10 @@ static int r_global_create(lua_State *L) {
   } else if (lua_type(L, 3) == LUA_TNUMBER) {
     at.scalar = lua_tonumber(L, 3);
   }
-  int64_t start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
-  flow_global_box(p, &s, nd, shape, p->coord, -1, start, box);
-  bool holds = true;
+  int64_t start[FLOW_MAX_DIMS] = {0}, box[FLOW_MAX_DIMS];
+  if (p->me >= 0) flow_global_box(p, &s, nd, shape, p->coord, -1, start, box);
+  else flow_global_local_shape(p, &s, nd, shape, box); /* not in the placement: an empty shard */
+  bool holds = p->me >= 0;
   for (int m = 0; m < s.n; m++) holds &= s.v[m].kind != FLOW_SBP_P || p->coord[m] == 0;
   flow_tensor *t;
   if (!holds || strcmp(name, "full") == 0) {

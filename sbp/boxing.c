@@ -336,3 +336,40 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
   }
   return x;
 }
+
+static flow_tensor *all_broadcast_run(const flow_placement *p, const flow_nd_sbp *from, const flow_nd_sbp *to,
+                                      int ndim, const int64_t *shape, flow_tensor *x) {
+  flow_boxing_plan plan;
+  if (flow_boxing_plan_make(p, from, to, ndim, shape, x->dtype, &plan) != 0) return NULL;
+  return flow_boxing_run(&plan, p, from, ndim, shape, x);
+}
+
+flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *src, const flow_placement *pd,
+                                 const flow_nd_sbp *dst, int ndim, const int64_t *shape, flow_tensor *local) {
+  flow_nd_sbp bs = {ps->ndim, {{0}}}, bd = {pd->ndim, {{0}}};
+  flow_comm *world = flow_comm_world();
+  int me = flow_comm_rank(), root = ps->ranks[0];
+  size_t n = (size_t)flow_shape_numel(ndim, shape);
+  flow_tensor *full = NULL;
+  if (ps->me >= 0 && !(full = all_broadcast_run(ps, src, &bs, ndim, shape, local))) return NULL;
+  if (me == root) {
+    for (int i = 0; i < pd->nranks; i++)
+      if (pd->ranks[i] != root && world->ops->send(world, flow_tensor_data(full), n, full->dtype, pd->ranks[i], 11) != 0) {
+        flow_tensor_decref(full);
+        return NULL;
+      }
+  } else if (pd->me >= 0) {
+    flow_tensor_decref(full);
+    if (!(full = flow_tensor_new(local->dtype, local->device, ndim, shape))) return NULL;
+    if (world->ops->recv(world, flow_tensor_data(full), n, full->dtype, root, 11) != 0) { flow_tensor_decref(full); return NULL; }
+  }
+  if (pd->me < 0) { /* not a destination: an empty shard */
+    int64_t empty[FLOW_MAX_DIMS];
+    flow_tensor_decref(full);
+    flow_global_local_shape(pd, dst, ndim, shape, empty);
+    return flow_tensor_new(local->dtype, local->device, ndim, empty);
+  }
+  flow_tensor *y = all_broadcast_run(pd, &bd, dst, ndim, shape, full);
+  flow_tensor_decref(full);
+  return y;
+}

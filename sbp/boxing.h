@@ -29,6 +29,13 @@ int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const
 flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
                              int ndim, const int64_t *shape, flow_tensor *local);
 
+/* Between placements: the source ranks gather the tensor (broadcast on ps), the first source
+ * rank sends it to every destination rank, which keeps its slice under dst. Every rank of either
+ * placement calls this; the result is this rank's shard under (pd, dst), empty outside pd.
+ * Moves |T| per destination rank: correct, not yet the minimal piece-wise transfer. */
+flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *src, const flow_placement *pd,
+                                 const flow_nd_sbp *dst, int ndim, const int64_t *shape, flow_tensor *local);
+
 /* A dense copy of a strided local tensor, or t itself (new reference) when already dense. */
 flow_tensor *flow_boxing_dense(flow_tensor *t);
 

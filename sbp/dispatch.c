@@ -351,15 +351,34 @@ static FLOW_KERNEL(kernel_local_to_global) {
   return wrap(out[0], p, &tg->sbp, nd, shape);
 }
 
+/* A rank outside the placement takes part in nothing: it gets empty shards with the metadata. */
+static int empty_outputs(const flow_op *op, const flow_placement *p, const flow_nd_sbp *sbp, int ndim,
+                         const int64_t *shape, flow_dtype dt, flow_device dev, flow_tensor **out) {
+  int64_t local[FLOW_MAX_DIMS];
+  flow_global_local_shape(p, sbp, ndim, shape, local);
+  out[0] = flow_tensor_new(dt, dev, ndim, local);
+  if (out[0] && ndim == 0 && dev.type == FLOW_CPU) memset(flow_tensor_data(out[0]), 0, flow_tensor_nbytes(out[0]));
+  if (!out[0] || wrap(out[0], p, sbp, ndim, shape) != 0) {
+    flow_tensor_decref(out[0]);
+    out[0] = NULL;
+    return rank_error("%s: %s", op->name, flow_error_get());
+  }
+  return 0;
+}
+
 /* Global -> global: plan and run the boxing; the result shares nothing with the input. */
 static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out) {
   const target *tg = &targets[a->k];
   const flow_global *g = flow_global_of(in);
   if (g->placement != tg->placement) {
-    char x[128], y[128];
-    return rank_error("to_global: moving between placements (%s to %s) is not supported yet",
-                      flow_placement_str(g->placement, x, sizeof x), flow_placement_str(tg->placement, y, sizeof y));
+    if (in->device.type != FLOW_CPU) return rank_error("to_global: moving device tensors between placements is not supported yet");
+    flow_tensor *y = flow_boxing_between(g->placement, &g->sbp, tg->placement, &tg->sbp, g->ndim, g->shape, in);
+    if (!y) return rank_prefix();
+    if (wrap(y, tg->placement, &tg->sbp, g->ndim, g->shape) != 0) { flow_tensor_decref(y); return -1; }
+    out[0] = y;
+    return 0;
   }
+  if (g->placement->me < 0) return empty_outputs(&flow_op_to_global, g->placement, &tg->sbp, g->ndim, g->shape, in->dtype, in->device, out);
   char s[256], t[64];
   describe(&flow_op_to_global, &in, 1, g->placement, s, sizeof s);
   snprintf(s + strlen(s), sizeof s - strlen(s), " -> %s", flow_nd_sbp_str(&tg->sbp, t, sizeof t));
@@ -491,7 +510,14 @@ char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, 
          flow_placement_str(p, d, sizeof d), flow_nd_sbp_str(&src, b, sizeof b), flow_nd_sbp_str(sbp, c, sizeof c));
   int rc = 0;
   if (t->global && flow_global_of(t)->placement != p) {
-    tracef("  between placements: not supported yet\n");
+    char e[160];
+    const flow_placement *ps = flow_global_of(t)->placement;
+    double bytes = (double)flow_shape_numel(nd, shape) * (double)flow_dtype_size(t->dtype);
+    int receivers = 0;
+    for (int i = 0; i < p->nranks; i++) receivers += p->ranks[i] != ps->ranks[0];
+    tracef("  between placements %s -> %s: gather to broadcast on the source, rank %d sends %.0f bytes to each of "
+           "%d destination rank(s), each keeps its slice\n", flow_placement_str(ps, e, sizeof e), d, ps->ranks[0], bytes,
+           receivers);
   } else if (!t->global) {
     tracef("  a local tensor becomes this rank's shard (shapes are summed over split axes, broadcast axes "
            "take rank 0's copy)\n");
@@ -534,10 +560,9 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   }
   if (nin > FLOW_SIG_MAX_IO || op->nout > FLOW_SIG_MAX_IO)
     return rank_error("%s: too many inputs or outputs for a global op", op->name);
-  if (p->me < 0) return rank_error("%s: this rank is not in the placement (not supported yet)", op->name);
   char desc[768];
   describe(op, in, nin, p, desc, sizeof desc);
-  if (check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
+  if (p->me >= 0 && check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
 
   /* logical inference on headers carrying the logical shapes */
   flow_tensor fake[FLOW_SIG_MAX_IO], *fp[FLOW_SIG_MAX_IO];
@@ -554,6 +579,15 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
 
   choice ch;
   if (choose(op, in, nin, a, lmeta, p, &ch) != 0) return -1;
+  if (p->me < 0) { /* not in the placement: nothing to compute, only metadata */
+    if (op->kind == FLOW_OP_INPLACE) { flow_tensor_incref(in[0]); out[0] = in[0]; return 0; }
+    for (int j = 0; j < op->nout; j++)
+      if (empty_outputs(op, p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape, lmeta[j].dtype, lmeta[j].device, &out[j]) != 0) {
+        for (int k = 0; k < j; k++) { flow_tensor_decref(out[k]); out[k] = NULL; }
+        return -1;
+      }
+    return 0;
+  }
   if (tracing) {
     char s[128];
     tracef("%s\n", desc);

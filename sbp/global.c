@@ -63,3 +63,13 @@ void flow_global_box(const flow_placement *p, const flow_nd_sbp *sbp, int ndim, 
     size[a] = l;
   }
 }
+
+void flow_global_local_shape(const flow_placement *p, const flow_nd_sbp *sbp, int ndim, const int64_t *shape,
+                             int64_t *local) {
+  int64_t start[FLOW_MAX_DIMS];
+  if (p->me < 0) {
+    for (int d = 0; d < ndim; d++) local[d] = 0;
+    return;
+  }
+  flow_global_box(p, sbp, ndim, shape, p->coord, -1, start, local);
+}

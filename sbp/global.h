@@ -31,4 +31,9 @@ void flow_split_range(int64_t n, int parts, int idx, int64_t *start, int64_t *le
 void flow_global_box(const flow_placement *p, const flow_nd_sbp *sbp, int ndim, const int64_t *shape,
                      const int *coord, int skip, int64_t *start, int64_t *size);
 
+/* This rank's shard shape of a logical tensor on (p, sbp); ranks outside the placement hold an
+ * empty shard (every axis 0; a 0-d tensor keeps its one element). */
+void flow_global_local_shape(const flow_placement *p, const flow_nd_sbp *sbp, int ndim, const int64_t *shape,
+                             int64_t *local);
+
 #endif
