@@ -122,6 +122,8 @@ local function evaluate()
 end
 
 local tokens_per_step = args.batch * args.seq
+-- Training FLOPs per token (PaLM's estimate): 6 per parameter plus the attention scores.
+local flops_per_token = 6 * model:num_parameters() + 12 * args.layers * args.seq * args.dim
 local t_begin = utils.now()
 local t_last, steps_since = t_begin, 0
 local first_loss, last_loss
@@ -146,8 +148,9 @@ for step = start, last_step - 1 do
   if done % args.log_every == 0 or done == last_step or step == start then
     local now = utils.now()
     local dt = (now - t_last) / steps_since
-    print(("step %5d/%d | loss %.6f | lr %.3e | %7.0f tok/s | %7.1f ms/step | ETA %s"):format(
-      done, args.steps, l, lr, tokens_per_step / dt, dt * 1000, utils.format_seconds(dt * (last_step - done))))
+    print(("step %5d/%d | loss %.6f | lr %.3e | %7.0f tok/s | %5.1f GFLOP/s | %7.1f ms/step | ETA %s"):format(
+      done, args.steps, l, lr, tokens_per_step / dt, flops_per_token * tokens_per_step / dt / 1e9, dt * 1000,
+      utils.format_seconds(dt * (last_step - done))))
     io.stdout:flush()
     t_last, steps_since = now, 0
   end
