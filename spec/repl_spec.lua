@@ -1,6 +1,8 @@
 -- Drives the flowlua binary (FLOW_BIN, exported by scripts/test.sh) through pipes. Each start
 -- costs an MPI initialisation, so one REPL session serves several checks; MPI runs as an
--- isolated singleton (no orted) to keep it quick.
+-- isolated singleton (no orted) to keep it quick. Under AddressSanitizer the children skip the
+-- exit-time leak check: MPI's unloaded plugins leave allocations the suppressions cannot name,
+-- and this spec is about what the REPL prints (the runner process checks the library's leaks).
 local bin = os.getenv("FLOW_BIN")
 if not bin then
   describe("the flowlua REPL", function()
@@ -10,7 +12,8 @@ if not bin then
 end
 
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-local flowlua = "OMPI_MCA_ess_singleton_isolated=1 " .. sh_quote(bin)
+local env = "OMPI_MCA_ess_singleton_isolated=1 ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "
+local flowlua = env .. sh_quote(bin)
 
 -- Run a shell command line; returns everything it printed (stdout and stderr) and its exit code.
 local function run(cmd)
@@ -63,7 +66,7 @@ describe("the flowlua REPL", function()
     os.remove(dir)
     local script = table.concat({
       "mkdir " .. dir .. " && mkfifo " .. dir .. "/in || exit 1",
-      "OMPI_MCA_ess_singleton_isolated=1 timeout -s KILL 20 " .. sh_quote(bin) .. " < " .. dir .. "/in > "
+      env .. "timeout -s KILL 20 " .. sh_quote(bin) .. " < " .. dir .. "/in > "
         .. dir .. "/out 2>&1 & pid=$!",
       "exec 3>" .. dir .. "/in",
       "echo 'print(\"ready\") while true do end' >&3",
