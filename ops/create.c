@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/random.h"
+#include "device.h"
 
 /* ---- source ops: the shape is in the attrs ------------------------------------------------ */
 
@@ -76,6 +77,19 @@ FLOW_OP(randn) {.name = "randn", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .i
 FLOW_OP(randint) {.name = "randint", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_randint,
                   .kernel = {[FLOW_CPU] = cpu_randint}};
 
+/* Run a source op on at->device; where that device has no kernel for it, make the tensor on the
+ * host and copy it over (the same numbers on every device). */
+static flow_tensor *make_source(const flow_op *op, flow_attrs *at) {
+  flow_device dev = at->device;
+  if (dev.type == FLOW_CPU || op->kernel[dev.type]) return flow_op_call1(op, NULL, 0, at);
+  at->device = FLOW_DEVICE_CPU;
+  flow_tensor *host = flow_op_call1(op, NULL, 0, at);
+  if (!host) return NULL;
+  flow_tensor *t = flow_to_device(host, dev);
+  flow_tensor_decref(host);
+  return t;
+}
+
 static void source_attrs(flow_attrs *at, int ndim, const int64_t *shape, flow_dtype dtype, flow_device dev) {
   flow_attrs_init(at);
   at->nshape = ndim;
@@ -102,7 +116,7 @@ flow_tensor *flow_arange(double start, double stop, double step, flow_dtype dtyp
   source_attrs(&at, 1, &n, dtype, dev);
   at.scalar = start;
   at.scalar2 = step;
-  return flow_op_call1(&flow_op_arange, NULL, 0, &at);
+  return make_source(&flow_op_arange, &at);
 }
 
 flow_tensor *flow_linspace(double start, double stop, int64_t n, flow_dtype dtype, flow_device dev) {
@@ -111,14 +125,14 @@ flow_tensor *flow_linspace(double start, double stop, int64_t n, flow_dtype dtyp
   source_attrs(&at, 1, &n, dtype, dev);
   at.scalar = start;
   at.scalar2 = stop;
-  return flow_op_call1(&flow_op_linspace, NULL, 0, &at);
+  return make_source(&flow_op_linspace, &at);
 }
 
 flow_tensor *flow_eye(int64_t n, int64_t m, flow_dtype dtype, flow_device dev) {
   int64_t shape[2] = {n, m};
   flow_attrs at;
   source_attrs(&at, 2, shape, dtype, dev);
-  return flow_op_call1(&flow_op_eye, NULL, 0, &at);
+  return make_source(&flow_op_eye, &at);
 }
 
 static flow_tensor *random_source(const flow_op *op, flow_attrs *at) {
@@ -131,7 +145,7 @@ static flow_tensor *random_source(const flow_op *op, flow_attrs *at) {
   flow_rng_state s = flow_rng_reserve((uint64_t)n);
   at->seed = s.seed;
   at->rng_offset = s.offset;
-  return flow_op_call1(op, NULL, 0, at);
+  return make_source(op, at);
 }
 
 flow_tensor *flow_rand(int ndim, const int64_t *shape, flow_dtype dtype, flow_device dev) {
@@ -195,6 +209,8 @@ static int grad_dropout(const flow_grad_ctx *c, flow_tensor **gin) {
 FLOW_OP(dropout) {.name = "dropout", .nin = 1, .nout = 1, .infer = infer_dropout,
                   .kernel = {[FLOW_CPU] = cpu_dropout}, .grad = grad_dropout};
 
+/* On a device without a dropout kernel the input goes through the host and back: both copies
+ * are differentiable, so the gradient takes the same way. */
 flow_tensor *flow_dropout_at(flow_tensor *t, double p, flow_rng_state rng) {
   if (p == 0) { flow_tensor_incref(t); return t; }
   flow_attrs at;
@@ -202,7 +218,14 @@ flow_tensor *flow_dropout_at(flow_tensor *t, double p, flow_rng_state rng) {
   at.scalar = p;
   at.seed = rng.seed;
   at.rng_offset = rng.offset;
-  return flow_op_call1(&flow_op_dropout, &t, 1, &at);
+  if (t->device.type == FLOW_CPU || flow_op_dropout.kernel[t->device.type] || t->global)
+    return flow_op_call1(&flow_op_dropout, &t, 1, &at);
+  flow_tensor *host = flow_to_device(t, FLOW_DEVICE_CPU);
+  flow_tensor *d = host ? flow_op_call1(&flow_op_dropout, &host, 1, &at) : NULL;
+  flow_tensor *r = d ? flow_to_device(d, t->device) : NULL;
+  flow_tensor_decref(host);
+  flow_tensor_decref(d);
+  return r;
 }
 
 flow_tensor *flow_dropout(flow_tensor *t, double p) {
