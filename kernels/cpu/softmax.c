@@ -6,6 +6,7 @@
 #ifndef real
 
 #include <stdlib.h>
+#include <string.h>
 #include <tgmath.h>
 
 #include "nn.h"
@@ -13,6 +14,47 @@
 /* Lanes of independent partial results: breaks the serial dependency of a running max or sum so
  * the loop runs at throughput, not latency (and lets the compiler use one vector per 8 floats). */
 #define LANES 8
+
+/* y[l] = exp(x[l] - shift), acc[l] += y[l] for one block of LANES elements. float64 calls libm;
+ * float32 computes 8 exps at once in GCC/Clang vector types (libm's expf is a call per element,
+ * which no loop vectorises). Cephes' expf: exp(v) = 2^n exp(r), n = round(v / ln2),
+ * r = v - n ln2 in [-ln2/2, ln2/2] (ln2 split in two for an exact product), exp(r) by a degree-7
+ * polynomial (relative error ~2e-7). Below ln(FLT_MIN) gives 0, above 127.5 ln2 (where 2^n leaves
+ * the exponent range; only 88.38..88.72 lose their finite value) inf; NaN stays NaN. */
+static inline void exp_block_f64(double *y, const double *x, double shift, double *acc) {
+  for (int l = 0; l < LANES; l++) acc[l] += (y[l] = exp(x[l] - shift));
+}
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* where mask (all ones / all zeros per lane): a, else b. A macro: a function passing 32-byte
+ * vectors by value draws an ABI warning when AVX is not enabled. */
+#define SELECT8(mask, a, b) ((v8f)(((mask) & (v8i)(a)) | (~(mask) & (v8i)(b))))
+
+static inline void exp_block_f32(float *y, const float *x, float shift, float *acc) {
+  const float lo = -87.33654f, hi = 88.37626f, magic = 12582912.0f; /* 1.5 * 2^23: + magic rounds */
+  const v8f zero = {0};
+  v8f v, a;
+  memcpy(&v, x, sizeof v);
+  memcpy(&a, acc, sizeof a);
+  v = v - shift;
+  v8i under = v < lo, over = v > hi, nan = v != v;
+  v8f c = SELECT8(under | nan, zero + lo, SELECT8(over, zero + hi, v));
+  v8f t = c * 1.44269504088896341f + magic, n = t - magic;
+  v8f r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1;
+  v8f e = p * (v8f)(((v8i)t - 0x4B400000 + 127) << 23); /* t's low mantissa bits hold n */
+  e = SELECT8(under, zero, SELECT8(over, zero + INFINITY, SELECT8(nan, v, e)));
+  a += e;
+  memcpy(y, &e, sizeof e);
+  memcpy(acc, &a, sizeof a);
+}
 
 #define real float
 #define GEN(name) name##_f32
@@ -74,8 +116,7 @@ real GEN(flow_cpu_row_max)(const real *x, int64_t n) {
 real GEN(flow_cpu_exp_shift)(real *y, const real *x, int64_t n, real shift) {
   real s[LANES] = {0}, sum = 0;
   int64_t j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int l = 0; l < LANES; l++) s[l] += (y[j + l] = exp(x[j + l] - shift));
+  for (; j + LANES <= n; j += LANES) GEN(exp_block)(y + j, x + j, shift, s);
   for (; j < n; j++) sum += (y[j] = exp(x[j] - shift));
   for (int l = 0; l < LANES; l++) sum += s[l];
   return sum;
@@ -95,15 +136,26 @@ static void GEN(softmax_row)(real *y, const real *x, int64_t n, bool as_log) {
   }
 }
 
+/* sum of a[j] * (b ? b[j] : 1) */
+static real GEN(row_dot)(const real *a, const real *b, int64_t n) {
+  real acc[LANES] = {0}, sum = 0;
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; l++) acc[l] += a[j + l] * (b ? b[j + l] : 1);
+  for (; j < n; j++) sum += a[j] * (b ? b[j] : 1);
+  for (int l = 0; l < LANES; l++) sum += acc[l];
+  return sum;
+}
+
 /* softmax:     dx = y * (dy - sum(dy * y))
  * log_softmax: dx = dy - exp(y) * sum(dy) */
 static void GEN(softmax_backward_row)(real *dx, const real *y, const real *dy, int64_t n, bool as_log) {
-  real s = 0;
   if (as_log) {
-    for (int64_t j = 0; j < n; j++) s += dy[j];
-    for (int64_t j = 0; j < n; j++) dx[j] = dy[j] - exp(y[j]) * s;
+    real s = GEN(row_dot)(dy, NULL, n);
+    GEN(flow_cpu_exp_shift)(dx, y, n, 0);
+    for (int64_t j = 0; j < n; j++) dx[j] = dy[j] - dx[j] * s;
   } else {
-    for (int64_t j = 0; j < n; j++) s += dy[j] * y[j];
+    real s = GEN(row_dot)(dy, y, n);
     for (int64_t j = 0; j < n; j++) dx[j] = y[j] * (dy[j] - s);
   }
 }
