@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../ops/autograd.h"
 #include "../ops/create.h"
 #include "../ops/elementwise.h"
 #include "bind.h"
@@ -480,7 +481,10 @@ static int l_tostring(lua_State *L) {
   lua_getfield(L, -1, "format");
   lua_pushvalue(L, 1);
   lua_pushcfunction(L, l_summarize);
-  lua_call(L, 2, 1);
+  const char *grad_fn = flow_autograd_op_name(t);
+  if (grad_fn) lua_pushstring(L, grad_fn);
+  else lua_pushnil(L);
+  lua_call(L, 3, 1);
   return 1;
 }
 

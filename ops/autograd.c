@@ -59,6 +59,8 @@ static void node_decref(flow_node *n) {
   }
 }
 
+const char *flow_autograd_op_name(const flow_tensor *t) { return t->grad_fn ? t->grad_fn->op->name : NULL; }
+
 void flow_autograd_release(flow_tensor *t) {
   if (t->grad_fn) node_decref(t->grad_fn);
   t->grad_fn = NULL;

@@ -22,6 +22,9 @@ int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph);
 typedef flow_tensor *(*flow_leaf_grad_hook)(flow_tensor *leaf, flow_tensor *grad);
 void flow_autograd_set_leaf_hook(flow_leaf_grad_hook hook);
 
+/* The name of the op whose node produced t (its grad_fn), NULL for a leaf: for printing. */
+const char *flow_autograd_op_name(const flow_tensor *t);
+
 /* Called by flow_tensor_decref: drops grad_fn and grad. */
 void flow_autograd_release(flow_tensor *t);
 

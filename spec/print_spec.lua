@@ -65,7 +65,7 @@ describe("tostring of a tensor", function()
   it("notes requires_grad", function()
     local x = flow.ones({2}, {requires_grad = true})
     assert.equal("tensor([1.0000, 1.0000], shape={2}, dtype=float32, requires_grad=true)", tostring(x))
-    assert.matches("dtype=float32, [a-z_]+=", tostring(x * 2))
+    assert.equal("tensor([2.0000, 2.0000], shape={2}, dtype=float32, grad_fn=<mul>)", tostring(x * 2))
     assert.equal("tensor([1.0000, 1.0000], shape={2}, dtype=float32)", tostring(x:detach()))
   end)
 

@@ -75,21 +75,21 @@ local function layout(data, depth, ndim, indent, cell)
   return "[" .. table.concat(parts, sep) .. "]"
 end
 
-local function suffix(t, shape)
+local function suffix(t, shape, grad_fn)
   local s = { "shape={" .. table.concat(shape, ",") .. "}", "dtype=" .. t.dtype }
   if t.device ~= "cpu" then s[#s + 1] = "device=" .. t.device end
-  if not t.is_leaf then
-    local name = t.grad_fn_name
-    s[#s + 1] = name and ("grad_fn=<" .. name .. ">") or "requires_grad=true"
+  if grad_fn then
+    s[#s + 1] = "grad_fn=<" .. grad_fn .. ">"
   elseif t.requires_grad then
     s[#s + 1] = "requires_grad=true"
   end
   return table.concat(s, ", ")
 end
 
--- format(t, summarize): summarize(t, edgeitems, threshold) returns the shown values as nested
--- lists (a plain value for a 0-d tensor), with "..." standing for elided entries.
-function M.format(t, summarize)
+-- format(t, summarize, grad_fn): summarize(t, edgeitems, threshold) returns the shown values as
+-- nested lists (a plain value for a 0-d tensor), with "..." standing for elided entries; grad_fn
+-- names the op that made t (nil for a leaf).
+function M.format(t, summarize, grad_fn)
   local shape = t:shape()
   local head = "tensor("
   local numel = 1
@@ -109,7 +109,7 @@ function M.format(t, summarize)
     end
     body = layout(data, 0, #shape, #head, cell)
   end
-  return head .. body .. ", " .. suffix(t, shape) .. ")"
+  return head .. body .. ", " .. suffix(t, shape, grad_fn) .. ")"
 end
 
 return M
