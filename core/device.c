@@ -1,6 +1,7 @@
 /* Device parsing and the host (CPU) memory backend. */
 #include "device.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,35 +10,42 @@
 
 const flow_device FLOW_DEVICE_CPU = {FLOW_CPU, 0};
 
-/* Small host blocks are cached per thread in power-of-two size classes (64 B .. 64 KiB): eager
- * code creates and drops many small tensors, and malloc's bookkeeping for them dominated the cost
- * of a small op. Larger blocks go straight to the C allocator. */
-#define SMALL_CLASSES 11            /* 64 << 10 == 64 KiB */
+/* Host blocks are cached after free, because eager code creates and drops tensors all the time:
+ * - small blocks (64 B .. 64 KiB), per thread, in power-of-two classes: malloc's bookkeeping for
+ *   them dominated the cost of a small op;
+ * - large blocks, shared under a lock, in classes of a quarter power of two, up to a total of
+ *   LARGE_CACHE_BYTES: a fresh large block costs a page fault per 4 KiB on first touch, which made
+ *   a 16 MB elementwise op 60x slower than the same op into reused memory. */
+#define SMALL_CLASSES 11             /* 64 << 10 == 64 KiB */
 #define SMALL_CACHE_BYTES (8u << 20) /* per class */
+#define LARGE_CLASSES 160
+#define LARGE_CACHE_BYTES ((size_t)1 << 30)
 
 typedef struct block { struct block *next; } block;
 static _Thread_local block *small_free[SMALL_CLASSES];
 static _Thread_local size_t small_cached[SMALL_CLASSES];
+static block *large_free[LARGE_CLASSES];
+static size_t large_cached;
+static pthread_mutex_t large_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int size_class(size_t nbytes) {
+static int small_class(size_t nbytes) {
   int c = 0;
   while (((size_t)64 << c) < nbytes) c++;
   return c;
 }
 
-/* 64-byte alignment keeps AVX-512 loads and cache lines happy. */
-static void *cpu_alloc(int index, size_t nbytes) {
-  (void)index;
-  int c = size_class(nbytes);
-  if (c < SMALL_CLASSES) {
-    block *b = small_free[c];
-    if (b) {
-      small_free[c] = b->next;
-      small_cached[c] -= (size_t)64 << c;
-      return b;
-    }
-    nbytes = (size_t)64 << c;
-  }
+/* Class of a large block and the size it is rounded up to: 2^e * (4 + q) / 4, q in 0..3. */
+static int large_class(size_t nbytes, size_t *rounded) {
+  int e = 16;
+  while (((size_t)1 << (e + 1)) < nbytes) e++;
+  size_t step = (size_t)1 << (e - 2);
+  size_t q = (nbytes - ((size_t)1 << e) + step - 1) / step; /* 1..4 */
+  *rounded = ((size_t)1 << e) + q * step;
+  int c = (e - 16) * 4 + (int)q - 1;
+  return c < LARGE_CLASSES ? c : -1;
+}
+
+static void *host_alloc(size_t nbytes) {
   void *p = NULL;
   if (posix_memalign(&p, 64, nbytes ? nbytes : 64) != 0) {
     flow_error_set("out of host memory allocating %zu bytes", nbytes);
@@ -46,17 +54,73 @@ static void *cpu_alloc(int index, size_t nbytes) {
   return p;
 }
 
+/* 64-byte alignment keeps AVX-512 loads and cache lines happy. */
+static void *cpu_alloc(int index, size_t nbytes) {
+  (void)index;
+  int c = small_class(nbytes);
+  if (c < SMALL_CLASSES) {
+    block *b = small_free[c];
+    if (b) {
+      small_free[c] = b->next;
+      small_cached[c] -= (size_t)64 << c;
+      return b;
+    }
+    return host_alloc((size_t)64 << c);
+  }
+  size_t rounded;
+  int lc = large_class(nbytes, &rounded);
+  if (lc < 0) return host_alloc(nbytes);
+  pthread_mutex_lock(&large_lock);
+  block *b = large_free[lc];
+  if (b) {
+    large_free[lc] = b->next;
+    large_cached -= rounded;
+  }
+  pthread_mutex_unlock(&large_lock);
+  return b ? (void *)b : host_alloc(rounded);
+}
+
 static void cpu_free(int index, void *p, size_t nbytes) {
   (void)index;
-  int c = size_class(nbytes);
-  if (c < SMALL_CLASSES && small_cached[c] < SMALL_CACHE_BYTES) {
-    block *b = p;
-    b->next = small_free[c];
-    small_free[c] = b;
-    small_cached[c] += (size_t)64 << c;
-    return;
+  int c = small_class(nbytes);
+  if (c < SMALL_CLASSES) {
+    if (small_cached[c] < SMALL_CACHE_BYTES) {
+      block *b = p;
+      b->next = small_free[c];
+      small_free[c] = b;
+      small_cached[c] += (size_t)64 << c;
+      return;
+    }
+  } else {
+    size_t rounded;
+    int lc = large_class(nbytes, &rounded);
+    if (lc >= 0) {
+      pthread_mutex_lock(&large_lock);
+      bool keep = large_cached + rounded <= LARGE_CACHE_BYTES;
+      if (keep) {
+        block *b = p;
+        b->next = large_free[lc];
+        large_free[lc] = b;
+        large_cached += rounded;
+      }
+      pthread_mutex_unlock(&large_lock);
+      if (keep) return;
+    }
   }
   free(p);
+}
+
+/* Give cached host blocks back to the C allocator (this thread's small ones, all large ones). */
+void flow_device_cpu_empty_cache(void) {
+  for (int c = 0; c < SMALL_CLASSES; c++) {
+    while (small_free[c]) { block *b = small_free[c]; small_free[c] = b->next; free(b); }
+    small_cached[c] = 0;
+  }
+  pthread_mutex_lock(&large_lock);
+  for (int c = 0; c < LARGE_CLASSES; c++)
+    while (large_free[c]) { block *b = large_free[c]; large_free[c] = b->next; free(b); }
+  large_cached = 0;
+  pthread_mutex_unlock(&large_lock);
 }
 
 static int cpu_copy(void *dst, flow_device dd, const void *src, flow_device sd, size_t n) {

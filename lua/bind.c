@@ -56,8 +56,18 @@ flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, 
   return t;
 }
 
+/* Lua's GC sees only the small userdata box of a tensor, never its memory, and the generational
+ * collector left large dead tensors unfinalised (a loop of 16 MB adds kept allocating). So count
+ * the tensor bytes handed to Lua and run a full collection once they pass a budget. */
+#define GC_BUDGET ((size_t)256 << 20)
+static size_t since_collect;
+
 void flow_lua_account(lua_State *L, size_t nbytes) {
-  if (nbytes >= (1u << 16)) lua_gc(L, LUA_GCSTEP, (int)(nbytes >> 10));
+  if (nbytes < (1u << 16)) return;
+  since_collect += nbytes;
+  if (since_collect < GC_BUDGET) return;
+  since_collect = 0;
+  lua_gc(L, LUA_GCCOLLECT);
 }
 
 int flow_lua_push(lua_State *L, flow_tensor *t) {
