@@ -149,6 +149,9 @@ static int push_created(lua_State *L, flow_tensor *t, int opts) {
 /* A shape given as a list or as integers from shape_idx, then an optional opts table. Returns
  * the opts index (0 if none). */
 static int shape_and_opts(lua_State *L, int shape_idx, int64_t *shape, int *nd, const char *fn) {
+  int ty = lua_type(L, shape_idx);
+  if (ty != LUA_TTABLE && ty != LUA_TNUMBER && ty != LUA_TNONE)
+    return luaL_error(L, "%s: the shape must be a list or integers (got %s)", fn, luaL_typename(L, shape_idx));
   *nd = flow_lua_shape(L, shape_idx, shape, fn);
   int top = lua_gettop(L), opts = lua_istable(L, top) && top > shape_idx ? top : 0;
   if (opts && lua_istable(L, shape_idx) && opts == shape_idx) opts = 0;
@@ -158,9 +161,9 @@ static int shape_and_opts(lua_State *L, int shape_idx, int64_t *shape, int *nd, 
 }
 
 /* zeros/ones/full(shape..., [value], [opts]) */
-static int create(lua_State *L, double v, int shape_idx) {
+static int create(lua_State *L, double v, int shape_idx, const char *fn) {
   int64_t shape[FLOW_MAX_DIMS];
-  int nd, opts = shape_and_opts(L, shape_idx, shape, &nd, "full");
+  int nd, opts = shape_and_opts(L, shape_idx, shape, &nd, fn);
   flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
   flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
@@ -170,15 +173,15 @@ static int create(lua_State *L, double v, int shape_idx) {
   return push_created(L, flow_full(nd, shape, v, dt, dev), opts);
 }
 
-static int l_zeros(lua_State *L) { return create(L, 0, 1); }
-static int l_ones(lua_State *L) { return create(L, 1, 1); }
+static int l_zeros(lua_State *L) { return create(L, 0, 1, "zeros"); }
+static int l_ones(lua_State *L) { return create(L, 1, 1, "ones"); }
 
 static int l_full(lua_State *L) {
   /* full(shape, value, opts) with shape a table */
   luaL_checktype(L, 1, LUA_TTABLE);
   double v = luaL_checknumber(L, 2);
   lua_remove(L, 2);
-  return create(L, v, 1);
+  return create(L, v, 1, "full");
 }
 
 /* ---- arange, linspace, eye ---------------------------------------------------------------- */
