@@ -78,7 +78,7 @@ FLOW_OP(randint) {.name = "randint", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE
                   .kernel = {[FLOW_CPU] = cpu_randint}};
 
 /* Run a source op on at->device; where that device has no kernel for it, make the tensor on the
- * host and copy it over (the same numbers on every device). */
+ * host and copy it over (the same numbers on every device; flow_create_shard does the same). */
 static flow_tensor *make_source(const flow_op *op, flow_attrs *at) {
   flow_device dev = at->device;
   if (dev.type == FLOW_CPU || op->kernel[dev.type]) return flow_op_call1(op, NULL, 0, at);
@@ -179,9 +179,15 @@ flow_tensor *flow_create_shard(const flow_op *op, const flow_attrs *logical, con
     at.box_start[d] = box_start[d];
     at.shape[d] = box_shape[d];
   }
+  flow_device dev = at.device;
+  bool via_host = dev.type != FLOW_CPU && !op->kernel[dev.type];
+  if (via_host) at.device = FLOW_DEVICE_CPU;
   flow_tensor *out;
   if (flow_op_call_local(op, NULL, 0, &at, &out) != 0) return NULL;
-  return out;
+  if (!via_host) return out;
+  flow_tensor *t = flow_to_device(out, dev);
+  flow_tensor_decref(out);
+  return t;
 }
 
 /* ---- dropout ------------------------------------------------------------------------------ */
