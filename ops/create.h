@@ -32,7 +32,8 @@ flow_tensor *flow_randint(int64_t low, int64_t high, int ndim, const int64_t *sh
  * tensor (shape = the logical shape; for random ops the seed and offset reserved once for the
  * whole tensor, flow_rng_reserve(logical numel), the same on every rank); the shard is the box
  * [box_start, box_start + box_shape). Runs the local kernel only (no autograd, no global
- * dispatch): what the global layer calls on each rank. */
+ * dispatch): what the global layer calls on each rank. A device without a kernel for op gets
+ * the box drawn on the host and copied. */
 flow_tensor *flow_create_shard(const flow_op *op, const flow_attrs *logical, const int64_t *box_start,
                                const int64_t *box_shape);
 
