@@ -83,6 +83,30 @@ describe("the flowlua REPL", function()
   end)
 end)
 
+describe("the flowlua REPL under mpirun", function()
+  it("runs what rank 0 reads on every rank, prints values once and tags errors by rank", function()
+    if run("command -v mpirun >/dev/null; echo $?") ~= "0\n" then return pending("mpirun is not installed") end
+    -- the spec runner is an MPI singleton: its OMPI_/PMIX_ variables would confuse a nested mpirun
+    local out, code = run(table.concat({
+      "for v in $(env | sed -n 's/^\\(OMPI_[^=]*\\|PMIX_[^=]*\\)=.*/\\1/p'); do unset $v; done",
+      "printf '%s\\n' 'flow.world_size()' 'if flow.rank() == 1 then error(\"only one\") end' 'function h()'"
+        .. " 'return flow.rank() + 10' 'end' 'h()' 'error(\"all\")' | "
+        .. env .. "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 " .. sh_quote(bin),
+    }, "\n"))
+    assert.equal(0, code)
+    local values = {}
+    for line in out:gmatch("[^\n]+") do
+      if not (line:match("^%[rank") or line:match("^stack traceback:") or line:match("^%s") or line:match("^%[C%]")) then
+        values[#values + 1] = line
+      end
+    end
+    assert.same({"2", "10"}, values)
+    assert.matches("%[rank 1%] stdin:1: only one\n", out)
+    assert.matches("%[rank 0,1%] stdin:1: all\n", out)
+    assert.not_matches("%[rank 0%] stdin:1: only one", out)
+  end)
+end)
+
 describe("the flowlua command line", function()
   it("prints the version with -v and runs -e chunks in order", function()
     local out, code = run(flowlua .. " -v -e 'print(flow.arange(3):sum():item())' -e 'print(2)'")
