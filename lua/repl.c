@@ -399,7 +399,14 @@ void flow_repl_run(lua_State *L) {
   for (;;) {
     char *line;
     int kind = next_line(tty, pending ? ">> " : "> ", &line);
-    if (kind == LINE_EOF) break;
+    if (kind == LINE_EOF) {
+      if (pending) { /* input ended inside a chunk: say what was missing */
+        compile(L, pending);
+        report(L, lua_tostring(L, -1));
+        lua_pop(L, 1);
+      }
+      break;
+    }
     if (kind == LINE_CANCEL) { free(pending); pending = NULL; continue; }
     char *code = line;
     if (pending) {

@@ -38,6 +38,7 @@ describe("the flowlua REPL", function()
       "'still here'",
       "1 2",
       "'after'",
+      "function g(",
     }, "\n") .. "\nFLOW_EOF")
   end)
 
@@ -56,7 +57,11 @@ describe("the flowlua REPL", function()
 
   it("reports an error and goes on", function()
     assert.matches("\nflowlua: stdin:1: boom\nstack traceback:", out)
-    assert.matches("\nstill here\nflowlua: stdin:1: unexpected symbol near '1'\nafter\n$", out)
+    assert.matches("\nstill here\nflowlua: stdin:1: unexpected symbol near '1'\nafter\n", out)
+  end)
+
+  it("reports a chunk left unfinished at the end of input", function()
+    assert.matches("\nafter\nflowlua: stdin:1: <name> or '...' expected near <eof>\n$", out)
   end)
 
   it("interrupts a running chunk on SIGINT and reads on", function()
