@@ -1,0 +1,79 @@
+-- One GPT-2 training step on the GPU (forward + backward + AdamW) with bf16 autocast: tokens/s and
+-- MFU. Default: GPT-2 124M (L=12 D=768 H=12, vocab 50257) at T=1024, B=8.
+--   flowlua scripts/bench/gpt_gpu.lua [--layers 12 --dim 768 --heads 12 --seq 1024 --batch 8 --steps 10]
+local flow = require "flow"
+local utils = require "flow.utils"
+local gpt = require "flow.gpt"
+
+if not flow.cuda.is_available() then
+  print("gpt_gpu: skipped (no GPU: " .. tostring(flow.cuda.unavailable_reason()) .. ")")
+  return
+end
+
+local args = utils.parse_args(arg, { layers = 12, dim = 768, heads = 12, seq = 1024, batch = 8, vocab = 50257,
+                                     steps = 10, warmup = 2, peak_tflops = 989 })
+flow.manual_seed(0)
+local cfg = { vocab_size = args.vocab, block_size = args.seq, n_layer = args.layers, n_head = args.heads,
+              n_embd = args.dim, dropout = 0 }
+local model = gpt.GPT(cfg)
+
+-- Move every parameter to the GPU as a leaf (float32 master weights), keeping tied tensors tied.
+local moved = {}
+local function to_cuda(m)
+  for _, k in ipairs(m._order) do
+    local v = rawget(m, k)
+    if flow.is_tensor(v) then
+      moved[v] = moved[v] or v:to({ device = "cuda", requires_grad = true })
+      rawset(m, k, moved[v])
+    elseif type(v) == "table" and v._order then
+      to_cuda(v)
+    end
+  end
+end
+to_cuda(model)
+
+-- GPT:forward builds its position ids on the CPU; this copy builds them on the GPU.
+function model:forward(idx, targets)
+  local T = idx:shape()[2]
+  local pos = flow.arange(0, T, 1, { dtype = "int64", device = "cuda" })
+  local x = self.drop(self.wte(idx) + self.wpe(pos))
+  for i = 1, #self.h do x = self.h[i](x) end
+  x = self.ln_f(x)
+  local logits = flow.nn.functional.linear(x, self.wte.weight)
+  return logits, flow.nn.functional.cross_entropy(logits, targets)
+end
+
+local opt = model:configure_optimizer({ lr = 6e-4, weight_decay = 0.1 })
+local x = flow.randint(0, args.vocab, { args.batch, args.seq }):cuda()
+local y = flow.randint(0, args.vocab, { args.batch, args.seq }):cuda()
+
+local function step()
+  local loss = flow.autocast("bfloat16", function()
+    local _, l = model(x, y)
+    l:backward()
+    return l
+  end)
+  opt:step()
+  opt:zero_grad()
+  local v = loss:item()
+  collectgarbage()
+  return v
+end
+
+for _ = 1, args.warmup do step() end
+flow.cuda.synchronize()
+local t0 = flow.now()
+local loss
+for _ = 1, args.steps do loss = step() end
+flow.cuda.synchronize()
+local dt = (flow.now() - t0) / args.steps
+local tokens = args.batch * args.seq
+local nparams = model:num_parameters()
+-- 6 N per token for the matmuls (forward + backward), plus attention's 12 L T D
+local flops_per_token = 6 * nparams + 12 * args.layers * args.seq * args.dim
+local mfu = tokens / dt * flops_per_token / (args.peak_tflops * 1e12)
+local stats = flow.cuda.memory_stats()
+print(("gpt_gpu: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.1fM params, bf16 autocast"):format(args.layers, args.dim,
+  args.heads, args.seq, args.batch, args.vocab, nparams / 1e6))
+print(("gpt_gpu: %.1f ms/step, tokens/s %.0f, MFU %.1f%% (of %d TFLOP/s), loss %.3f, peak memory %.2f GiB"):format(
+  dt * 1e3, tokens / dt, mfu * 100, args.peak_tflops, loss, stats.peak / 2 ^ 30))
