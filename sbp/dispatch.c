@@ -632,6 +632,12 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     memcpy(local.shape, box[0], sizeof local.shape);
     local.nshape = lmeta[0].ndim;
   }
+  if (rc == 0 && strcmp(op->name, "dropout") == 0) {
+    /* the mask of logical element i is drawn at i: tell the kernel where its shard sits */
+    flow_global_box(p, &ch.out[0], lmeta[0].ndim, lmeta[0].shape, p->coord, -1, local.box_start, box[0]);
+    local.nlogical = lmeta[0].ndim;
+    memcpy(local.logical_shape, lmeta[0].shape, sizeof local.logical_shape);
+  }
   if (rc == 0) rc = flow_op_call_local(op, shard, nin, &local, out);
   for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);
   if (rc != 0) return rank_prefix();

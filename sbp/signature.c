@@ -36,7 +36,9 @@ static int norm_axis(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + nd
 
 /* ---- elementwise with broadcasting ----------------------------------------------------------- */
 
-static const char *const linear_unary[] = {"neg", "cast", "contiguous", "copy", "to_device", "zero_", NULL};
+/* dropout is linear in x: the mask depends only on the logical index (the dispatcher gives the
+ * kernel its shard's box) */
+static const char *const linear_unary[] = {"neg", "cast", "contiguous", "copy", "to_device", "zero_", "dropout", NULL};
 static const char *const sum_like[] = {"add", "sub", "add_", "copy_", NULL};
 
 /* Output axis i split: each input splits the matching axis, or is broadcast where it has size 1. */
@@ -228,7 +230,7 @@ static const struct family {
       "clamp", "cast", "contiguous", "copy", "to_device", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
       "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "add_", "copy_", "mul_", "zero_", "adamw_",
       "relu_grad", NULL}},
-    {"elementwise", r_elementwise, {"gelu_grad", "tanh_grad", "sigmoid_grad", "clamp_grad", NULL}},
+    {"elementwise", r_elementwise, {"gelu_grad", "tanh_grad", "sigmoid_grad", "clamp_grad", "dropout", NULL}},
     {"reduce", r_reduce, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", NULL}},
     {"matmul", r_matmul, {"matmul", NULL}},
     {"softmax", r_softmax, {"softmax", "log_softmax", "softmax_grad", "log_softmax_grad", NULL}},
