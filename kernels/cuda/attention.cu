@@ -20,6 +20,7 @@ __global__ void attn_fwd(const T *q, const T *k, const T *v, T *o, float *lse, i
   const T *qb = q + bh * Tq * d, *kb = k + bh * Tk * d, *vb = v + bh * Tk * dv;
   bool live = i < Tq;
   float qi[D], acc[D];
+#pragma unroll
   for (int c = 0; c < D; c++) { qi[c] = live && c < d ? to_f<T>(qb[i * d + c]) * scale : 0.f; acc[c] = 0.f; }
   float m = -INFINITY, l = 0.f;
   int64_t kend = causal ? min(Tk, ((int64_t)blockIdx.x + 1) * TILE) : Tk;
@@ -47,7 +48,9 @@ __global__ void attn_fwd(const T *q, const T *k, const T *v, T *o, float *lse, i
     }
   }
   if (!live) return;
-  for (int c = 0; c < dv; c++) o[(bh * Tq + i) * dv + c] = from_f<T>(acc[c] / l);
+#pragma unroll
+  for (int c = 0; c < D; c++) /* constant indices keep acc in registers */
+    if (c < dv) o[(bh * Tq + i) * dv + c] = from_f<T>(acc[c] / l);
   lse[bh * Tq + i] = m + logf(l);
 }
 
@@ -70,6 +73,7 @@ __global__ void attn_dq(const T *q, const T *k, const T *v, const float *lse, co
   const T *qb = q + bh * Tq * d, *kb = k + bh * Tk * d, *vb = v + bh * Tk * dv;
   bool live = i < Tq;
   float qi[D], gi[D], acc[D];
+#pragma unroll
   for (int c = 0; c < D; c++) {
     qi[c] = live && c < d ? to_f<T>(qb[i * d + c]) * scale : 0.f;
     gi[c] = live && c < dv ? to_f<T>(dout[(bh * Tq + i) * dv + c]) : 0.f;
@@ -99,7 +103,9 @@ __global__ void attn_dq(const T *q, const T *k, const T *v, const float *lse, co
     }
   }
   if (live)
-    for (int c = 0; c < d; c++) dq[(bh * Tq + i) * d + c] = from_f<T>(acc[c] * scale);
+#pragma unroll
+    for (int c = 0; c < D; c++)
+      if (c < d) dq[(bh * Tq + i) * d + c] = from_f<T>(acc[c] * scale);
 }
 
 /* For key row j: dv_j = sum_i P_ij dO_i and dk_j = scale sum_i P_ij (dO_i . v_j - delta_i) q_i.
@@ -113,6 +119,7 @@ __global__ void attn_dkv(const T *q, const T *k, const T *v, const float *lse, c
   const T *qb = q + bh * Tq * d, *gb = dout + bh * Tq * dv;
   bool live = j < Tk;
   float kj[D], vj[D], acc[D];
+#pragma unroll
   for (int c = 0; c < D; c++) {
     kj[c] = live && c < d ? to_f<T>(k[(bh * Tk + j) * d + c]) * scale : 0.f;
     vj[c] = live && want_dk && c < dv ? to_f<T>(v[(bh * Tk + j) * dv + c]) : 0.f;
@@ -157,7 +164,9 @@ __global__ void attn_dkv(const T *q, const T *k, const T *v, const float *lse, c
   }
   if (!live) return;
   int w = want_dk ? d : dv;
-  for (int c = 0; c < w; c++) dst[(bh * Tk + j) * w + c] = from_f<T>(want_dk ? acc[c] * scale : acc[c]);
+#pragma unroll
+  for (int c = 0; c < D; c++)
+    if (c < w) dst[(bh * Tk + j) * w + c] = from_f<T>(want_dk ? acc[c] * scale : acc[c]);
 }
 
 /* ---- launchers -------------------------------------------------------------------------------- */
