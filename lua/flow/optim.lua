@@ -98,7 +98,9 @@ function Optimizer:load_state_dict(sd)
       local ps, ts = table.concat(p:shape(), ","), table.concat(t:shape(), ",")
       if ps ~= ts then error(("%s.load_state_dict: '%s' has shape {%s}, parameter %d has {%s}"):format(self.name, k, ts, i, ps), 2) end
       state[i] = state[i] or {}
-      state[i][key] = flow.tensor(t, { dtype = p.dtype }) -- a private copy: updates write in place
+      local copy = flow.tensor(t, { dtype = p.dtype }) -- a private copy: updates write in place
+      if copy.device ~= p.device then copy = copy:to(p.device) end
+      state[i][key] = copy
     end
   end
   self.state, self.step_count = state, step
