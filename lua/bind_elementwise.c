@@ -14,6 +14,8 @@ static void check_operand(lua_State *L, int idx, const char *fn) {
 
 /* Either operand may be a Lua number; it takes the other operand's dtype and device. */
 static int binary(lua_State *L, const flow_op *op) {
+  flow_tensor *ta = flow_lua_test(L, 1), *tb = flow_lua_test(L, 2);
+  if (ta && tb) return flow_lua_push(L, flow_binary(op, ta, tb)); /* the hot path: two tensors */
   check_operand(L, 1, op->name);
   check_operand(L, 2, op->name);
   const flow_tensor *like = flow_lua_test(L, 1);
