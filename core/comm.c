@@ -148,6 +148,38 @@ static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, co
   return rc;
 }
 
+/* One MPI vector type per peer and direction; MPI_Alltoallw moves them in one call. */
+static int m_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_block *sblocks, void *recv,
+                             const flow_comm_block *rblocks, flow_dtype dt) {
+  int n = c->size, rc = 0;
+  size_t es = flow_dtype_size(dt);
+  int *ints = calloc(4 * (size_t)n, sizeof(int));
+  MPI_Datatype *types = calloc(2 * (size_t)n, sizeof(MPI_Datatype));
+  if (!ints || !types) { free(ints); free(types); return flow_error_set("all-to-all: out of memory"); }
+  int made = 0;
+  for (int k = 0; k < 2 * n && rc == 0; k++) {
+    const flow_comm_block *b = k < n ? &sblocks[k] : &rblocks[k - n];
+    if (b->rows > INT_MAX || b->run > INT_MAX || b->stride > INT_MAX || b->offset * es > INT_MAX) {
+      rc = flow_error_set("all-to-all: a block is too large for MPI");
+      break;
+    }
+    int e = MPI_Type_vector((int)b->rows, (int)b->run, (int)b->stride, mpi_type(dt), &types[k]);
+    if (e == MPI_SUCCESS) e = MPI_Type_commit(&types[k]);
+    if (e != MPI_SUCCESS) { rc = mpi_fail("all-to-all", e); break; }
+    made = k + 1;
+    ints[k] = b->rows && b->run ? 1 : 0;                /* counts: send then recv */
+    ints[2 * n + k] = (int)(b->offset * es);            /* byte displacements */
+  }
+  if (rc == 0) {
+    int e = MPI_Alltoallw(send, ints, ints + 2 * n, types, recv, ints + n, ints + 3 * n, types + n, mpi(c));
+    if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
+  }
+  for (int k = 0; k < made; k++) MPI_Type_free(&types[k]);
+  free(ints);
+  free(types);
+  return rc;
+}
+
 static int m_broadcast(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root) {
   if (count > INT_MAX) return flow_error_set("broadcast: %zu elements is too large for MPI", count);
   CHECK("broadcast", MPI_Bcast(buf, (int)count, mpi_type(dt), root, mpi(c)));
@@ -219,8 +251,11 @@ static void m_free(flow_comm *c) {
   free(c);
 }
 
-static const flow_comm_ops mpi_ops = {m_allreduce, m_allgatherv, m_reduce_scatterv, m_alltoall, m_alltoallv, m_broadcast,
-                                      m_send, m_recv, m_barrier, m_minmax, m_group, m_free};
+static const flow_comm_ops mpi_ops = {
+    .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
+    .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
+    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .barrier = m_barrier, .minmax = m_minmax,
+    .group = m_group, .free = m_free};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */
 

@@ -10,6 +10,12 @@
 
 typedef struct flow_comm flow_comm;
 
+/* A strided block of a buffer: `rows` runs of `run` elements, runs `stride` elements apart,
+ * starting at element `offset`. */
+typedef struct flow_comm_block {
+  size_t offset, rows, run, stride;
+} flow_comm_block;
+
 typedef struct flow_comm_ops {
   int (*allreduce)(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt);
   /* recv holds every rank's block: rank q's at displs[q], counts[q] elements */
@@ -23,6 +29,10 @@ typedef struct flow_comm_ops {
   /* per-peer counts; the choice between alltoall and alltoallv must be the same on every rank */
   int (*alltoallv)(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
                    void *recv, const size_t *rcounts, const size_t *rdispls, flow_dtype dt);
+  /* all-to-all of strided blocks: sblocks[q] of send goes to rank q, rank q's lands in rblocks[q]
+   * of recv; the backend moves strided data without a separate packing pass where it can */
+  int (*alltoall_blocks)(flow_comm *c, const void *send, const flow_comm_block *sblocks, void *recv,
+                         const flow_comm_block *rblocks, flow_dtype dt);
   int (*broadcast)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root);
   int (*send)(flow_comm *c, const void *buf, size_t count, flow_dtype dt, int peer, int tag);
   int (*recv)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer, int tag);

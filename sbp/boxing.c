@@ -217,62 +217,39 @@ fail:
   return NULL;
 }
 
+/* The block of a dense array of shape `shape` narrowed to [start, start+len) on axis k. */
+static flow_comm_block block_of(int ndim, const int64_t *shape, int k, int64_t start, int64_t len) {
+  size_t outer = 1, inner = 1;
+  for (int d = 0; d < k; d++) outer *= (size_t)shape[d];
+  for (int d = k + 1; d < ndim; d++) inner *= (size_t)shape[d];
+  return (flow_comm_block){(size_t)start * inner, outer, (size_t)len * inner, (size_t)shape[k] * inner};
+}
+
 /* S(a) -> S(b): rank r sends part q (along b) of its shard to rank q and receives part r (along b)
- * of q's shard, which lands at q's offset along a. */
+ * of q's shard, which lands at q's offset along a. Both are strided blocks: no packing pass. */
 static flow_tensor *all_to_all(const group *g, flow_tensor *x, int a, int b) {
   int n = g->p, nd = g->ndim;
-  int64_t xshape[FLOW_MAX_DIMS], yshape[FLOW_MAX_DIMS], zero[FLOW_MAX_DIMS] = {0};
-  size_t es = flow_dtype_size(x->dtype), *v = malloc(4 * (size_t)n * sizeof(size_t));
+  int64_t xshape[FLOW_MAX_DIMS], yshape[FLOW_MAX_DIMS], tmp[FLOW_MAX_DIMS];
+  flow_comm_block *blk = malloc(2 * (size_t)n * sizeof *blk);
   part(g, a, g->r, xshape);
   part(g, b, g->r, yshape);
   flow_tensor *y = flow_tensor_new(x->dtype, x->device, nd, yshape);
-  char *sbuf = NULL, *rbuf = NULL;
-  if (!v || !y) goto fail;
-  bool pack = !leading(nd, xshape, b), unpack = !leading(nd, yshape, a);
-  if ((pack && !(sbuf = malloc(flow_tensor_nbytes(x) + 1))) || (unpack && !(rbuf = malloc(flow_tensor_nbytes(y) + 1)))) {
-    flow_error_set("to_global: out of memory");
-    goto fail;
+  if (!blk || !y) {
+    free(blk);
+    flow_tensor_decref(y);
+    if (!blk) flow_error_set("to_global: out of memory");
+    return NULL;
   }
-  size_t soff = 0, roff = 0;
   for (int q = 0; q < n; q++) {
-    int64_t sshape[FLOW_MAX_DIMS], rshape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, tmp[FLOW_MAX_DIMS];
-    memcpy(sshape, xshape, sizeof sshape);
-    start[b] = part(g, b, q, tmp);
-    sshape[b] = tmp[b];
-    memcpy(rshape, yshape, sizeof rshape);
-    part(g, a, q, tmp);
-    rshape[a] = tmp[a];
-    v[q] = (size_t)flow_shape_numel(nd, sshape);
-    v[n + q] = soff;
-    v[2 * n + q] = (size_t)flow_shape_numel(nd, rshape);
-    v[3 * n + q] = roff;
-    if (pack) copy_box(sbuf + soff * es, sshape, zero, flow_tensor_data(x), xshape, start, sshape, nd, es);
-    soff += v[q];
-    roff += v[2 * n + q];
+    int64_t sb = part(g, b, q, tmp), lb = tmp[b];
+    int64_t sa = part(g, a, q, tmp), la = tmp[a];
+    blk[q] = block_of(nd, xshape, b, sb, lb);
+    blk[n + q] = block_of(nd, yshape, a, sa, la);
   }
-  /* equal blocks everywhere exactly when both axes divide evenly: every rank decides alike */
-  const void *sp = pack ? sbuf : flow_tensor_data(x);
-  void *rp = unpack ? rbuf : flow_tensor_data(y);
-  int rc = g->sub[a] % n == 0 && g->sub[b] % n == 0 ? g->comm->ops->alltoall(g->comm, sp, rp, v[0], x->dtype)
-                                                    : g->comm->ops->alltoallv(g->comm, sp, v, v + n, rp, v + 2 * n, v + 3 * n, x->dtype);
-  if (rc != 0) goto fail;
-  for (int q = 0; unpack && q < n; q++) {
-    int64_t rshape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, tmp[FLOW_MAX_DIMS];
-    memcpy(rshape, yshape, sizeof rshape);
-    start[a] = part(g, a, q, tmp);
-    rshape[a] = tmp[a];
-    copy_box(flow_tensor_data(y), yshape, start, rbuf + v[3 * n + q] * es, rshape, zero, rshape, nd, es);
-  }
-  free(sbuf);
-  free(rbuf);
-  free(v);
+  int rc = g->comm->ops->alltoall_blocks(g->comm, flow_tensor_data(x), blk, flow_tensor_data(y), blk + n, x->dtype);
+  free(blk);
+  if (rc != 0) { flow_tensor_decref(y); return NULL; }
   return y;
-fail:
-  free(sbuf);
-  free(rbuf);
-  free(v);
-  flow_tensor_decref(y);
-  return NULL;
 }
 
 /* One 1-D conversion of the group's box; x is this rank's dense shard under `from`. */
