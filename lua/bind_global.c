@@ -393,6 +393,42 @@ static int l_raw_mpi(lua_State *L) {
   return 0;
 }
 
+/* zeros_like/ones_like/full_like of a global tensor: a global tensor on the same placement with
+ * the same SBP (a nonzero fill of a partial tensor is broadcast), so optimizer state lives where
+ * its parameter does. Local tensors go to the local version (upvalue 1). */
+static int l_like(lua_State *L) {
+  flow_tensor *t = flow_lua_test(L, 1);
+  if (!t || !t->global) {
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+  }
+  int kind = (int)lua_tointeger(L, lua_upvalueindex(2));
+  double v = kind == 2 ? luaL_checknumber(L, 2) : kind;
+  const flow_global *g = flow_global_of(t);
+  flow_nd_sbp sbp = g->sbp;
+  for (int m = 0; m < sbp.n && v != 0; m++)
+    if (sbp.v[m].kind == FLOW_SBP_P) sbp.v[m] = flow_sbp_broadcast();
+  lua_pushcfunction(L, r_global_create);
+  lua_pushliteral(L, "full");
+  r_global_shape(L); /* the logical shape of argument 1 */
+  lua_pushnumber(L, v);
+  lua_createtable(L, 0, 4);
+  push_placement(L, g->placement);
+  lua_setfield(L, -2, "placement");
+  push_nd_sbp(L, &sbp);
+  lua_setfield(L, -2, "sbp");
+  lua_pushstring(L, flow_dtype_name(t->dtype));
+  lua_setfield(L, -2, "dtype");
+  char dev[32];
+  flow_device_name(t->device, dev, sizeof dev);
+  lua_pushstring(L, dev);
+  lua_setfield(L, -2, "device");
+  lua_call(L, 4, 1);
+  return 1;
+}
+
 /* ---- opening and closing ---------------------------------------------------------------------------- */
 
 static int finalize(lua_State *L) {
@@ -433,6 +469,15 @@ void flow_lua_open_global(lua_State *L) {
                                  {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
+
+  static const char *likes[] = {"zeros_like", "ones_like", "full_like"};
+  for (int k = 0; k < 3; k++) {
+    lua_getfield(L, -1, likes[k]);
+    if (lua_isnil(L, -1)) { lua_pop(L, 1); continue; }
+    lua_pushinteger(L, k);
+    lua_pushcclosure(L, l_like, 2);
+    lua_setfield(L, -2, likes[k]);
+  }
 
   lua_createtable(L, 0, 3); /* flow.sbp */
   lua_pushcfunction(L, l_split); lua_setfield(L, -2, "split");
