@@ -59,11 +59,32 @@ static bool plan_direct(const flow_placement *p, const flow_nd_sbp *src, const f
   return true;
 }
 
+/* The whole mesh acts as one axis when every mesh axis holds the same value and, for a split,
+ * the axis divides evenly by the rank count (nested even splits are the flat split then):
+ * [2,2]:(S(0), S(0)) is [4]:S(0). *v receives that value. */
+static bool flat(const flow_placement *p, const flow_nd_sbp *s, int ndim, const int64_t *shape, flow_sbp *v) {
+  for (int m = 1; m < s->n; m++)
+    if (!flow_sbp_eq(s->v[m], s->v[0])) return false;
+  *v = s->v[0];
+  return v->kind != FLOW_SBP_S || (v->axis < ndim && shape[v->axis] % p->nranks == 0);
+}
+
 int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const flow_nd_sbp *dst,
                           int ndim, const int64_t *shape, flow_dtype dtype, flow_boxing_plan *plan) {
   memset(plan, 0, sizeof *plan);
   if (src->n != p->ndim || dst->n != p->ndim)
     return flow_error_set("to_global: %d SBP values for a placement with %d mesh axes", dst->n, p->ndim);
+  flow_sbp fs, fd;
+  if (p->ndim > 1 && flat(p, src, ndim, shape, &fs) && flat(p, dst, ndim, shape, &fd)) {
+    if (flow_sbp_eq(fs, fd)) return 0;
+    flow_boxing_step *s = &plan->steps[plan->nsteps++];
+    double bytes = (double)flow_shape_numel(ndim, shape) * (double)flow_dtype_size(dtype);
+    const char *name;
+    double cost = flow_cost_1d(fs, fd, p->nranks, bytes, &name);
+    *s = (flow_boxing_step){-1, fs, fd, name, cost};
+    plan->cost = s->bytes;
+    return 0;
+  }
   if (plan_direct(p, src, dst, true, ndim, shape, dtype, plan)) return 0;
   if (plan_direct(p, src, dst, false, ndim, shape, dtype, plan)) return 0;
   /* gather every axis to broadcast, innermost first, then slice outermost first */
@@ -303,6 +324,12 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
   flow_nd_sbp cur = *src;
   for (int i = 0; x && i < plan->nsteps; i++) {
     const flow_boxing_step *s = &plan->steps[i];
+    if (s->axis < 0) { /* the whole mesh at once (see flat) */
+      group g = {flow_comm_for_ranks(p->ranks, p->nranks), p->nranks, p->me, ndim, shape};
+      flow_tensor *y = g.comm ? box1d(&g, x, s->from, s->to) : NULL;
+      flow_tensor_decref(x);
+      return y;
+    }
     group g = {flow_placement_axis_comm(p, s->axis), p->shape[s->axis], p->coord[s->axis], ndim, sub};
     if (!g.comm) { flow_tensor_decref(x); return NULL; }
     flow_global_box(p, &cur, ndim, shape, p->coord, s->axis, start, sub);

@@ -7,7 +7,7 @@
 #include "global.h"
 
 typedef struct flow_boxing_step {
-  int axis;                 /* mesh axis */
+  int axis;                 /* mesh axis; -1: the whole mesh as one axis (nranks ranks) */
   flow_sbp from, to;
   const char *collective;   /* "all-gather", "local slice", ... */
   double bytes;             /* modelled bytes moved (cost.h) */

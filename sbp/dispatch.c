@@ -138,7 +138,10 @@ static void trace_plan(const char *indent, const flow_boxing_plan *plan) {
   for (int i = 0; i < plan->nsteps; i++) {
     const flow_boxing_step *s = &plan->steps[i];
     char a[16], b[16];
-    tracef("%smesh axis %d: %s -> %s by %s, %.0f bytes moved\n", indent, s->axis, flow_sbp_str(s->from, a, sizeof a),
+    char where[32];
+    if (s->axis < 0) snprintf(where, sizeof where, "whole mesh");
+    else snprintf(where, sizeof where, "mesh axis %d", s->axis);
+    tracef("%s%s: %s -> %s by %s, %.0f bytes moved\n", indent, where, flow_sbp_str(s->from, a, sizeof a),
            flow_sbp_str(s->to, b, sizeof b), s->collective, s->bytes);
   }
 }
