@@ -198,6 +198,29 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
   return 0;
 }
 
+static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const flow_comm_msg *recvs, int nrecv,
+                      flow_dtype dt, int tag) {
+  MPI_Request *req = malloc((size_t)(nsend + nrecv + 1) * sizeof *req);
+  if (!req) return flow_error_set("exchange: out of memory");
+  int n = 0, rc = 0;
+  for (int i = 0; i < nrecv && rc == 0; i++) {
+    if (recvs[i].count > INT_MAX) { rc = flow_error_set("exchange: a message is too large for MPI"); break; }
+    int e = MPI_Irecv(recvs[i].buf, (int)recvs[i].count, mpi_type(dt), recvs[i].peer, tag, mpi(c), &req[n]);
+    if (e != MPI_SUCCESS) rc = mpi_fail("recv", e);
+    else n++;
+  }
+  for (int i = 0; i < nsend && rc == 0; i++) {
+    if (sends[i].count > INT_MAX) { rc = flow_error_set("exchange: a message is too large for MPI"); break; }
+    int e = MPI_Isend(sends[i].buf, (int)sends[i].count, mpi_type(dt), sends[i].peer, tag, mpi(c), &req[n]);
+    if (e != MPI_SUCCESS) rc = mpi_fail("send", e);
+    else n++;
+  }
+  int e = MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+  if (rc == 0 && e != MPI_SUCCESS) rc = mpi_fail("exchange", e);
+  free(req);
+  return rc;
+}
+
 static int m_barrier(flow_comm *c) {
   CHECK("barrier", MPI_Barrier(mpi(c)));
   return 0;
@@ -254,7 +277,7 @@ static void m_free(flow_comm *c) {
 static const flow_comm_ops mpi_ops = {
     .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
     .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
-    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .barrier = m_barrier, .minmax = m_minmax,
+    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier, .minmax = m_minmax,
     .group = m_group, .free = m_free};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */

@@ -16,6 +16,13 @@ typedef struct flow_comm_block {
   size_t offset, rows, run, stride;
 } flow_comm_block;
 
+/* One point-to-point message of an exchange: count elements to or from peer. */
+typedef struct flow_comm_msg {
+  int peer;
+  void *buf;
+  size_t count;
+} flow_comm_msg;
+
 typedef struct flow_comm_ops {
   int (*allreduce)(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt);
   /* recv holds every rank's block: rank q's at displs[q], counts[q] elements */
@@ -36,6 +43,9 @@ typedef struct flow_comm_ops {
   int (*broadcast)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root);
   int (*send)(flow_comm *c, const void *buf, size_t count, flow_dtype dt, int peer, int tag);
   int (*recv)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer, int tag);
+  /* post every send and receive, then wait for all (no ordering deadlocks) */
+  int (*exchange)(flow_comm *c, const flow_comm_msg *sends, int nsend, const flow_comm_msg *recvs, int nrecv,
+                  flow_dtype dt, int tag);
   int (*barrier)(flow_comm *c);
   /* min and max of a value over the communicator (the cross-rank agreement check) */
   int (*minmax)(flow_comm *c, long long v, long long *min, long long *max);

@@ -341,39 +341,109 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
   return x;
 }
 
-static flow_tensor *all_broadcast_run(const flow_placement *p, const flow_nd_sbp *from, const flow_nd_sbp *to,
-                                      int ndim, const int64_t *shape, flow_tensor *x) {
+static flow_tensor *run_on(const flow_placement *p, const flow_nd_sbp *from, const flow_nd_sbp *to, int ndim,
+                          const int64_t *shape, flow_tensor *x) {
   flow_boxing_plan plan;
   if (flow_boxing_plan_make(p, from, to, ndim, shape, x->dtype, &plan) != 0) return NULL;
   return flow_boxing_run(&plan, p, from, ndim, shape, x);
 }
 
+/* The sender of destination rank j's pieces among the replicas of a source box: the source
+ * broadcast axes pick coordinate j mod their size (spreads the load over the copies). */
+static bool is_sender(const flow_placement *ps, const flow_nd_sbp *src, const int *coord, int j) {
+  for (int m = 0; m < ps->ndim; m++)
+    if (src->v[m].kind == FLOW_SBP_B && coord[m] != j % ps->shape[m]) return false;
+  return true;
+}
+
+/* The intersection of two boxes; false when empty. */
+static bool overlap(int ndim, const int64_t *as, const int64_t *an, const int64_t *bs, const int64_t *bn,
+                    int64_t *start, int64_t *size) {
+  for (int d = 0; d < ndim; d++) {
+    int64_t lo = as[d] > bs[d] ? as[d] : bs[d], hi = as[d] + an[d] < bs[d] + bn[d] ? as[d] + an[d] : bs[d] + bn[d];
+    if (hi <= lo) return false;
+    start[d] = lo;
+    size[d] = hi - lo;
+  }
+  return true;
+}
+
+typedef struct piece {
+  int peer;                /* world rank */
+  int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
+  char *buf;
+} piece;
+
 flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *src, const flow_placement *pd,
                                  const flow_nd_sbp *dst, int ndim, const int64_t *shape, flow_tensor *local) {
-  flow_nd_sbp bs = {ps->ndim, {{0}}}, bd = {pd->ndim, {{0}}};
-  flow_comm *world = flow_comm_world();
-  int me = flow_comm_rank(), root = ps->ranks[0];
-  size_t n = (size_t)flow_shape_numel(ndim, shape);
-  flow_tensor *full = NULL;
-  if (ps->me >= 0 && !(full = all_broadcast_run(ps, src, &bs, ndim, shape, local))) return NULL;
-  if (me == root) {
-    for (int i = 0; i < pd->nranks; i++)
-      if (pd->ranks[i] != root && world->ops->send(world, flow_tensor_data(full), n, full->dtype, pd->ranks[i], 11) != 0) {
-        flow_tensor_decref(full);
-        return NULL;
+  size_t es = flow_dtype_size(local->dtype);
+  int me = flow_comm_rank();
+  flow_nd_sbp s2 = *src;
+  for (int m = 0; m < s2.n; m++) /* partial sums are summed on the source first */
+    if (s2.v[m].kind == FLOW_SBP_P) s2.v[m] = flow_sbp_broadcast();
+  flow_tensor *x = NULL;
+  if (ps->me >= 0 && !(x = run_on(ps, src, &s2, ndim, shape, local))) return NULL;
+  int64_t xs[FLOW_MAX_DIMS], xn[FLOW_MAX_DIMS];
+  if (ps->me >= 0) flow_global_box(ps, &s2, ndim, shape, ps->coord, -1, xs, xn);
+
+  /* this rank's output: its box under dst; along partial axes only coordinate 0 holds data */
+  int64_t ys[FLOW_MAX_DIMS] = {0}, yn[FLOW_MAX_DIMS];
+  flow_global_local_shape(pd, dst, ndim, shape, yn);
+  if (pd->me >= 0) flow_global_box(pd, dst, ndim, shape, pd->coord, -1, ys, yn);
+  flow_tensor *y = flow_tensor_new(local->dtype, local->device, ndim, yn);
+  if (!y) { flow_tensor_decref(x); return NULL; }
+  memset(flow_tensor_data(y), 0, flow_tensor_nbytes(y));
+
+  int cap = ps->nranks + pd->nranks, nsend = 0, nrecv = 0, rc = 0;
+  piece *sends = calloc((size_t)cap, sizeof *sends), *recvs = calloc((size_t)cap, sizeof *recvs);
+  flow_comm_msg *msgs = calloc(2 * (size_t)cap, sizeof *msgs);
+  if (!sends || !recvs || !msgs) { rc = flow_error_set("to_global: out of memory"); goto done; }
+  int64_t zero[FLOW_MAX_DIMS] = {0};
+  for (int j = 0; j < pd->nranks && rc == 0; j++) {
+    int cj[FLOW_MAX_MESH];
+    int64_t bs[FLOW_MAX_DIMS], bn[FLOW_MAX_DIMS];
+    flow_placement_coord(pd, j, cj);
+    bool holder = true;
+    for (int m = 0; m < dst->n; m++) holder &= dst->v[m].kind != FLOW_SBP_P || cj[m] == 0;
+    if (!holder) continue;
+    flow_global_box(pd, dst, ndim, shape, cj, -1, bs, bn);
+    for (int i = 0; i < ps->nranks; i++) {
+      int ci[FLOW_MAX_MESH];
+      int64_t as[FLOW_MAX_DIMS], an[FLOW_MAX_DIMS], os[FLOW_MAX_DIMS], on[FLOW_MAX_DIMS];
+      flow_placement_coord(ps, i, ci);
+      if (!is_sender(ps, &s2, ci, j)) continue;
+      flow_global_box(ps, &s2, ndim, shape, ci, -1, as, an);
+      if (!overlap(ndim, as, an, bs, bn, os, on)) continue;
+      int from = ps->ranks[i], to = pd->ranks[j];
+      int64_t xo[FLOW_MAX_DIMS], yo[FLOW_MAX_DIMS];
+      for (int d = 0; d < ndim; d++) { xo[d] = os[d] - as[d]; yo[d] = os[d] - bs[d]; }
+      if (from == me && to == me) {
+        copy_box(flow_tensor_data(y), yn, yo, flow_tensor_data(x), xn, xo, on, ndim, es);
+      } else if (from == me || to == me) {
+        piece *pc = from == me ? &sends[nsend++] : &recvs[nrecv++];
+        pc->peer = from == me ? to : from;
+        memcpy(pc->start, from == me ? xo : yo, sizeof pc->start);
+        memcpy(pc->size, on, sizeof pc->size);
+        if (!(pc->buf = malloc((size_t)flow_shape_numel(ndim, on) * es + 1))) { rc = flow_error_set("to_global: out of memory"); break; }
+        if (from == me) copy_box(pc->buf, on, zero, flow_tensor_data(x), xn, xo, on, ndim, es);
       }
-  } else if (pd->me >= 0) {
-    flow_tensor_decref(full);
-    if (!(full = flow_tensor_new(local->dtype, local->device, ndim, shape))) return NULL;
-    if (world->ops->recv(world, flow_tensor_data(full), n, full->dtype, root, 11) != 0) { flow_tensor_decref(full); return NULL; }
+    }
   }
-  if (pd->me < 0) { /* not a destination: an empty shard */
-    int64_t empty[FLOW_MAX_DIMS];
-    flow_tensor_decref(full);
-    flow_global_local_shape(pd, dst, ndim, shape, empty);
-    return flow_tensor_new(local->dtype, local->device, ndim, empty);
+  if (rc == 0) {
+    for (int k = 0; k < nsend; k++) msgs[k] = (flow_comm_msg){sends[k].peer, sends[k].buf, (size_t)flow_shape_numel(ndim, sends[k].size)};
+    for (int k = 0; k < nrecv; k++) msgs[cap + k] = (flow_comm_msg){recvs[k].peer, recvs[k].buf, (size_t)flow_shape_numel(ndim, recvs[k].size)};
+    flow_comm *w = flow_comm_world();
+    rc = w->ops->exchange(w, msgs, nsend, msgs + cap, nrecv, local->dtype, 12);
   }
-  flow_tensor *y = all_broadcast_run(pd, &bd, dst, ndim, shape, full);
-  flow_tensor_decref(full);
+  for (int k = 0; rc == 0 && k < nrecv; k++)
+    copy_box(flow_tensor_data(y), yn, recvs[k].start, recvs[k].buf, recvs[k].size, zero, recvs[k].size, ndim, es);
+done:
+  for (int k = 0; sends && k < cap; k++) free(sends[k].buf);
+  for (int k = 0; recvs && k < cap; k++) free(recvs[k].buf);
+  free(sends);
+  free(recvs);
+  free(msgs);
+  flow_tensor_decref(x);
+  if (rc != 0) { flow_tensor_decref(y); return NULL; }
   return y;
 }

@@ -29,10 +29,10 @@ int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const
 flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
                              int ndim, const int64_t *shape, flow_tensor *local);
 
-/* Between placements: the source ranks gather the tensor (broadcast on ps), the first source
- * rank sends it to every destination rank, which keeps its slice under dst. Every rank of either
- * placement calls this; the result is this rank's shard under (pd, dst), empty outside pd.
- * Moves |T| per destination rank: correct, not yet the minimal piece-wise transfer. */
+/* Between placements: partial sums are summed on the source first, then every destination rank
+ * receives exactly its slice, piece by piece, from the source ranks holding it (replicas take
+ * turns), by point-to-point messages. Every rank of either placement calls this; the result is
+ * this rank's shard under (pd, dst), empty outside pd. */
 flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *src, const flow_placement *pd,
                                  const flow_nd_sbp *dst, int ndim, const int64_t *shape, flow_tensor *local);
 

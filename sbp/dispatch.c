@@ -515,12 +515,9 @@ char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, 
   if (t->global && flow_global_of(t)->placement != p) {
     char e[160];
     const flow_placement *ps = flow_global_of(t)->placement;
-    double bytes = (double)flow_shape_numel(nd, shape) * (double)flow_dtype_size(t->dtype);
-    int receivers = 0;
-    for (int i = 0; i < p->nranks; i++) receivers += p->ranks[i] != ps->ranks[0];
-    tracef("  between placements %s -> %s: gather to broadcast on the source, rank %d sends %.0f bytes to each of "
-           "%d destination rank(s), each keeps its slice\n", flow_placement_str(ps, e, sizeof e), d, ps->ranks[0], bytes,
-           receivers);
+    tracef("  between placements %s -> %s: partial sums are summed on the source first, then each destination "
+           "rank receives only its slice from the source ranks holding it (send/recv)\n",
+           flow_placement_str(ps, e, sizeof e), d);
   } else if (!t->global) {
     tracef("  a local tensor becomes this rank's shard (shapes are summed over split axes, broadcast axes "
            "take rank 0's copy)\n");

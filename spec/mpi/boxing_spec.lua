@@ -150,3 +150,35 @@ describe("2-D boxing", function()
     assert.not_matches("mesh axis 0", s)
   end)
 end)
+
+describe("boxing between placements", function()
+  if ws < 2 then return end
+  local half = {}
+  for i = 0, ws // 2 - 1 do half[#half + 1] = i end
+  local rest = {}
+  for i = ws // 2, ws - 1 do rest[#rest + 1] = i end
+  local shifted = {}
+  for i = 1, ws - 1 do shifted[#shifted + 1] = i end
+  shifted[#shifted + 1] = 0
+  local places = { flow.placement("cpu", half), flow.placement("cpu", rest), flow.placement("cpu", shifted) }
+  for a, pa in ipairs(places) do
+    for b, pb in ipairs(places) do
+      if a ~= b then
+        for _, from in ipairs({ S(0), S(1), B, PS }) do
+          for _, to in ipairs({ S(0), S(1), B, PS }) do
+            it(("%s %s -> %s %s"):format(tostring(pa), tostring(from), tostring(pb), tostring(to)), function()
+              local full = full_of({ 5, 3 })
+              local y = global(full, P, B):to_global(pa, from):to_global(pb, to)
+              assert.equal(pb, y.placement)
+              assert.same(full:totable(), whole(y:to_global(P, B)):totable())
+            end)
+          end
+        end
+      end
+    end
+  end
+  it("explain names the send/recv transfer", function()
+    local x = global(full_of({ 2 }), P, B):to_global(places[1], B)
+    assert.matches("between placements.*send/recv", flow.explain(x, places[2], S(0)))
+  end)
+end)
