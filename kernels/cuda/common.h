@@ -148,6 +148,7 @@ void flow_cuda_register_matmul(void);
 void flow_cuda_register_nn(void);
 void flow_cuda_register_attention(void);
 void flow_cuda_register_index(void);
+void flow_cuda_register_shape(void);
 
 /* Warp and block sums/maxes (blockDim.x a multiple of 32, at most 1024). */
 __device__ __forceinline__ float warp_sum(float v) {

@@ -405,6 +405,7 @@ BINARY(ge, FLOW_BIN_GE)
 
 /* In place: out[0] is in[0]. */
 static FLOW_KERNEL(k_add_) { return cuda_binary(FLOW_BIN_ADD, out[0], in[0], in[1]); }
+static FLOW_KERNEL(k_mul_) { return cuda_binary(FLOW_BIN_MUL, out[0], in[0], in[1]); }
 static FLOW_KERNEL(k_copy_) { return flow_cuda_copy(out[0], in[1]); }
 static FLOW_KERNEL(k_copy) { return flow_cuda_copy(out[0], in[0]); }
 static FLOW_KERNEL(k_full) { return flow_cuda_fill(out[0], a->scalar); }
@@ -440,8 +441,8 @@ void flow_cuda_register_elementwise(void) {
   static const struct { const char *name; flow_kernel_fn fn; } table[] = {
     {"add", k_add}, {"sub", k_sub}, {"mul", k_mul}, {"div", k_div}, {"pow", k_pow},
     {"maximum", k_maximum}, {"minimum", k_minimum}, {"eq", k_eq}, {"ne", k_ne}, {"lt", k_lt},
-    {"le", k_le}, {"gt", k_gt}, {"ge", k_ge}, {"add_", k_add_}, {"copy_", k_copy_},
-    {"contiguous", k_copy}, {"cast", k_copy}, {"full", k_full}, {"fill_", k_fill_},
+    {"le", k_le}, {"gt", k_gt}, {"ge", k_ge}, {"add_", k_add_}, {"mul_", k_mul_}, {"copy_", k_copy_},
+    {"contiguous", k_copy}, {"cast", k_copy}, {"full", k_full}, {"fill_", k_fill_}, {"zero_", k_fill_},
     {"neg", k_neg}, {"abs", k_abs}, {"exp", k_exp}, {"log", k_log}, {"sqrt", k_sqrt},
     {"rsqrt", k_rsqrt}, {"tanh", k_tanh}, {"sigmoid", k_sigmoid}, {"relu", k_relu},
     {"gelu", k_gelu}, {"clamp", k_clamp}, {"where", k_where}, {"masked_fill", k_masked_fill},

@@ -1,5 +1,5 @@
 /* flow_cuda_register_kernels: attaches every CUDA kernel file's kernels to the op registry, and
- * gives the ops that have no CUDA kernel of their own (creation, random, cat, tril/triu) one that
+ * gives the ops that have no CUDA kernel of their own (creation and random ops) one that
  * runs their CPU kernel on host copies: slow, but the same numbers as on the CPU, random ops
  * included (they are counter-based, so element i does not depend on the device). */
 #include "common.h"
@@ -46,16 +46,11 @@ VIA_HOST(rand)
 VIA_HOST(randn)
 VIA_HOST(randint)
 VIA_HOST(dropout)
-VIA_HOST(cat)
-VIA_HOST(tril)
-VIA_HOST(triu)
-VIA_HOST(narrow_backward)
 
 void flow_cuda_register_kernels(void) {
   static const struct { const char *name; flow_kernel_fn fn; } fallback[] = {
     {"arange", host_arange}, {"linspace", host_linspace}, {"eye", host_eye}, {"rand", host_rand},
-    {"randn", host_randn}, {"randint", host_randint}, {"dropout", host_dropout}, {"cat", host_cat},
-    {"tril", host_tril}, {"triu", host_triu}, {"narrow_backward", host_narrow_backward},
+    {"randn", host_randn}, {"randint", host_randint}, {"dropout", host_dropout},
   };
   for (size_t i = 0; i < sizeof fallback / sizeof fallback[0]; i++) {
     const flow_op *op = flow_op_find(fallback[i].name);
@@ -67,4 +62,5 @@ void flow_cuda_register_kernels(void) {
   flow_cuda_register_nn();
   flow_cuda_register_attention();
   flow_cuda_register_index();
+  flow_cuda_register_shape();
 }

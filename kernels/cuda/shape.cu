@@ -1,0 +1,73 @@
+/* Shape kernels on CUDA that move data: cat and narrow_backward (copies into windows of the
+ * output) and tril/triu (a mask over the last two axes). */
+#include "common.h"
+
+/* The window [start, start + len) of out along axis, as a view with out's strides. */
+static flow_tensor *window(flow_tensor *out, int axis, int64_t start, const int64_t *shape) {
+  return flow_tensor_view_of(out, out->ndim, shape, out->stride, out->offset + start * out->stride[axis]);
+}
+
+/* out = zeros with g at [start, start + len) along axis. */
+static FLOW_KERNEL(k_narrow_backward) {
+  if (flow_cuda_fill(out[0], 0) != 0) return -1;
+  flow_tensor *w = window(out[0], (int)a->axis, a->start, in[0]->shape);
+  if (!w) return -1;
+  int rc = flow_cuda_copy(w, in[0]);
+  flow_tensor_decref(w);
+  return rc;
+}
+
+static FLOW_KERNEL(k_cat) {
+  int axis = (int)(a->axis < 0 ? a->axis + in[0]->ndim : a->axis);
+  int64_t at = 0;
+  for (int i = 0; i < nin; i++) {
+    if (flow_tensor_numel(in[i]) > 0) {
+      flow_tensor *w = window(out[0], axis, at, in[i]->shape);
+      int rc = w ? flow_cuda_copy(w, in[i]) : -1;
+      if (w) flow_tensor_decref(w);
+      if (rc != 0) return -1;
+    }
+    at += in[i]->shape[axis];
+  }
+  return 0;
+}
+
+/* tril keeps j <= i + k, triu keeps j >= i + k, over the last two axes (o and x dense). */
+template <typename T>
+__global__ void tri_kernel(int64_t n, T *o, const T *x, int64_t rows, int64_t cols, int64_t k, bool upper) {
+  CUDA_LOOP(e, n) {
+    int64_t j = e % cols, i = (e / cols) % rows;
+    bool keep = upper ? j >= i + k : j <= i + k;
+    o[e] = keep ? x[e] : T(0);
+  }
+}
+
+static FLOW_KERNEL(k_tri) {
+  flow_tensor *o = out[0];
+  int64_t n = flow_tensor_numel(o);
+  if (n == 0) return 0;
+  if (o->ndim < 2 || !flow_tensor_is_contiguous(o)) return flow_error_set("tril/triu: expected a contiguous output of at least 2-d");
+  int64_t rows = o->shape[o->ndim - 2], cols = o->shape[o->ndim - 1];
+  cudaStream_t s = stream_of(o);
+  flow_tensor *x = cuda_dense(in[0]);
+  if (!x) return -1;
+  bool upper = a->flags & FLOW_ATTR_UPPER;
+  int rc = 0;
+  switch (o->dtype) {
+  case FLOW_F32: tri_kernel<float><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<float>(o), data_of<float>(x), rows, cols, a->k, upper); break;
+  case FLOW_F64: tri_kernel<double><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<double>(o), data_of<double>(x), rows, cols, a->k, upper); break;
+  case FLOW_BF16: tri_kernel<bf16><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<bf16>(o), data_of<bf16>(x), rows, cols, a->k, upper); break;
+  case FLOW_I64: tri_kernel<int64_t><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<int64_t>(o), data_of<int64_t>(x), rows, cols, a->k, upper); break;
+  case FLOW_BOOL: tri_kernel<bool><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<bool>(o), data_of<bool>(x), rows, cols, a->k, upper); break;
+  default: rc = flow_error_set("tril/triu: dtype %s is not supported on cuda", flow_dtype_name(o->dtype));
+  }
+  flow_tensor_decref(x);
+  return rc ? rc : launch_check("tri_kernel");
+}
+
+void flow_cuda_register_shape(void) {
+  cuda_attach("narrow_backward", k_narrow_backward);
+  cuda_attach("cat", k_cat);
+  cuda_attach("tril", k_tri);
+  cuda_attach("triu", k_tri);
+}
