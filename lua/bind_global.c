@@ -429,6 +429,35 @@ static int l_like(lua_State *L) {
   return 1;
 }
 
+void flow_lua_push_methods(lua_State *L); /* lua/bind.c */
+
+/* t:item() and t:totable() of a global tensor read the logical value: the tensor is boxed to
+ * broadcast first (a collective: every rank of the placement calls it, as in any SPMD script).
+ * Local tensors go to the local method (upvalue 1). */
+static int l_read_global(lua_State *L) {
+  flow_tensor *t = flow_lua_test(L, 1);
+  if (t && t->global) {
+    const flow_global *g = flow_global_of(t);
+    flow_nd_sbp b;
+    b.n = g->placement->ndim;
+    for (int m = 0; m < b.n; m++) b.v[m] = flow_sbp_broadcast();
+    flow_tensor *whole = flow_to_global(t, g->placement, &b);
+    flow_tensor *mine = whole ? flow_tensor_view_of(whole, whole->ndim, whole->shape, whole->stride, whole->offset) : NULL;
+    flow_tensor_decref(whole);
+    if (!mine) return flow_lua_error(L);
+    if (g->placement->me < 0) {
+      flow_tensor_decref(mine);
+      return luaL_error(L, "[rank %d] reading a global tensor: this rank is not in its placement", flow_comm_rank());
+    }
+    flow_lua_push(L, mine);
+    lua_replace(L, 1);
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
 /* ---- opening and closing ---------------------------------------------------------------------------- */
 
 static int finalize(lua_State *L) {
@@ -478,6 +507,16 @@ void flow_lua_open_global(lua_State *L) {
     lua_pushcclosure(L, l_like, 2);
     lua_setfield(L, -2, likes[k]);
   }
+
+  flow_lua_push_methods(L);
+  static const char *reads[] = {"item", "totable"};
+  for (int k = 0; k < 2; k++) {
+    lua_getfield(L, -1, reads[k]);
+    if (lua_isnil(L, -1)) { lua_pop(L, 1); continue; }
+    lua_pushcclosure(L, l_read_global, 1);
+    lua_setfield(L, -2, reads[k]);
+  }
+  lua_pop(L, 1);
 
   lua_createtable(L, 0, 3); /* flow.sbp */
   lua_pushcfunction(L, l_split); lua_setfield(L, -2, "split");
