@@ -344,12 +344,3 @@ flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   cache = c;
   return c->comm;
 }
-
-int flow_comm_allgather(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
-  size_t *v = malloc(2 * (size_t)c->size * sizeof(size_t));
-  if (!v) return flow_error_set("all-gather: out of memory");
-  for (int i = 0; i < c->size; i++) { v[i] = count; v[c->size + i] = (size_t)i * count; }
-  int rc = c->ops->allgatherv(c, send, count, recv, v, v + c->size, dt);
-  free(v);
-  return rc;
-}

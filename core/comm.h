@@ -73,7 +73,4 @@ flow_comm *flow_comm_world(void);
  * Only members may ask; NULL + error otherwise. */
 flow_comm *flow_comm_for_ranks(const int *ranks, int n);
 
-/* Equal-block conveniences over the v-variants. */
-int flow_comm_allgather(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt);
-
 #endif

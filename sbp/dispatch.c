@@ -302,21 +302,6 @@ static int infer_same(const flow_op *op, flow_tensor *const *in, int nin, const 
   return 0;
 }
 
-static int copy_dense(flow_tensor *dst, const flow_tensor *src) {
-  size_t es = flow_dtype_size(src->dtype);
-  int64_t n = flow_tensor_numel(src), idx[FLOW_MAX_DIMS] = {0};
-  char *o = flow_tensor_data(dst);
-  const char *base = (const char *)src->storage->data;
-  if (src->device.type != FLOW_CPU) return flow_error_set("to_global: local device tensors are not supported yet");
-  for (int64_t e = 0; e < n; e++) {
-    int64_t off = src->offset;
-    for (int i = 0; i < src->ndim; i++) off += idx[i] * src->stride[i];
-    memcpy(o + e * (int64_t)es, base + off * (int64_t)es, es);
-    for (int i = src->ndim - 1; i >= 0 && ++idx[i] == src->shape[i]; i--) idx[i] = 0;
-  }
-  return 0;
-}
-
 /* A local tensor becomes this rank's shard. Collective over the placement: the logical shape is
  * summed from the shards along split axes (innermost first), every rank checks its shard is the
  * one the SBP gives it (and all agree on the outcome), and broadcast axes take coordinate 0's copy
@@ -325,7 +310,11 @@ static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
   if (p->me < 0) return rank_error("to_global: this rank is not in the placement (not supported yet)");
-  if (copy_dense(out[0], in[0]) != 0) return -1;
+  if (in[0]->device.type != FLOW_CPU) return rank_error("to_global: local device tensors are not supported yet");
+  flow_tensor *d = flow_boxing_dense(in[0]);
+  if (!d) return -1;
+  memcpy(flow_tensor_data(out[0]), flow_tensor_data(d), flow_tensor_nbytes(d));
+  flow_tensor_decref(d);
   int nd = in[0]->ndim;
   int64_t shape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
   memcpy(shape, in[0]->shape, sizeof shape);
@@ -479,7 +468,7 @@ flow_tensor *flow_to_global(flow_tensor *t, const flow_placement *p, const flow_
     const flow_global *g = flow_global_of(t);
     if ((at.start = target_id(g->placement, &g->sbp, g->ndim, g->shape)) < 0) return NULL;
   }
-  /* a local source's logical shape is only known after the kernel runs: the id is patched there */
+  /* for a local source this target carries the shard's shape: only its placement and SBP are read */
   if ((at.k = target_id(p, sbp, nd, shape)) < 0) return NULL;
   return flow_op_call1(&flow_op_to_global, &t, 1, &at);
 }
