@@ -371,9 +371,11 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     return 0;
   }
   if (g->placement->me < 0) return empty_outputs(&flow_op_to_global, g->placement, &tg->sbp, g->ndim, g->shape, in->dtype, in->device, out);
-  char s[256], t[64];
-  describe(&flow_op_to_global, &in, 1, g->placement, s, sizeof s);
-  snprintf(s + strlen(s), sizeof s - strlen(s), " -> %s", flow_nd_sbp_str(&tg->sbp, t, sizeof t));
+  char s[256] = "", t[64];
+  if (check_on || tracing) {
+    describe(&flow_op_to_global, &in, 1, g->placement, s, sizeof s);
+    snprintf(s + strlen(s), sizeof s - strlen(s), " -> %s", flow_nd_sbp_str(&tg->sbp, t, sizeof t));
+  }
   if (check_on && agree(&flow_op_to_global, &in, 1, g->placement, s, &tg->sbp) != 0) return -1;
   tracef("%s\n", s);
   flow_tensor *y = box_shard("input 1", in, tg->placement, &tg->sbp);
@@ -549,8 +551,8 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   }
   if (nin > FLOW_SIG_MAX_IO || op->nout > FLOW_SIG_MAX_IO)
     return rank_error("%s: too many inputs or outputs for a global op", op->name);
-  char desc[768];
-  describe(op, in, nin, p, desc, sizeof desc);
+  char desc[768] = "";
+  if (check_on || tracing) describe(op, in, nin, p, desc, sizeof desc);
   if (p->me >= 0 && check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
 
   /* logical inference on headers carrying the logical shapes */
