@@ -84,9 +84,11 @@ static int cuda_reduce(flow_tensor *out, const flow_tensor *x, const bool *mask,
   if (Onum == 0) return 0;
   if (R == 0) return flow_cuda_fill(out, 0);
   if (Onum > 2147483647) return flow_error_set("reduce: too many outputs for one launch");
-  /* block per output when the reduced elements are adjacent (the innermost axis is reduced) */
-  bool rows = s.nr > 0 && s.rstride[s.nr - 1] == 1 && (Onum < 4096 || R >= 64);
-  if (s.nk == 0) rows = true;
+  /* A block per output when the reduced elements are adjacent (the innermost axis is reduced), or
+   * when there are too few outputs for a thread each to fill the GPU (a bias gradient: 768 sums of
+   * 8192 rows); else a thread per output, adjacent threads reading adjacent memory. */
+  bool inner = s.nr > 0 && s.rstride[s.nr - 1] == 1;
+  bool rows = s.nk == 0 || inner || Onum < 65536;
   cudaStream_t st = stream_of(out);
   int sq = center != NULL;
   if (flow_dtype_is_int(x->dtype)) {
