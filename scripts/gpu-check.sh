@@ -26,6 +26,11 @@ run() { # label, timeout seconds, command...
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$LOG"
 run configure 60 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLOW_CUDA=ON || exit 1
 run build 240 cmake --build "$BUILD" -j"$(nproc)" || exit 1
+if ! run gpu 30 "$BUILD/flowlua" -e 'local f = require "flow"
+  print("cuda devices: " .. f.cuda.device_count() .. (f.cuda.is_available() and "" or " (" .. f.cuda.unavailable_reason() .. ")"))
+  os.exit(f.cuda.is_available() and 0 or 1)'; then
+  say "gpu-check: no usable GPU; the CUDA specs and benchmarks below will only be skipped"
+fi
 run specs 120 "$BUILD/flowlua" spec/run.lua spec/cuda_spec.lua
 run gpu_matmul 90 "$BUILD/flowlua" scripts/bench/gpu_matmul.lua 8192 20
 run gpt_gpu 150 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --steps 5 --warmup 1
