@@ -3,7 +3,11 @@
  * attaches the CUDA kernels to the registry's ops. */
 #include <string.h>
 
+#include <stdlib.h>
+
+#include "../core/comm.h"
 #include "../core/cuda.h"
+#include "../core/nccl.h"
 #include "../ops/device.h"
 #include "../ops/elementwise.h"
 #include "bind.h"
@@ -87,6 +91,29 @@ static int f_bench_gemm(lua_State *L) {
   (void)a; (void)b; (void)c; (void)iters;
   return raise_unavailable(L, "cuda._bench_gemm");
 #endif
+}
+
+/* cuda._nccl_allreduce(t): sums a contiguous cuda tensor in place over every rank through NCCL
+ * (the communicator backend's check; the global layer calls the backend directly). Returns t. */
+static int f_nccl_allreduce(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "cuda._nccl_allreduce");
+  if (t->device.type != FLOW_CUDA || !flow_tensor_is_contiguous(t))
+    return luaL_error(L, "cuda._nccl_allreduce: expected a contiguous cuda tensor");
+  if (flow_comm_init() != 0) return flow_lua_error(L);
+  int n = flow_comm_size(), *ranks = malloc((size_t)n * sizeof *ranks);
+  if (!ranks) return luaL_error(L, "cuda._nccl_allreduce: out of host memory");
+  for (int r = 0; r < n; r++) ranks[r] = r;
+  flow_comm *c = flow_nccl_for_ranks(ranks, n);
+  free(ranks);
+  if (!c) return flow_lua_error(L);
+  if (t->device.index != flow_nccl_device())
+    return luaL_error(L, "cuda._nccl_allreduce: the tensor is on cuda:%d but this rank's GPU is cuda:%d",
+                      t->device.index, flow_nccl_device());
+  void *p = flow_tensor_data(t);
+  if (c->ops->allreduce(c, p, p, (size_t)flow_tensor_numel(t), t->dtype) != 0) return flow_lua_error(L);
+  t->storage->version++;
+  lua_settop(L, 1);
+  return 1;
 }
 
 /* ---- flow.backends.allow_tf32 ----------------------------------------------------------------- */
@@ -229,7 +256,8 @@ void flow_lua_open_cuda(lua_State *L) {
   static const luaL_Reg cuda_fns[] = {
     {"is_available", f_is_available}, {"unavailable_reason", f_unavailable_reason},
     {"device_count", f_device_count}, {"synchronize", f_synchronize}, {"memory_stats", f_memory_stats},
-    {"empty_cache", f_empty_cache}, {"_bench_gemm", f_bench_gemm}, {NULL, NULL}};
+    {"empty_cache", f_empty_cache}, {"_bench_gemm", f_bench_gemm}, {"_nccl_allreduce", f_nccl_allreduce},
+    {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, cuda_fns, 0);
   lua_setfield(L, -2, "cuda");

@@ -339,6 +339,15 @@ describe("cuda fused nn ops match the CPU", function()
   end)
 end)
 
+describe("cuda NCCL backend", function()
+  git("allreduce sums over the ranks (a world of one keeps the values)", function()
+    local t = flow.tensor({ 1.5, -2, 3 }):cuda()
+    local n = flow.world_size and flow.world_size() or 1
+    flow.cuda._nccl_allreduce(t)
+    assert.same({ 1.5 * n, -2 * n, 3 * n }, t:totable())
+  end)
+end)
+
 describe("cuda caching allocator", function()
   git("reuses freed blocks and reports its statistics", function()
     collectgarbage()
