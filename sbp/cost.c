@@ -18,6 +18,6 @@ double flow_cost_1d(flow_sbp from, flow_sbp to, int p, double bytes, const char 
 
 double flow_cost_infer(flow_sbp from, flow_sbp to, int p, double bytes) {
   double c = flow_cost_1d(from, to, p, bytes, NULL);
-  if (p > 1 && to.kind == FLOW_SBP_P && from.kind != FLOW_SBP_P) c += FLOW_COST_PENALTY;
+  if (p > 1 && to.kind == FLOW_SBP_P && from.kind != FLOW_SBP_P) c += bytes;
   return c;
 }

@@ -4,13 +4,11 @@
 
 #include "sbp.h"
 
-/* Conversions into partial_sum are allowed but priced so inference avoids them. */
-#define FLOW_COST_PENALTY 1e18
-
 /* Bytes moved to convert a tensor of `bytes` logical bytes from -> to over p ranks; the name of
  * the collective that does it in *collective (may be NULL). */
 double flow_cost_1d(flow_sbp from, flow_sbp to, int p, double bytes, const char **collective);
-/* The same plus the penalty for conversions into partial_sum: what signature inference compares. */
+/* The same plus a penalty for conversions into partial_sum (they move nothing now but leave a sum
+ * to do later): priced as one copy of the tensor. What signature inference compares. */
 double flow_cost_infer(flow_sbp from, flow_sbp to, int p, double bytes);
 
 #endif

@@ -618,7 +618,8 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   for (int j = 0; j < op->nout; j++)
     flow_global_box(p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape, p->coord, -1, start, box[j]);
   flow_attrs local = *a;
-  if (rc == 0 && (strcmp(op->name, "view") == 0 || strcmp(op->name, "expand") == 0)) {
+  if (rc == 0 && (strcmp(op->name, "view") == 0 || strcmp(op->name, "expand") == 0 ||
+                  strcmp(op->name, "narrow_backward") == 0)) {
     /* shape attrs are logical; the kernel makes this rank's shard */
     memcpy(local.shape, box[0], sizeof local.shape);
     local.nshape = lmeta[0].ndim;

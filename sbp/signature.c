@@ -218,6 +218,17 @@ static void r_index_select(const flow_sig_query *q, flow_sig_list *l) {
   if ((s = add(l))) { s->in[0] = P; s->out[0] = P; }
 }
 
+/* scatter_add(t, idx, src) along attrs.axis: rows of idx/src split -> partial sums (t partial
+ * too, so it is counted once); any other axis where idx spans t splits all three alike. */
+static void r_scatter_add(const flow_sig_query *q, flow_sig_list *l) {
+  int nd = q->in_ndim[0], ax = norm_axis(q->attrs->axis, nd);
+  flow_sbp_sig *s;
+  if ((s = add(l))) { s->in[0] = P; s->in[1] = S(ax); s->in[2] = S(ax); s->out[0] = P; }
+  for (int d = 0; d < nd; d++)
+    if (d != ax && q->in_ndim[1] == nd && q->in_shape[1][d] == q->in_shape[0][d]) all_same(q, l, S(d));
+  if ((s = add(l))) { s->in[0] = P; s->in[2] = P; s->out[0] = P; }
+}
+
 /* ---- the table --------------------------------------------------------------------------------- */
 
 static const struct family {
@@ -237,12 +248,13 @@ static const struct family {
     {"layer_norm", r_layer_norm, {"layer_norm", "layer_norm_grad", NULL}},
     {"attention", r_attention, {"scaled_dot_product_attention", "scaled_dot_product_attention_grad", NULL}},
     {"permute", r_permute, {"permute", NULL}},
-    {"along an axis", r_except_axis, {"narrow", "cat", NULL}},
+    {"along an axis", r_except_axis, {"narrow", "narrow_backward", "cat", NULL}},
     {"triangle", r_triangle, {"tril", "triu", NULL}},
     {"view", r_view, {"view", NULL}},
     {"expand", r_expand, {"expand", NULL}},
     {"embedding", r_embedding, {"embedding", NULL}},
     {"index_select", r_index_select, {"index_select", NULL}},
+    {"scatter_add", r_scatter_add, {"scatter_add", NULL}},
 };
 
 static const struct family *find(const char *op) {
