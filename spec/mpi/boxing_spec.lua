@@ -92,6 +92,13 @@ describe("1-D boxing", function()
     for r = 0, ws - 1 do assert.equal(r, w[r * rows + 1][1]) end
   end)
 
+  it("ranks disagreeing on a broadcast local tensor's shape get an error everywhere", function()
+    if ws == 1 then return end
+    local ok, err = pcall(function() return flow.zeros({ me + 1 }):to_global(P, B) end)
+    assert.is_false(ok)
+    assert.matches("to_global: the local shards do not form one tensor", err)
+  end)
+
   it("broadcast from local takes rank 0's copy", function()
     local g = flow.full({ 2 }, me + 10):to_global(P, B)
     assert.same({ 10, 10 }, g:to_local():totable())
