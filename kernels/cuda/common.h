@@ -149,6 +149,11 @@ void flow_cuda_register_nn(void);
 void flow_cuda_register_attention(void);
 void flow_cuda_register_index(void);
 void flow_cuda_register_shape(void);
+void flow_cuda_register_random(void);
+
+/* Run an op's CPU kernel on host copies of its inputs and copy the outputs back (register.cu). */
+int flow_cuda_via_host(const char *name, flow_tensor *const *in, int nin, flow_tensor **out, int nout,
+                       const flow_attrs *a);
 
 /* Warp and block sums/maxes (blockDim.x a multiple of 32, at most 1024). */
 __device__ __forceinline__ float warp_sum(float v) {

@@ -1,13 +1,13 @@
 /* flow_cuda_register_kernels: attaches every CUDA kernel file's kernels to the op registry, and
- * gives the ops that have no CUDA kernel of their own (creation and random ops) one that
- * runs their CPU kernel on host copies: slow, but the same numbers as on the CPU, random ops
- * included (they are counter-based, so element i does not depend on the device). */
+ * gives the ops that have no CUDA kernel of their own (arange, linspace, eye, randint) one that
+ * runs their CPU kernel on host copies: slow, but the same numbers as on the CPU (randint
+ * included: its draws are counter-based, so element i does not depend on the device). */
 #include "common.h"
 #include "kernels.h"
 
 /* Copy inputs to the host, run the op's CPU kernel, copy the outputs back. */
-static int via_host(const char *name, flow_tensor *const *in, int nin, flow_tensor **out, int nout,
-                    const flow_attrs *a) {
+int flow_cuda_via_host(const char *name, flow_tensor *const *in, int nin, flow_tensor **out, int nout,
+                       const flow_attrs *a) {
   const flow_op *op = flow_op_find(name);
   const flow_device_impl *dev = flow_device_get(FLOW_CUDA);
   if (!op || !op->kernel[FLOW_CPU] || !dev) return flow_error_set("%s: no CPU kernel to run for cuda", name);
@@ -38,19 +38,16 @@ static int via_host(const char *name, flow_tensor *const *in, int nin, flow_tens
 }
 
 #define VIA_HOST(id) \
-  static FLOW_KERNEL(host_##id) { return via_host(#id, in, nin, out, nout, a); }
+  static FLOW_KERNEL(host_##id) { return flow_cuda_via_host(#id, in, nin, out, nout, a); }
 VIA_HOST(arange)
 VIA_HOST(linspace)
 VIA_HOST(eye)
-VIA_HOST(rand)
-VIA_HOST(randn)
 VIA_HOST(randint)
-VIA_HOST(dropout)
 
 void flow_cuda_register_kernels(void) {
   static const struct { const char *name; flow_kernel_fn fn; } fallback[] = {
-    {"arange", host_arange}, {"linspace", host_linspace}, {"eye", host_eye}, {"rand", host_rand},
-    {"randn", host_randn}, {"randint", host_randint}, {"dropout", host_dropout},
+    {"arange", host_arange}, {"linspace", host_linspace}, {"eye", host_eye},
+    {"randint", host_randint},
   };
   for (size_t i = 0; i < sizeof fallback / sizeof fallback[0]; i++) {
     const flow_op *op = flow_op_find(fallback[i].name);
@@ -63,4 +60,5 @@ void flow_cuda_register_kernels(void) {
   flow_cuda_register_attention();
   flow_cuda_register_index();
   flow_cuda_register_shape();
+  flow_cuda_register_random();
 }
