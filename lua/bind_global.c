@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../core/comm.h"
+#include "../core/nccl.h"
 #include "../ops/create.h"
 #include "../ops/elementwise.h"
 #include "../sbp/dispatch.h"
@@ -340,7 +341,13 @@ static int r_global_create(lua_State *L) {
   at.nshape = nd;
   memcpy(at.shape, shape, sizeof shape);
   at.dtype = flow_lua_opt_dtype(L, opts, FLOW_F32);
-  at.device = flow_lua_opt_device(L, opts, p->devtype == FLOW_CPU ? FLOW_DEVICE_CPU : (flow_device){FLOW_CUDA, 0});
+  flow_device def = FLOW_DEVICE_CPU;
+  if (p->devtype == FLOW_CUDA) { /* this rank's GPU */
+    int gpu = flow_nccl_device();
+    if (gpu < 0) return flow_lua_error(L);
+    def = (flow_device){FLOW_CUDA, gpu};
+  }
+  at.device = flow_lua_opt_device(L, opts, def);
   if (lua_istable(L, 3)) {
     at.scalar = flow_lua_opt_number(L, 3, strcmp(name, "linspace") == 0 || strcmp(name, "arange") == 0 ? "start" : "_", 0);
     at.scalar2 = flow_lua_opt_number(L, 3, strcmp(name, "linspace") == 0 ? "stop" : "step", 0);

@@ -308,8 +308,8 @@ static flow_tensor *box1d(const group *g, flow_tensor *x, flow_sbp from, flow_sb
 
 flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
                              int ndim, const int64_t *shape, flow_tensor *local) {
-  if (local->device.type != FLOW_CPU && plan->nsteps > 0) {
-    flow_error_set("to_global: boxing of device tensors needs a device communicator (not built yet)");
+  if (local->device.type != FLOW_CPU && plan->nsteps > 0) { /* the caller stages device shards on the host */
+    flow_error_set("to_global: boxing runs on host memory (got a device shard)");
     return NULL;
   }
   int64_t start[FLOW_MAX_DIMS], sub[FLOW_MAX_DIMS];

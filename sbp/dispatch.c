@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../ops/autograd.h"
+#include "../ops/elementwise.h"
 #include "../ops/op.h"
 #include "cost.h"
 #include "signature.h"
@@ -148,6 +149,46 @@ static void trace_plan(const char *indent, const flow_boxing_plan *plan) {
 
 /* ---- boxing a tensor ----------------------------------------------------------------------------- */
 
+/* ---- device shards ---------------------------------------------------------------------------
+ * Boxing runs on host memory over MPI; a device shard goes through the host and back (correct,
+ * not fast: boxing on device memory over the NCCL communicator is the next step). */
+
+static flow_tensor *to_host(flow_tensor *t) {
+  flow_tensor *plain = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
+  flow_tensor *c = plain ? flow_contiguous(plain) : NULL; /* on the device */
+  flow_tensor_decref(plain);
+  flow_tensor *h = c ? flow_tensor_new(c->dtype, FLOW_DEVICE_CPU, c->ndim, c->shape) : NULL;
+  if (h && flow_device_get(c->device.type)->copy(flow_tensor_data(h), FLOW_DEVICE_CPU, flow_tensor_data(c), c->device,
+                                                 flow_tensor_nbytes(c)) != 0) {
+    flow_tensor_decref(h);
+    h = NULL;
+  }
+  flow_tensor_decref(c);
+  return h;
+}
+
+/* h (a host tensor, consumed) copied to dev */
+static flow_tensor *to_device(flow_tensor *h, flow_device dev) {
+  if (!h || dev.type == FLOW_CPU) return h;
+  flow_tensor *d = flow_tensor_new(h->dtype, dev, h->ndim, h->shape);
+  if (d && flow_device_get(dev.type)->copy(flow_tensor_data(d), dev, flow_tensor_data(h), FLOW_DEVICE_CPU,
+                                           flow_tensor_nbytes(h)) != 0) {
+    flow_tensor_decref(d);
+    d = NULL;
+  }
+  flow_tensor_decref(h);
+  return d;
+}
+
+static flow_tensor *run_plan(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src, int ndim,
+                             const int64_t *shape, flow_tensor *t) {
+  if (t->device.type == FLOW_CPU || plan->nsteps == 0) return flow_boxing_run(plan, p, src, ndim, shape, t);
+  flow_tensor *h = to_host(t);
+  flow_tensor *y = h ? flow_boxing_run(plan, p, src, ndim, shape, h) : NULL;
+  flow_tensor_decref(h);
+  return to_device(y, t->device);
+}
+
 /* The shard of t under (p, dst): t itself (new reference) when nothing changes. */
 static flow_tensor *box_shard(const char *what, flow_tensor *t, const flow_placement *p, const flow_nd_sbp *dst) {
   flow_nd_sbp src;
@@ -163,7 +204,7 @@ static flow_tensor *box_shard(const char *what, flow_tensor *t, const flow_place
     tracef("  %s: %s -> %s\n", what, flow_nd_sbp_str(&src, a, sizeof a), flow_nd_sbp_str(dst, b, sizeof b));
     trace_plan("    ", &plan);
   }
-  return flow_boxing_run(&plan, p, &src, ndim, shape, t);
+  return run_plan(&plan, p, &src, ndim, shape, t);
 }
 
 /* ---- agreement check --------------------------------------------------------------------------- */
@@ -365,8 +406,10 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
   const target *tg = &targets[a->k];
   const flow_global *g = flow_global_of(in);
   if (g->placement != tg->placement) {
-    if (in->device.type != FLOW_CPU) return rank_error("to_global: moving device tensors between placements is not supported yet");
-    flow_tensor *y = flow_boxing_between(g->placement, &g->sbp, tg->placement, &tg->sbp, g->ndim, g->shape, in);
+    flow_tensor *h = in->device.type == FLOW_CPU ? (flow_tensor_incref(in), in) : to_host(in);
+    flow_tensor *y = h ? flow_boxing_between(g->placement, &g->sbp, tg->placement, &tg->sbp, g->ndim, g->shape, h) : NULL;
+    flow_tensor_decref(h);
+    y = to_device(y, in->device);
     if (!y) return rank_prefix();
     if (wrap(y, tg->placement, &tg->sbp, g->ndim, g->shape) != 0) { flow_tensor_decref(y); return -1; }
     out[0] = y;
