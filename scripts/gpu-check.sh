@@ -33,6 +33,8 @@ if ! run gpu 30 "$BUILD/flowlua" -e 'local f = require "flow"
 fi
 run specs 120 "$BUILD/flowlua" spec/run.lua spec/cuda_spec.lua
 run gpu_matmul 90 "$BUILD/flowlua" scripts/bench/gpu_matmul.lua 8192 20
+run gpt_gpu_small 60 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --layers 2 --dim 128 --heads 4 --seq 128 --batch 4 \
+  --vocab 256 --steps 3 --warmup 1
 run gpt_gpu 150 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --steps 5 --warmup 1
 flow_tps=$(grep -Eo 'gpt_gpu: .*tokens/s [0-9]+' "$LOG" | grep -Eo '[0-9]+$' | tail -1)
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
