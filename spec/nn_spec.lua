@@ -141,10 +141,21 @@ describe("nn.Module", function()
     assert.are.same(x:totable(), d(x):totable())
   end)
 
-  it("to_global reports clearly when global tensors are missing", function()
-    local m = nn.Linear(2, 2)
-    if not flow.is_tensor(m.weight) or m.weight.to_global then return end
-    assert.has_error(function() m:to_global(nil, nil) end)
+  it("to_global turns parameters into global leaves that still train", function()
+    flow.manual_seed(0)
+    local m = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    local P = flow.placement("cpu", { 0 })
+    m:to_global(P, flow.sbp.broadcast)
+    for _, p in ipairs(m:parameters()) do
+      assert.are.equal("B", tostring(p.sbp))
+      assert.is_true(p.is_leaf)
+      assert.is_true(p.requires_grad)
+    end
+    local before = m[1].weight:to_local():totable()
+    local x = flow.randn({ 5, 4 }, { placement = P, sbp = flow.sbp.split(0) })
+    flow.sum(m(x)):backward()
+    flow.optim.SGD(m:parameters(), { lr = 0.1 }):step()
+    assert.are_not.same(before, m[1].weight:to_local():totable())
   end)
 end)
 
