@@ -27,9 +27,10 @@ static int l_barrier(lua_State *L) {
   return 0;
 }
 
-/* print_all(...): every rank prints "[rank r] ..." in rank order (collective: all ranks call it). */
+/* print_all(...): every rank's line, "[rank r] ...", printed by rank 0 in rank order (collective:
+ * every rank calls it). */
 static int l_print_all(lua_State *L) {
-  int n = lua_gettop(L), me = flow_comm_rank();
+  int n = lua_gettop(L), me = flow_comm_rank(), size = flow_comm_size();
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   lua_pushfstring(L, "[rank %d]", me);
@@ -39,12 +40,22 @@ static int l_print_all(lua_State *L) {
     luaL_tolstring(L, i, NULL);
     luaL_addvalue(&b);
   }
+  luaL_addchar(&b, '\n');
   luaL_pushresult(&b);
-  const char *line = lua_tostring(L, -1);
+  size_t len;
+  const char *line = lua_tolstring(L, -1, &len);
   flow_comm *w = flow_comm_world();
-  for (int r = 0; r < flow_comm_size(); r++) {
-    if (r == me) { fprintf(stdout, "%s\n", line); fflush(stdout); }
-    if (w && w->ops->barrier(w) != 0) return flow_lua_error(L);
+  /* lengths first, then the text; the buffers are userdata, freed by the GC even if a collective fails */
+  int64_t mine = (int64_t)len, *lens = lua_newuserdatauv(L, (size_t)size * sizeof(int64_t), 0);
+  size_t *counts = lua_newuserdatauv(L, 2 * (size_t)size * sizeof(size_t), 0), total = 0;
+  for (int r = 0; r < size; r++) { counts[r] = 1; counts[size + r] = (size_t)r; }
+  if (w->ops->allgatherv(w, &mine, 1, lens, counts, counts + size, FLOW_I64) != 0) return flow_lua_error(L);
+  for (int r = 0; r < size; r++) { counts[r] = (size_t)lens[r]; counts[size + r] = total; total += (size_t)lens[r]; }
+  char *all = lua_newuserdatauv(L, total + 1, 0);
+  if (w->ops->allgatherv(w, line, len, all, counts, counts + size, FLOW_U8) != 0) return flow_lua_error(L);
+  if (me == 0) {
+    fwrite(all, 1, total, stdout);
+    fflush(stdout);
   }
   return 0;
 }
