@@ -10,6 +10,7 @@
 #include "../core/nccl.h"
 #include "../ops/create.h"
 #include "../ops/elementwise.h"
+#include "../ops/reduce.h"
 #include "../sbp/dispatch.h"
 #include "bind.h"
 
@@ -447,6 +448,47 @@ static int l_like(lua_State *L) {
   return 1;
 }
 
+/* cross_entropy of global logits with reduction "mean": the fused mean divides by each shard's
+ * own count, so it runs as sum / (global count of targets not ignored); the sum splits over rows.
+ * Everything else goes to the local version (upvalue 1). */
+static int l_cross_entropy(lua_State *L) {
+  flow_tensor *x = flow_lua_test(L, 1);
+  const char *red = "mean";
+  lua_Integer ignore = -100;
+  if (lua_istable(L, 3)) {
+    lua_getfield(L, 3, "reduction");
+    if (lua_type(L, -1) == LUA_TSTRING) red = lua_tostring(L, -1);
+    lua_getfield(L, 3, "ignore_index");
+    if (lua_isinteger(L, -1)) ignore = lua_tointeger(L, -1);
+    lua_pop(L, 2);
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  if (!x || !x->global || strcmp(red, "mean") != 0 || !flow_lua_test(L, 2)) {
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+  }
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_createtable(L, 0, 2);
+  lua_pushliteral(L, "sum");
+  lua_setfield(L, -2, "reduction");
+  lua_pushinteger(L, ignore);
+  lua_setfield(L, -2, "ignore_index");
+  lua_call(L, 3, 1);
+  flow_tensor *total = flow_lua_check(L, -1, "cross_entropy"), *target = flow_lua_check(L, 2, "cross_entropy");
+  flow_tensor *skip = flow_scalar_tensor((double)ignore, target->dtype, target->device);
+  flow_tensor *valid = skip ? flow_ne(target, skip) : NULL;
+  flow_tensor *w = valid ? flow_cast(valid, total->dtype) : NULL;
+  flow_tensor *count = w ? flow_sum(w, 0, NULL, false) : NULL;
+  flow_tensor *mean = count ? flow_div(total, count) : NULL;
+  flow_tensor_decref(skip);
+  flow_tensor_decref(valid);
+  flow_tensor_decref(w);
+  flow_tensor_decref(count);
+  return flow_lua_push(L, mean);
+}
+
 void flow_lua_push_methods(lua_State *L); /* lua/bind.c */
 
 /* t:item() and t:totable() of a global tensor read the logical value: the tensor is boxed to
@@ -524,6 +566,14 @@ void flow_lua_open_global(lua_State *L) {
     lua_pushinteger(L, k);
     lua_pushcclosure(L, l_like, 2);
     lua_setfield(L, -2, likes[k]);
+  }
+
+  lua_getfield(L, -1, "cross_entropy");
+  if (!lua_isnil(L, -1)) {
+    lua_pushcclosure(L, l_cross_entropy, 1);
+    lua_setfield(L, -2, "cross_entropy");
+  } else {
+    lua_pop(L, 1);
   }
 
   flow_lua_push_methods(L);

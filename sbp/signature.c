@@ -229,6 +229,27 @@ static void r_scatter_add(const flow_sig_query *q, flow_sig_list *l) {
   if ((s = add(l))) { s->in[0] = P; s->in[2] = P; s->out[0] = P; }
 }
 
+/* cross_entropy(logits [..., C], target [...]) -> loss, lse [...]; cross_entropy_grad(logits,
+ * target, lse, g, glse) -> dlogits. Rows split on any batch axis: per-row losses stay split, a sum
+ * becomes partial. A mean divides by the local count of targets, so it has no split signature (the
+ * global layer lowers a global mean to sum / count). CE_MEAN is ops/nn.c's flag bit. */
+#define CE_MEAN_FLAG (1 << 17)
+static void r_cross_entropy(const flow_sig_query *q, flow_sig_list *l) {
+  if (q->attrs->flags & CE_MEAN_FLAG) return;
+  bool grad = strcmp(q->op, "cross_entropy_grad") == 0;
+  int rows = q->in_ndim[0] - 1;
+  for (int i = 0; i < rows; i++) {
+    flow_sbp_sig *s = add(l);
+    if (!s) return;
+    for (int k = 0; k < q->nin; k++) s->in[k] = q->in_ndim[k] > i ? S(i) : B; /* a 0-d g of a sum is B */
+    if (grad) s->out[0] = S(i);
+    else {
+      s->out[0] = q->out_ndim[0] == 0 ? P : S(i);
+      s->out[1] = S(i);
+    }
+  }
+}
+
 /* ---- the table --------------------------------------------------------------------------------- */
 
 static const struct family {
@@ -241,7 +262,10 @@ static const struct family {
       "clamp", "cast", "contiguous", "copy", "to_device", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
       "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "add_", "copy_", "mul_", "zero_", "adamw_",
       "relu_grad", NULL}},
-    {"elementwise", r_elementwise, {"gelu_grad", "tanh_grad", "sigmoid_grad", "clamp_grad", "dropout", NULL}},
+    {"elementwise", r_elementwise,
+     {"gelu_grad", "tanh_grad", "sigmoid_grad", "clamp_grad", "abs_grad", "exp_grad", "log_grad", "sqrt_grad",
+      "rsqrt_grad", "dropout", "fill_", NULL}},
+    {"cross_entropy", r_cross_entropy, {"cross_entropy", "cross_entropy_grad", NULL}},
     {"reduce", r_reduce, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", NULL}},
     {"matmul", r_matmul, {"matmul", NULL}},
     {"softmax", r_softmax, {"softmax", "log_softmax", "softmax_grad", "log_softmax_grad", NULL}},

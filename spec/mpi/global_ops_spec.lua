@@ -147,6 +147,25 @@ describe("reductions and normalisations", function()
   end)
 end)
 
+describe("cross-entropy SBP", function()
+  local logits0 = randn({ 6, 5 })
+  local target0 = flow.tensor({ 0, 4, -100, 2, 1, -100 })
+  for _, red in ipairs({ "mean", "sum", "none" }) do
+    it(("rows split, reduction %s, with ignored targets, forward and backward"):format(red), function()
+      local x = global(logits0, P, S(0)):detach():requires_grad_(true)
+      local loss = flow.cross_entropy(x, global(target0, P, S(0)), { reduction = red })
+      local xl = logits0:detach():requires_grad_(true)
+      local ll = flow.cross_entropy(xl, target0, { reduction = red })
+      assert_close(ll, whole(loss), 1e-5)
+      if red == "none" then assert.equal("S(0)", tostring(loss.sbp)) end
+      flow.sum(loss):backward()
+      flow.sum(ll):backward()
+      assert.equal("S(0)", tostring(x.grad.sbp))
+      assert_close(xl.grad, whole(x.grad), 1e-5)
+    end)
+  end
+end)
+
 describe("global autograd", function()
   it("a broadcast weight gets the all-reduced gradient (data parallel)", function()
     local x, w0 = randn({ 8, 5 }), flow.arange(0, 15):float():view({ 5, 3 }) / 10
