@@ -38,7 +38,6 @@ if args.dim % args.heads ~= 0 then fail(("--dim %d must be divisible by --heads 
 flow.manual_seed(args.seed)
 local ok_data, ds = pcall(data.load, args.data, { val_fraction = args.val_fraction })
 if not ok_data then fail(ds) end
-local rng = utils.Generator(args.seed)
 
 local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim,
               dropout = args.dropout }
@@ -65,14 +64,14 @@ print(("data: %s: %d train / %d val tokens; unigram baseline %.3f nats; uniform 
 
 -------------------------------------------------------------------------------- checkpoints
 
--- One flat table: "model.<param>", "optim.<key>", and metadata (step, generator state, config).
+-- One flat table: "model.<param>", "optim.<key>", and metadata (step, RNG state, config).
 local function save_checkpoint(path, next_step)
-  local ck = { step = next_step, data_rng = rng.state, layers = args.layers, dim = args.dim, heads = args.heads,
-               seq = args.seq, vocab = cfg.vocab_size }
+  local ck = { step = next_step, layers = args.layers, dim = args.dim, heads = args.heads, seq = args.seq,
+               vocab = cfg.vocab_size }
   for k, v in pairs(model:state_dict()) do ck["model." .. k] = v end
   for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = v end
-  local s = flow.get_rng_state() -- dropout draws from it
-  ck.flow_rng_seed, ck.flow_rng_offset = s.seed, s.offset
+  local s = flow.get_rng_state() -- batches and dropout draw from it
+  ck.rng_seed, ck.rng_offset = s.seed, s.offset
   flow.save(ck, path)
 end
 
@@ -90,8 +89,7 @@ local function load_checkpoint(path)
   end
   model:load_state_dict(msd)
   opt:load_state_dict(osd)
-  rng.state = math.tointeger(ck.data_rng)
-  flow.set_rng_state({ seed = ck.flow_rng_seed, offset = ck.flow_rng_offset })
+  flow.set_rng_state({ seed = ck.rng_seed, offset = ck.rng_offset })
   return math.tointeger(ck.step)
 end
 
@@ -105,19 +103,22 @@ end
 
 -------------------------------------------------------------------------------- training
 
--- Mean loss over eval_iters batches of the val split, always the same batches (own generator).
+-- Mean loss over eval_iters batches of the val split: always the same batches (drawn at a fixed
+-- RNG state), and the training run's RNG state is put back afterwards.
 local function evaluate()
-  local vrng = utils.Generator(args.seed + 1)
+  local saved = flow.get_rng_state()
+  flow.set_rng_state({ seed = args.seed + 1, offset = 0 })
   local total = 0
   model:eval()
   flow.no_grad(function()
     for _ = 1, args.eval_iters do
-      local x, y = ds:batch("val", args.batch, args.seq, vrng)
+      local x, y = ds:batch("val", args.batch, args.seq)
       local _, loss = model(x, y)
       total = total + loss:item()
     end
   end)
   model:train()
+  flow.set_rng_state(saved)
   return total / args.eval_iters
 end
 
@@ -131,7 +132,7 @@ local last_step = args.stop_at > 0 and math.min(args.stop_at, args.steps) or arg
 for step = start, last_step - 1 do
   local lr = lr_at(step)
   opt:set_lr(lr)
-  local x, y = ds:batch("train", args.batch, args.seq, rng)
+  local x, y = ds:batch("train", args.batch, args.seq)
   local _, loss = model(x, y)
   loss:backward()
   if args.grad_clip > 0 then flow.optim.clip_grad_norm(model:parameters(), args.grad_clip) end
@@ -169,8 +170,7 @@ if first_loss then
 end
 
 if args.sample_len > 0 and ds.vocab_size == 256 then
-  local srng = utils.Generator(args.seed + 2)
   local prompt = data.encode_bytes("The ")
-  local toks = model:generate(prompt, args.sample_len, args.temperature, srng)
+  local toks = model:generate(prompt, args.sample_len, args.temperature)
   print("sample: " .. data.decode_bytes(prompt) .. data.decode_bytes(toks))
 end

@@ -1,5 +1,4 @@
 local flow = require "flow"
-local utils = require "flow.utils"
 local data = require "flow.data"
 local gpt = require "flow.gpt"
 
@@ -16,13 +15,13 @@ end
 
 local CFG = { vocab_size = 256, block_size = 16, n_layer = 2, n_head = 2, n_embd = 32 }
 
--- Train `steps` steps from model/opt/rng state; returns the list of losses.
-local function train(model, opt, ds, rng, from, to)
+-- Train steps [from, to) from the model/optimizer/RNG state; returns the list of losses.
+local function train(model, opt, ds, from, to)
   local lr = flow.optim.cosine_schedule({ lr = 1e-2, min_lr = 1e-3, warmup = 2, steps = 12 })
   local losses = {}
   for step = from, to - 1 do
     opt:set_lr(lr(step))
-    local x, y = ds:batch("train", 4, 16, rng)
+    local x, y = ds:batch("train", 4, 16)
     local _, loss = model(x, y)
     loss:backward()
     flow.optim.clip_grad_norm(model:parameters(), 1.0)
@@ -41,7 +40,8 @@ describe("flow.data", function()
     assert.are.equal(256, ds.vocab_size)
     assert.are.equal(#TEXT - math.floor(#TEXT * 0.1), ds.train:len())
     assert.are.equal(math.floor(#TEXT * 0.1), ds.val:len())
-    local x, y = ds:batch("train", 3, 8, utils.Generator(5))
+    flow.manual_seed(5)
+    local x, y = ds:batch("train", 3, 8)
     assert.are.equal("int64", x.dtype)
     assert.are.same({ 3, 8 }, x:shape())
     local xt, yt = x:totable(), y:totable()
@@ -50,8 +50,10 @@ describe("flow.data", function()
       assert.truthy(TEXT:find(s, 1, true), s)
       for t = 1, 7 do assert.are.equal(xt[b][t + 1], yt[b][t]) end
     end
-    -- the same generator seed draws the same batch
-    assert.are.same(xt, ds:batch("train", 3, 8, utils.Generator(5)):totable())
+    -- windows come from flow's RNG: the same seed draws the same batch
+    assert.are_not.same(xt, ds:batch("train", 3, 8):totable())
+    flow.manual_seed(5)
+    assert.are.same(xt, ds:batch("train", 3, 8):totable())
   end)
 
   it("reads llm.c .bin shards and checks their header", function()
@@ -98,7 +100,7 @@ describe("GPT training", function()
     flow.manual_seed(1)
     local m = gpt.GPT(CFG)
     local opt = m:configure_optimizer({ lr = 1e-2, weight_decay = 0.1 })
-    local losses = train(m, opt, ds, utils.Generator(1), 0, 12)
+    local losses = train(m, opt, ds, 0, 12)
     assert(math.abs(losses[1] - math.log(256)) < 0.3, "first loss " .. losses[1])
     assert(losses[12] < losses[1] - 1.0, ("loss %.3f -> %.3f"):format(losses[1], losses[12]))
   end)
@@ -110,16 +112,16 @@ describe("GPT training", function()
     flow.manual_seed(2)
     local m = gpt.GPT(CFG)
     local opt = m:configure_optimizer({ lr = 1e-2 })
-    local rng = utils.Generator(7)
-    local first = train(m, opt, ds, rng, 0, 4)
+    local first = train(m, opt, ds, 0, 4)
     local ck = os.tmpname()
-    local state = { data_rng = rng.state }
+    local rng = flow.get_rng_state()
+    local state = { rng_seed = rng.seed, rng_offset = rng.offset }
     for k, v in pairs(m:state_dict()) do state["model." .. k] = v end
     for k, v in pairs(opt:state_dict()) do state["optim." .. k] = v end
     flow.save(state, ck)
-    local rest = train(m, opt, ds, rng, 4, 8)
+    local rest = train(m, opt, ds, 4, 8)
 
-    flow.manual_seed(99) -- a different init, overwritten by the checkpoint
+    flow.manual_seed(99) -- a different init and RNG state, overwritten by the checkpoint
     local m2 = gpt.GPT(CFG)
     local opt2 = m2:configure_optimizer({ lr = 1e-2 })
     local loaded = flow.load(ck)
@@ -130,9 +132,8 @@ describe("GPT training", function()
     end
     m2:load_state_dict(msd)
     opt2:load_state_dict(osd)
-    local rng2 = utils.Generator(0)
-    rng2.state = loaded.data_rng
-    local resumed = train(m2, opt2, ds, rng2, 4, 8)
+    flow.set_rng_state({ seed = loaded.rng_seed, offset = loaded.rng_offset })
+    local resumed = train(m2, opt2, ds, 4, 8)
     assert.are.equal(4, #first)
     assert.are.same(rest, resumed)
   end)

@@ -1,6 +1,7 @@
 -- flow.data: token streams for language-model training. Byte-level tokens from a text file
 -- (plain or gzip), or llm.c .bin shards (a header of 256 int32: magic 20240520, version 1, token
--- count; then uint16 tokens). Batches are random windows drawn from a utils.Generator.
+-- count; then uint16 tokens). Batches are random windows drawn from flow's RNG, so they are fixed by
+-- flow.manual_seed and a checkpoint of flow.get_rng_state() resumes them exactly.
 local flow = require "flow"
 
 local data = {}
@@ -83,14 +84,15 @@ function data.load(path, opts)
 end
 
 -- Random windows: x, y int64 [B, T] with y the next token after each x (targets), windows
--- starting at rng:integer positions of the split ("train" or "val").
-function Dataset:batch(split, B, T, rng)
+-- starting at positions of the split ("train" or "val") drawn with flow.randint.
+function Dataset:batch(split, B, T)
   local toks = self[split] or error(("Dataset:batch: unknown split '%s' (train or val)"):format(tostring(split)), 2)
   local span = toks.n - T - 1
   if span < 0 then error(("Dataset:batch: the %s split has %d tokens, fewer than seq+1 = %d"):format(split, toks.n, T + 1), 2) end
+  local starts = flow.randint(0, span + 1, { B }):totable()
   local xs, ys = {}, {}
   for b = 1, B do
-    local w = toks:slice(rng:integer(span + 1), T + 1)
+    local w = toks:slice(starts[b], T + 1)
     xs[b] = table.move(w, 1, T, 1, {})
     ys[b] = table.move(w, 2, T + 1, 1, {})
   end

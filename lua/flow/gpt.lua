@@ -77,9 +77,9 @@ function GPT:configure_optimizer(opts)
     { lr = opts.lr, betas = opts.betas or { 0.9, 0.95 }, eps = opts.eps or 1e-8 })
 end
 
--- Sample n tokens after prompt (a Lua list of token ids), with temperature, drawing from rng
--- (a utils.Generator). Returns the new tokens as a Lua list.
-function GPT:generate(prompt, n, temperature, rng)
+-- Sample n tokens after prompt (a Lua list of token ids) with temperature, each drawn from
+-- softmax(logits / temperature) with a uniform number from flow's RNG. Returns the new tokens.
+function GPT:generate(prompt, n, temperature)
   local was_training = self.training
   self:eval()
   local ctx = { table.unpack(prompt) }
@@ -91,7 +91,11 @@ function GPT:generate(prompt, n, temperature, rng)
       local logits = self(flow.tensor({ window }, { dtype = "int64" }))
       local last = flow.select(flow.select(logits, 0, 0), 0, #window - 1)
       local probs = flow.softmax(last / (temperature or 1.0), -1):totable()
-      local tok = rng:categorical(probs)
+      local u, acc, tok = flow.rand({ 1 }, { dtype = "float64" }):item(), 0, #probs - 1
+      for i, p in ipairs(probs) do
+        acc = acc + p
+        if u < acc then tok = i - 1; break end
+      end
       ctx[#ctx + 1], out[#out + 1] = tok, tok
     end
   end)

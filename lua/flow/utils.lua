@@ -1,49 +1,7 @@
--- Small helpers for scripts: a seeded random generator whose state fits in a checkpoint,
--- command-line flags, and human-readable times.
+-- Small helpers for scripts: command-line flags and human-readable times.
 local flow = require "flow"
 
 local utils = {}
-
--- Generator: splitmix64 (Steele, Lea, Flood 2014) on Lua's wrapping 64-bit integers. Its whole
--- state is one integer, so a checkpoint can carry it and a resumed run draws the same numbers.
-local Generator = {}
-Generator.__index = Generator
-
-function utils.Generator(seed)
-  return setmetatable({ state = math.tointeger(seed or 0) or error("Generator: seed must be an integer") }, Generator)
-end
-
--- The next 64 random bits as a (possibly negative) Lua integer.
-function Generator:next()
-  self.state = self.state + 0x9E3779B97F4A7C15
-  local z = self.state
-  z = (z ~ (z >> 30)) * 0xBF58476D1CE4E5B9
-  z = (z ~ (z >> 27)) * 0x94D049BB133111EB
-  return z ~ (z >> 31)
-end
-
--- Uniform float in [0, 1) from the top 53 bits.
-function Generator:uniform()
-  return (self:next() >> 11) * (1.0 / 9007199254740992.0)
-end
-
--- Uniform integer in [0, n): the modulo bias is below 2^-40 for any n < 2^23, far below noise.
-function Generator:integer(n)
-  assert(n >= 1, "Generator:integer: n must be at least 1")
-  return (self:next() >> 1) % n
-end
-
--- Index in [0, #weights) drawn with probability proportional to weights (a Lua list).
-function Generator:categorical(weights)
-  local total = 0
-  for i = 1, #weights do total = total + weights[i] end
-  local r, acc = self:uniform() * total, 0
-  for i = 1, #weights do
-    acc = acc + weights[i]
-    if r < acc then return i - 1 end
-  end
-  return #weights - 1
-end
 
 -- Flags: parse_args(arg, spec) with spec = {name = default, ...}; "--name value" or
 -- "--name=value"; dashes in names map to underscores ("--min-lr" sets min_lr). The value is
