@@ -75,20 +75,34 @@ flow_comm *flow_placement_axis_comm(const flow_placement *p, int axis) {
   return mp->axis_comm[axis];
 }
 
+/* Append s to buf (size n) at *len; stops quietly when full. */
+static void put(char *buf, size_t n, size_t *len, const char *s) {
+  size_t k = strlen(s);
+  if (*len + k >= n) return;
+  memcpy(buf + *len, s, k + 1);
+  *len += k;
+}
+
 char *flow_placement_str(const flow_placement *p, char *buf, size_t n) {
   static const char *names[] = {"cpu", "cuda"};
-  size_t len = (size_t)snprintf(buf, n, "%s", names[p->devtype]);
-  for (int i = 0; i < p->nranks && len < n; i++) {
-    /* open a brace for every mesh axis whose block starts here */
-    int opens = 0, stride = 1;
-    for (int d = p->ndim - 1; d >= 0; d--) { stride *= p->shape[d]; if (i % stride == 0) opens++; }
-    if (i) len += (size_t)snprintf(buf + len, n - len, ", ");
-    for (int k = 0; k < opens && len < n; k++) len += (size_t)snprintf(buf + len, n - len, "{");
-    len += (size_t)snprintf(buf + len, n - len, "%d", p->ranks[i]);
-    int closes = 0;
-    stride = 1;
-    for (int d = p->ndim - 1; d >= 0; d--) { stride *= p->shape[d]; if ((i + 1) % stride == 0) closes++; }
-    for (int k = 0; k < closes && len < n; k++) len += (size_t)snprintf(buf + len, n - len, "}");
+  size_t len = 0;
+  if (n == 0) return buf;
+  buf[0] = 0;
+  put(buf, n, &len, names[p->devtype]);
+  for (int i = 0; i < p->nranks; i++) {
+    /* a brace opens for every mesh axis whose block starts at i, and closes where one ends */
+    int opens = 0, closes = 0, stride = 1;
+    for (int d = p->ndim - 1; d >= 0; d--) {
+      stride *= p->shape[d];
+      opens += i % stride == 0;
+      closes += (i + 1) % stride == 0;
+    }
+    char r[16];
+    snprintf(r, sizeof r, "%d", p->ranks[i]);
+    if (i) put(buf, n, &len, ", ");
+    for (int k = 0; k < opens; k++) put(buf, n, &len, "{");
+    put(buf, n, &len, r);
+    for (int k = 0; k < closes; k++) put(buf, n, &len, "}");
   }
   return buf;
 }
