@@ -64,6 +64,13 @@ describe("global tensors on one rank", function()
     assert.is_nil(x.sbp)
   end)
 
+  it("a nil placement keeps a global tensor's own", function()
+    local g = flow.ones({ 2 }, { placement = P, sbp = S(0) }):to_global(nil, B)
+    assert.equal(P, g.placement)
+    assert.equal(B, g.sbp)
+    assert.matches("S(0) -> B", flow.explain(flow.ones({ 2 }, { placement = P, sbp = S(0) }), nil, B), 1, true)
+  end)
+
   it("every conversion is the identity on one rank", function()
     local x = flow.arange(0, 12):float():view({ 3, 4 })
     for _, a in ipairs({ S(0), S(1), B, PS }) do
