@@ -379,8 +379,8 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
   size_t es = flow_dtype_size(local->dtype);
   int me = flow_comm_rank();
   flow_nd_sbp s2 = *src;
-  for (int m = 0; m < s2.n; m++) /* partial sums are summed on the source first */
-    if (s2.v[m].kind == FLOW_SBP_P) s2.v[m] = flow_sbp_broadcast();
+  for (int m = 0; m < s2.n; m++) /* partial sums are summed on the source first (reduce-scatter) */
+    if (s2.v[m].kind == FLOW_SBP_P) s2.v[m] = ndim > 0 ? flow_sbp_split(0) : flow_sbp_broadcast();
   flow_tensor *x = NULL;
   if (ps->me >= 0 && !(x = run_on(ps, src, &s2, ndim, shape, local))) return NULL;
   int64_t xs[FLOW_MAX_DIMS], xn[FLOW_MAX_DIMS];

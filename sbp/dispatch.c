@@ -551,7 +551,7 @@ char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, 
   if (t->global && flow_global_of(t)->placement != p) {
     char e[160];
     const flow_placement *ps = flow_global_of(t)->placement;
-    tracef("  between placements %s -> %s: partial sums are summed on the source first, then each destination "
+    tracef("  between placements %s -> %s: partial sums are reduce-scattered on the source first, then each destination "
            "rank receives only its slice from the source ranks holding it (send/recv)\n",
            flow_placement_str(ps, e, sizeof e), d);
   } else if (!t->global) {

@@ -189,3 +189,20 @@ describe("boxing between placements", function()
     assert.matches("between placements.*send/recv", flow.explain(x, places[2], S(0)))
   end)
 end)
+
+describe("boxing between a 2-D mesh and 1-D placements", function()
+  if ws ~= 4 then return end
+  local P2 = flow.placement("cpu", { { 0, 1 }, { 2, 3 } })
+  local A, Z = flow.placement("cpu", { 0, 1 }), flow.placement("cpu", { 3, 2 })
+  local cases = {
+    { P2, { S(0), S(1) }, Z, S(1) }, { P2, { PS, S(0) }, A, B }, { A, PS, P2, { B, S(0) } },
+    { Z, S(0), P2, { S(1), PS } }, { P2, { B, PS }, Z, S(0) },
+  }
+  for k, c in ipairs(cases) do
+    it(("case %d"):format(k), function()
+      local full = full_of({ 5, 6 })
+      local y = global(full, P, B):to_global(c[1], c[2]):to_global(c[3], c[4])
+      assert.same(full:totable(), whole(y:to_global(P, B)):totable())
+    end)
+  end
+end)
