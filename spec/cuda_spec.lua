@@ -333,6 +333,16 @@ describe("cuda fused nn ops match the CPU", function()
     end
   end)
 
+  git("attention under bf16 autocast stays float32 and close", function()
+    local q, k, v = randt({ 1, 2, 70, 64 }), randt({ 1, 2, 70, 64 }), randt({ 1, 2, 70, 64 })
+    local ref = flow.scaled_dot_product_attention(q, k, v, { causal = true })
+    local y = flow.autocast("bfloat16", function()
+      return flow.scaled_dot_product_attention(cuda(q), cuda(k), cuda(v), { causal = true })
+    end)
+    assert.equals("float32", y.dtype)
+    close(ref, y, 3e-2, 3e-2)
+  end)
+
   git("adamw_ updates in place like the CPU", function()
     local p, g = randt({ 7, 5 }), randt({ 7, 5 })
     local m, v = flow.zeros({ 7, 5 }), flow.zeros({ 7, 5 })
