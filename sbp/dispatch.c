@@ -646,8 +646,8 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   bool reshape = strcmp(op->name, "view") == 0;
   int rc = 0;
   for (int i = 0; i < nin && rc == 0; i++) {
-    char what[32];
-    snprintf(what, sizeof what, "input %d", i + 1);
+    char what[32] = "";
+    if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
     flow_tensor *x = op->kind == FLOW_OP_INPLACE && i == 0 ? (flow_tensor_incref(in[0]), in[0])
                                                            : box_shard(what, in[i], p, &ch.in[i]);
     if (x && reshape) { /* a shard of a strided tensor may not be viewable as the new shape */

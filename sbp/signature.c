@@ -3,6 +3,7 @@
  * signatures"). Rules read logical shapes and attrs only; they never see data. */
 #include "signature.h"
 
+#include <stdint.h>
 #include <string.h>
 
 typedef void (*rule_fn)(const flow_sig_query *q, flow_sig_list *l);
@@ -281,10 +282,26 @@ static const struct family {
     {"scatter_add", r_scatter_add, {"scatter_add", NULL}},
 };
 
-static const struct family *find(const char *op) {
+static const struct family *lookup(const char *op) {
   for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
     if (name_in(op, families[f].ops)) return &families[f];
   return NULL;
+}
+
+/* Op names are the registry's own strings: remember each one's family by its address. */
+static const struct family *find(const char *op) {
+  enum { SLOTS = 512 };
+  static struct { const char *name; const struct family *f; } memo[SLOTS];
+  size_t h = ((uintptr_t)op >> 3) % SLOTS;
+  for (size_t k = 0; k < SLOTS; k++, h = (h + 1) % SLOTS) {
+    if (memo[h].name == op) return memo[h].f;
+    if (!memo[h].name) {
+      memo[h].name = op;
+      memo[h].f = lookup(op);
+      return memo[h].f;
+    }
+  }
+  return lookup(op);
 }
 
 const char *flow_sbp_family(const char *op) {
