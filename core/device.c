@@ -29,9 +29,8 @@ static size_t large_cached;
 static pthread_mutex_t large_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int small_class(size_t nbytes) {
-  int c = 0;
-  while (((size_t)64 << c) < nbytes) c++;
-  return c;
+  if (nbytes <= 64) return 0;
+  return 64 - __builtin_clzll((unsigned long long)(nbytes - 1)) - 6; /* ceil(log2(n)) - 6 */
 }
 
 /* Class of a large block and the size it is rounded up to: 2^e * (4 + q) / 4, q in 0..3. */

@@ -8,7 +8,12 @@ static bool iter_flat(flow_iter *it, flow_tensor *const *ops, int nops) {
   const flow_tensor *out = ops[0];
   for (int k = 0; k < nops; k++) {
     const flow_tensor *t = ops[k];
-    if (!flow_shape_eq(t->ndim, t->shape, out->ndim, out->shape) || !flow_tensor_is_contiguous(t)) return false;
+    if (t->ndim != out->ndim) return false;
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      if (t->shape[d] != out->shape[d] || (t->shape[d] != 1 && t->stride[d] != s)) return false;
+      s *= t->shape[d];
+    }
   }
   it->ndim = 1;
   it->shape[0] = it->numel;
