@@ -86,6 +86,7 @@ template <> __device__ __forceinline__ void store<f16, double>(f16 *p, double v)
  * one axis and the offset is a multiply. */
 struct Geo {
   int ndim;
+  bool small;   /* fewer than 2^31 elements: index arithmetic in 32 bits (64-bit division is slow) */
   int64_t shape[FLOW_MAX_DIMS];
   int64_t stride[GEO_MAX_OPS][FLOW_MAX_DIMS];
 };
@@ -99,6 +100,16 @@ __device__ __forceinline__ void geo_offsets(const Geo &g, int64_t i, int64_t *of
   if (g.ndim == 1) {
 #pragma unroll
     for (int k = 0; k < N; k++) off[k] = i * g.stride[k][0];
+    return;
+  }
+  if (g.small) {
+    uint32_t u = (uint32_t)i;
+    for (int d = g.ndim - 1; d >= 0; d--) {
+      uint32_t n = (uint32_t)g.shape[d], idx = u % n;
+      u /= n;
+#pragma unroll
+      for (int k = 0; k < N; k++) off[k] += (int64_t)idx * g.stride[k][d];
+    }
     return;
   }
   for (int d = g.ndim - 1; d >= 0; d--) {

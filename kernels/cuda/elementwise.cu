@@ -42,6 +42,7 @@ void geo_init(Geo *g, const flow_tensor *const *ops, int nops) {
     m = 1;
   }
   g->ndim = m;
+  g->small = flow_tensor_numel(o) < ((int64_t)1 << 31);
 }
 
 void cuda_attach(const char *name, flow_kernel_fn fn) {
