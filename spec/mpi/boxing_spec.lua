@@ -117,6 +117,32 @@ describe("1-D boxing", function()
   end)
 end)
 
+describe("global creation", function()
+  -- a list, not a table iterated with pairs: every rank must define the tests in the same order
+  local makers = {
+    { "randn", function(o) return flow.randn({ 5, 4 }, o) end },
+    { "rand", function(o) return flow.rand({ 5, 4 }, o) end },
+    { "randint", function(o) return flow.randint(0, 9, { 5, 4 }, o) end },
+    { "arange", function(o) return flow.arange(2, 12, 2, o) end },
+    { "linspace", function(o) return flow.linspace(0, 1, 7, o) end },
+    { "eye", function(o) return flow.eye(5, 4, o) end },
+    { "full", function(o) return flow.full({ 5, 4 }, 2.5, o) end },
+  }
+  for _, m in ipairs(makers) do
+    local name, make = m[1], m[2]
+    it(name .. " draws each shard's slice of the local tensor", function()
+      flow.manual_seed(11)
+      local expect = make({})
+      for _, sbp in ipairs({ S(0), B, PS }) do
+        flow.manual_seed(11)
+        local g = make({ placement = P, sbp = sbp })
+        assert.same(expect:shape(), g:shape())
+        assert.same(expect:totable(), whole(g):totable())
+      end
+    end)
+  end
+end)
+
 describe("2-D boxing", function()
   if ws ~= 4 then return end
   local P2 = flow.placement("cpu", { { 0, 1 }, { 2, 3 } })
