@@ -1,5 +1,5 @@
 -- Train a small GPT-2 on byte-level text (or llm.c .bin token shards):
---   flowlua scripts/train_gpt.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 16 --steps 1500
+--   flowlua scripts/train_gpt.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 16 --steps 1200
 --                                  --data FILE --save CKPT --resume CKPT ...]
 -- AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, a
 -- sampled text at the end, and checkpoints that resume bit for bit.
@@ -9,8 +9,8 @@ local data = require "flow.data"
 local gpt = require "flow.gpt"
 
 local defaults = {
-  layers = 4, dim = 128, heads = 4, seq = 64, batch = 16, steps = 1500,
-  dropout = 0.0, lr = 3e-3, warmup = 75, min_lr = 3e-4, weight_decay = 0.1, grad_clip = 1.0,
+  layers = 4, dim = 128, heads = 4, seq = 64, batch = 16, steps = 1200,
+  dropout = 0.0, lr = 3e-3, warmup = 60, min_lr = 3e-4, weight_decay = 0.1, grad_clip = 1.0,
   eval_every = 300, eval_iters = 10, log_every = 50,
   data = "/usr/share/doc/jargon-text/jargon.txt.gz", val_fraction = 0.05,
   save = "", save_every = 0, stop_at = 0, resume = "", seed = 1337, sample_len = 200, temperature = 0.8,
