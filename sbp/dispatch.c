@@ -270,6 +270,13 @@ static void describe(const flow_op *op, flow_tensor *const *in, int nin, const f
 
 /* ---- signature choice --------------------------------------------------------------------------- */
 
+/* Inputs an op writes in place must keep their layout (boxing would write a copy): the destination
+ * of every in-place op, and adamw_'s moments. */
+static bool written(const flow_op *op, int i) {
+  if (op->kind != FLOW_OP_INPLACE) return false;
+  return i == 0 || (strcmp(op->name, "adamw_") == 0 && (i == 2 || i == 3));
+}
+
 typedef struct choice {
   flow_nd_sbp in[FLOW_SIG_MAX_IO], out[FLOW_SIG_MAX_IO];
   bool ruled;
@@ -305,9 +312,9 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
     double best_cost = 0;
     for (int c = 0; c < list.n; c++) {
       const flow_sbp_sig *s = &list.v[c];
-      /* in place: the destination keeps its layout */
-      if (op->kind == FLOW_OP_INPLACE && (!flow_sbp_eq(s->in[0], cur[0].v[m]) || !flow_sbp_eq(s->out[0], cur[0].v[m])))
-        continue;
+      bool keeps = op->kind != FLOW_OP_INPLACE || flow_sbp_eq(s->out[0], cur[0].v[m]);
+      for (int i = 0; i < nin && keeps; i++) keeps = !written(op, i) || flow_sbp_eq(s->in[i], cur[i].v[m]);
+      if (!keeps) continue;
       double cost = 0;
       int moves = 0;
       for (int i = 0; i < nin; i++) {
@@ -323,7 +330,7 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
     if (best < 0) {
       char d[512];
       describe(op, in, nin, p, d, sizeof d);
-      return rank_error("%s: an in-place op cannot keep its destination's SBP here: %s (box the destination "
+      return rank_error("%s: an in-place op cannot keep the SBP of the tensors it writes here: %s (box them "
                         "first)", op->name, d);
     }
     for (int i = 0; i < nin; i++) ch->in[i].v[m] = list.v[best].in[i];
@@ -648,8 +655,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   for (int i = 0; i < nin && rc == 0; i++) {
     char what[32] = "";
     if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
-    flow_tensor *x = op->kind == FLOW_OP_INPLACE && i == 0 ? (flow_tensor_incref(in[0]), in[0])
-                                                           : box_shard(what, in[i], p, &ch.in[i]);
+    flow_tensor *x = written(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
     if (x && reshape) { /* a shard of a strided tensor may not be viewable as the new shape */
       flow_tensor *d = flow_boxing_dense(x);
       flow_tensor_decref(x);
