@@ -358,11 +358,15 @@ static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
   if (p->me < 0) return rank_error("to_global: this rank is not in the placement (not supported yet)");
-  if (in[0]->device.type != FLOW_CPU) return rank_error("to_global: local device tensors are not supported yet");
-  flow_tensor *d = flow_boxing_dense(in[0]);
+  /* out[0] := in[0], densely (device tensors through the host) */
+  flow_device dev = in[0]->device;
+  flow_tensor *d = dev.type == FLOW_CPU ? flow_boxing_dense(in[0]) : to_host(in[0]);
   if (!d) return -1;
-  memcpy(flow_tensor_data(out[0]), flow_tensor_data(d), flow_tensor_nbytes(d));
+  int rc = dev.type == FLOW_CPU ? (memcpy(flow_tensor_data(out[0]), flow_tensor_data(d), flow_tensor_nbytes(d)), 0)
+                                : flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(d),
+                                                                  FLOW_DEVICE_CPU, flow_tensor_nbytes(d));
   flow_tensor_decref(d);
+  if (rc != 0) return -1;
   int nd = in[0]->ndim;
   int64_t shape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
   memcpy(shape, in[0]->shape, sizeof shape);
@@ -387,8 +391,13 @@ static FLOW_KERNEL(kernel_local_to_global) {
   for (int m = 0; m < p->ndim; m++) {
     if (tg->sbp.v[m].kind != FLOW_SBP_B || p->shape[m] == 1) continue;
     flow_comm *c = flow_placement_axis_comm(p, m);
-    if (!c || c->ops->broadcast(c, flow_tensor_data(out[0]), (size_t)flow_tensor_numel(out[0]), out[0]->dtype, 0) != 0)
-      return -1;
+    flow_tensor *h = !c ? NULL : dev.type == FLOW_CPU ? (flow_tensor_incref(out[0]), out[0]) : to_host(out[0]);
+    rc = !h || c->ops->broadcast(c, flow_tensor_data(h), (size_t)flow_tensor_numel(h), h->dtype, 0) != 0 ? -1 : 0;
+    if (rc == 0 && dev.type != FLOW_CPU)
+      rc = flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(h), FLOW_DEVICE_CPU,
+                                           flow_tensor_nbytes(h));
+    flow_tensor_decref(h);
+    if (rc != 0) return -1;
   }
   return wrap(out[0], p, &tg->sbp, nd, shape);
 }
@@ -487,7 +496,8 @@ static int grad_to_global(const flow_grad_ctx *c, flow_tensor **gin) {
 }
 
 FLOW_OP(to_global) {.name = "to_global", .nin = 1, .nout = 1, .infer = infer_same,
-                    .kernel = {[FLOW_CPU] = kernel_local_to_global}, .grad = grad_to_global};
+                    .kernel = {[FLOW_CPU] = kernel_local_to_global, [FLOW_CUDA] = kernel_local_to_global},
+                    .grad = grad_to_global};
 
 /* to_local on a local tensor is the identity (a view). */
 static FLOW_KERNEL(kernel_to_local) {
