@@ -194,19 +194,17 @@ describe("boxing between placements", function()
   for i = 1, ws - 1 do shifted[#shifted + 1] = i end
   shifted[#shifted + 1] = 0
   local places = { flow.placement("cpu", half), flow.placement("cpu", rest), flow.placement("cpu", shifted) }
-  for a, pa in ipairs(places) do
-    for b, pb in ipairs(places) do
-      if a ~= b then
-        for _, from in ipairs({ S(0), S(1), B, PS }) do
-          for _, to in ipairs({ S(0), S(1), B, PS }) do
-            it(("%s %s -> %s %s"):format(tostring(pa), tostring(from), tostring(pb), tostring(to)), function()
-              local full = full_of({ 5, 3 })
-              local y = global(full, P, B):to_global(pa, from):to_global(pb, to)
-              assert.equal(pb, y.placement)
-              assert.same(full:totable(), whole(y:to_global(P, B)):totable())
-            end)
-          end
-        end
+  -- disjoint, then overlapping, then a permutation of the same ranks
+  for _, pair in ipairs({ { 1, 2 }, { 2, 3 }, { 3, 1 } }) do
+    local pa, pb = places[pair[1]], places[pair[2]]
+    for _, from in ipairs({ S(0), S(1), B, PS }) do
+      for _, to in ipairs({ S(0), S(1), B, PS }) do
+        it(("%s %s -> %s %s"):format(tostring(pa), tostring(from), tostring(pb), tostring(to)), function()
+          local full = full_of({ 5, 3 })
+          local y = global(full, P, B):to_global(pa, from):to_global(pb, to)
+          assert.equal(pb, y.placement)
+          assert.same(full:totable(), whole(y:to_global(P, B)):totable())
+        end)
       end
     end
   end
