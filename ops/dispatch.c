@@ -46,6 +46,13 @@ int flow_check_float(const flow_op *op, const flow_tensor *t, const char *what) 
   return 0;
 }
 
+int flow_check_computable(const flow_op *op, const flow_tensor *t) {
+  if (t->device.type == FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16))
+    return flow_error_set("%s: %s tensors are storage-only on the CPU (cast to float32 first)", op->name,
+                          flow_dtype_name(t->dtype));
+  return 0;
+}
+
 static int check_inputs(const flow_op *op, flow_tensor *const *in, int nin) {
   if (op->nin >= 0 && nin != op->nin)
     return flow_error_set("%s: expected %d tensor inputs, got %d", op->name, op->nin, nin);

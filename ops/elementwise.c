@@ -9,17 +9,10 @@
 
 /* ---- binary with broadcasting ------------------------------------------------------------ */
 
-static int check_cpu_dtype(const flow_op *op, flow_dtype d) {
-  if (d == FLOW_F16 || d == FLOW_BF16)
-    return flow_error_set("%s: %s tensors are storage-only on the CPU (cast to float32 first)", op->name,
-                          flow_dtype_name(d));
-  return 0;
-}
-
 static int infer_binary(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
   if (in[0]->dtype == FLOW_BOOL)
     return flow_error_set("%s: no arithmetic on bool tensors (cast to an integer or float dtype first)", op->name);
   out->dtype = in[0]->dtype;
@@ -32,7 +25,7 @@ static int infer_binary(const flow_op *op, flow_tensor *const *in, int nin, cons
 static int infer_compare(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
   out->dtype = FLOW_BOOL;
   out->device = in[0]->device;
   return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
@@ -276,7 +269,7 @@ flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
 static int infer_masked_fill(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (check_mask(op, in[1], "the mask") != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  if (check_mask(op, in[1], "the mask") != 0 || flow_check_computable(op, in[0]) != 0) return -1;
   out->dtype = in[0]->dtype;
   out->device = in[0]->device;
   return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
@@ -312,7 +305,7 @@ flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
 static int infer_unary_float(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (check_cpu_dtype(op, in[0]->dtype) != 0 || flow_check_float(op, in[0], "input") != 0) return -1;
+  if (flow_check_computable(op, in[0]) != 0 || flow_check_float(op, in[0], "input") != 0) return -1;
   flow_meta_from(out, in[0]);
   return 0;
 }
@@ -322,7 +315,7 @@ static int infer_unary_signed(const flow_op *op, flow_tensor *const *in, int nin
                               flow_meta *out) {
   (void)nin; (void)a;
   flow_dtype d = in[0]->dtype;
-  if (check_cpu_dtype(op, d) != 0) return -1;
+  if (flow_check_computable(op, in[0]) != 0) return -1;
   if (d != FLOW_F32 && d != FLOW_F64 && d != FLOW_I64 && d != FLOW_I32)
     return flow_error_set("%s: expected a float32, float64, int64 or int32 tensor (got %s)", op->name,
                           flow_dtype_name(d));
@@ -436,7 +429,7 @@ static int infer_inplace(const flow_op *op, flow_tensor *const *in, int nin, con
 
 static int infer_arith_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
-  if (flow_check_same_dtype(op, in, 2) != 0 || check_cpu_dtype(op, in[0]->dtype) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
   return infer_inplace(op, in, nin, a, out);
 }
 

@@ -20,9 +20,10 @@ enum {
 extern flow_op flow_op_softmax_grad, flow_op_log_softmax_grad, flow_op_layer_norm_grad,
     flow_op_cross_entropy_grad, flow_op_scaled_dot_product_attention_grad;
 
-/* The fused kernels compute in float32 or float64 only. */
+/* The fused kernels compute in float32 or float64 (and, on CUDA, float16/bfloat16). */
 static int check_real(const flow_op *op, const flow_tensor *t, const char *what) {
   if (t->dtype == FLOW_F32 || t->dtype == FLOW_F64) return 0;
+  if (t->device.type != FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16)) return 0;
   return flow_error_set("%s: %s must be float32 or float64 (got %s)", op->name, what, flow_dtype_name(t->dtype));
 }
 

@@ -101,6 +101,8 @@ void flow_op_set_global_dispatch(flow_global_dispatch_fn fn);
 /* Same dtype/device checks used by many infer functions; name the op in the message. */
 int flow_check_same_dtype(const flow_op *op, flow_tensor *const *in, int nin);
 int flow_check_float(const flow_op *op, const flow_tensor *t, const char *what);
+/* float16/bfloat16 are storage-only on the CPU (computed on CUDA): -1 + error for such a CPU tensor. */
+int flow_check_computable(const flow_op *op, const flow_tensor *t);
 void flow_meta_from(flow_meta *m, const flow_tensor *t);
 
 #endif

@@ -35,9 +35,7 @@ static int infer_sum(const flow_op *op, flow_tensor *const *in, int nin, const f
   (void)nin;
   bool mask[FLOW_MAX_DIMS];
   if (flow_reduce_mask(op, a, in[0]->ndim, mask) != 0) return -1;
-  if (in[0]->dtype == FLOW_F16 || in[0]->dtype == FLOW_BF16)
-    return flow_error_set("%s: %s is storage-only on the CPU (cast to float32 first)", op->name,
-                          flow_dtype_name(in[0]->dtype));
+  if (flow_check_computable(op, in[0]) != 0) return -1;
   flow_reduce_meta(in[0], mask, a->keepdim, out);
   if (in[0]->dtype == FLOW_BOOL || in[0]->dtype == FLOW_U8 || in[0]->dtype == FLOW_I32) out->dtype = FLOW_I64;
   return 0;
@@ -186,9 +184,7 @@ static int infer_arg(const flow_op *op, flow_tensor *const *in, int nin, const f
   flow_meta_from(&im, in[0]);
   int axis;
   if (arg_axis(op, a, &im, &axis) != 0) return -1;
-  flow_dtype d = in[0]->dtype;
-  if (d == FLOW_F16 || d == FLOW_BF16)
-    return flow_error_set("%s: %s is storage-only on the CPU (cast to float32 first)", op->name, flow_dtype_name(d));
+  if (flow_check_computable(op, in[0]) != 0) return -1;
   if (axis >= 0 ? in[0]->shape[axis] == 0 : flow_tensor_numel(in[0]) == 0) {
     char s[128];
     return flow_error_set("%s: cannot reduce an empty %s (shape %s)", op->name, axis >= 0 ? "axis" : "tensor",
