@@ -58,7 +58,7 @@ function GPT:forward(idx, targets)
   if T > self.config.block_size then
     error(("GPT: sequence length %d is longer than block_size %d"):format(T, self.config.block_size), 2)
   end
-  local pos = flow.arange(0, T, 1, { dtype = "int64" })
+  local pos = flow.arange(0, T, 1, { dtype = "int64", device = idx.device })
   local x = self.drop(self.wte(idx) + self.wpe(pos))
   for i = 1, #self.h do x = self.h[i](x) end
   x = self.ln_f(x)

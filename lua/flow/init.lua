@@ -2,7 +2,7 @@
 -- table as its argument. Submodules load lazily on first use (flow.nn, flow.optim, ...).
 local flow = ...
 
-local lazy = { nn = "flow.nn", optim = "flow.optim", utils = "flow.utils", data = "flow.data" }
+local lazy = { nn = "flow.nn", optim = "flow.optim", utils = "flow.utils", data = "flow.data", gpt = "flow.gpt" }
 setmetatable(flow, {
   __index = function(t, k)
     local mod = lazy[k]
