@@ -102,11 +102,11 @@ static int l_stack(lua_State *L) {
  * or every `each` elements when sizes_idx is 0). */
 static int push_pieces(lua_State *L, flow_tensor *t, int64_t axis, int sizes_idx, int64_t each, const char *fn) {
   int64_t ax;
-  if (flow_axis_norm(fn, axis, t->ndim, &ax) != 0 || t->ndim == 0) {
-    if (t->ndim == 0) flow_error_set("%s: cannot split a 0-d tensor", fn);
+  if (flow_axis_norm(fn, axis, flow_tensor_lndim(t), &ax) != 0 || flow_tensor_lndim(t) == 0) {
+    if (flow_tensor_lndim(t) == 0) flow_error_set("%s: cannot split a 0-d tensor", fn);
     return flow_lua_error(L);
   }
-  int64_t size = t->shape[ax], at = 0;
+  int64_t size = flow_tensor_lshape(t)[ax], at = 0;
   int n = sizes_idx ? (int)luaL_len(L, sizes_idx) : 0;
   if (sizes_idx) {
     int64_t total = 0;
@@ -155,9 +155,9 @@ static int l_chunk(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "chunk");
   int64_t n = luaL_checkinteger(L, 2), axis = luaL_optinteger(L, 3, 0), ax;
   if (n <= 0) return luaL_error(L, "chunk: the number of chunks must be positive (got %I)", (lua_Integer)n);
-  if (t->ndim == 0) return luaL_error(L, "chunk: cannot split a 0-d tensor");
-  if (flow_axis_norm("chunk", axis, t->ndim, &ax) != 0) return flow_lua_error(L);
-  int64_t each = (t->shape[ax] + n - 1) / n;
+  if (flow_tensor_lndim(t) == 0) return luaL_error(L, "chunk: cannot split a 0-d tensor");
+  if (flow_axis_norm("chunk", axis, flow_tensor_lndim(t), &ax) != 0) return flow_lua_error(L);
+  int64_t each = (flow_tensor_lshape(t)[ax] + n - 1) / n;
   return push_pieces(L, t, ax, 0, each ? each : 1, "chunk");
 }
 

@@ -373,21 +373,21 @@ flow_tensor *flow_narrow(flow_tensor *t, int64_t axis, int64_t start, int64_t le
 /* select = a narrow of length 1, then a view without that axis. */
 flow_tensor *flow_select(flow_tensor *t, int64_t axis, int64_t index) {
   int64_t ax, shape[FLOW_MAX_DIMS];
-  if (t->ndim == 0) { flow_error_set("select: cannot select from a 0-d tensor"); return NULL; }
-  if (flow_axis_norm("select", axis, t->ndim, &ax) != 0) return NULL;
-  int64_t size = t->shape[ax];
+  if (flow_tensor_lndim(t) == 0) { flow_error_set("select: cannot select from a 0-d tensor"); return NULL; }
+  if (flow_axis_norm("select", axis, flow_tensor_lndim(t), &ax) != 0) return NULL;
+  int64_t size = flow_tensor_lshape(t)[ax];
   if (index < -size || index >= size) {
     char s[128];
     flow_error_set("select: index %lld out of range for axis %lld of size %lld (expected %lld..%lld; shape %s)",
                    (long long)index, (long long)ax, (long long)size, (long long)-size, (long long)size - 1,
-                   flow_shape_str(t->ndim, t->shape, s, sizeof s));
+                   flow_shape_str(flow_tensor_lndim(t), flow_tensor_lshape(t), s, sizeof s));
     return NULL;
   }
   flow_tensor *n = flow_narrow(t, ax, index < 0 ? index + size : index, 1);
   if (!n) return NULL;
-  for (int d = 0, k = 0; d < t->ndim; d++)
-    if (d != ax) shape[k++] = t->shape[d];
-  flow_tensor *r = view_as(n, t->ndim - 1, shape);
+  for (int d = 0, k = 0; d < flow_tensor_lndim(t); d++)
+    if (d != ax) shape[k++] = flow_tensor_lshape(t)[d];
+  flow_tensor *r = view_as(n, flow_tensor_lndim(t) - 1, shape);
   flow_tensor_decref(n);
   return r;
 }
@@ -398,39 +398,39 @@ flow_tensor *flow_squeeze(flow_tensor *t, int naxes, const int64_t *axes) {
   bool drop[FLOW_MAX_DIMS] = {false};
   int64_t shape[FLOW_MAX_DIMS], ax;
   for (int i = 0; i < naxes; i++) {
-    if (flow_axis_norm("squeeze", axes[i], t->ndim, &ax) != 0) return NULL;
-    if (t->ndim) drop[ax] = t->shape[ax] == 1;
+    if (flow_axis_norm("squeeze", axes[i], flow_tensor_lndim(t), &ax) != 0) return NULL;
+    if (flow_tensor_lndim(t)) drop[ax] = flow_tensor_lshape(t)[ax] == 1;
   }
   int n = 0;
-  for (int d = 0; d < t->ndim; d++)
-    if (!(naxes ? drop[d] : t->shape[d] == 1)) shape[n++] = t->shape[d];
+  for (int d = 0; d < flow_tensor_lndim(t); d++)
+    if (!(naxes ? drop[d] : flow_tensor_lshape(t)[d] == 1)) shape[n++] = flow_tensor_lshape(t)[d];
   return view_as(t, n, shape);
 }
 
 flow_tensor *flow_unsqueeze(flow_tensor *t, int64_t axis) {
   int64_t ax, shape[FLOW_MAX_DIMS];
-  if (t->ndim == FLOW_MAX_DIMS) {
+  if (flow_tensor_lndim(t) == FLOW_MAX_DIMS) {
     flow_error_set("unsqueeze: the tensor already has the maximum of %d dimensions", FLOW_MAX_DIMS);
     return NULL;
   }
-  if (flow_axis_norm("unsqueeze", axis, t->ndim + 1, &ax) != 0) return NULL;
-  for (int d = 0, k = 0; d <= t->ndim; d++) shape[d] = d == ax ? 1 : t->shape[k++];
-  return view_as(t, t->ndim + 1, shape);
+  if (flow_axis_norm("unsqueeze", axis, flow_tensor_lndim(t) + 1, &ax) != 0) return NULL;
+  for (int d = 0, k = 0; d <= flow_tensor_lndim(t); d++) shape[d] = d == ax ? 1 : flow_tensor_lshape(t)[k++];
+  return view_as(t, flow_tensor_lndim(t) + 1, shape);
 }
 
 flow_tensor *flow_flatten(flow_tensor *t, int64_t start, int64_t end) {
   int64_t s, e, shape[FLOW_MAX_DIMS];
-  if (flow_axis_norm("flatten", start, t->ndim, &s) != 0 || flow_axis_norm("flatten", end, t->ndim, &e) != 0)
+  if (flow_axis_norm("flatten", start, flow_tensor_lndim(t), &s) != 0 || flow_axis_norm("flatten", end, flow_tensor_lndim(t), &e) != 0)
     return NULL;
-  if (t->ndim == 0) return flow_reshape(t, 1, (int64_t[]){1});
+  if (flow_tensor_lndim(t) == 0) return flow_reshape(t, 1, (int64_t[]){1});
   if (s > e) {
     flow_error_set("flatten: start axis %lld comes after end axis %lld", (long long)s, (long long)e);
     return NULL;
   }
   int n = 0;
-  for (int d = 0; d < t->ndim; d++) {
-    if (d <= s || d > e) shape[n++] = t->shape[d];
-    else shape[n - 1] *= t->shape[d];
+  for (int d = 0; d < flow_tensor_lndim(t); d++) {
+    if (d <= s || d > e) shape[n++] = flow_tensor_lshape(t)[d];
+    else shape[n - 1] *= flow_tensor_lshape(t)[d];
   }
   return flow_reshape(t, n, shape);
 }

@@ -27,9 +27,20 @@ local function fail(msg)
   os.exit(2)
 end
 
-if args.dp ~= 1 or args.tp ~= 1 or args.pp ~= 1 or args.mode ~= "eager" then
-  fail(("--dp %d --tp %d --pp %d --mode %s: parallel and graph modes need the global-tensor and graph work, "
-    .. "which this script does not use yet (run with --dp 1 --tp 1 --pp 1 --mode eager)"):format(args.dp, args.tp, args.pp, args.mode))
+if args.pp ~= 1 or args.mode ~= "eager" then
+  fail(("--pp %d --mode %s: pipeline stages and graph mode need the lazy graph and actor engine, which are "
+    .. "not built yet (use --pp 1 --mode eager)"):format(args.pp, args.mode))
+end
+if args.dp < 1 or args.tp < 1 or args.dp * args.tp ~= flow.world_size() then
+  fail(("--dp %d x --tp %d must equal the number of ranks (%d): run under mpirun -np %d"):format(
+    args.dp, args.tp, flow.world_size(), args.dp * args.tp))
+end
+local parallel = args.dp * args.tp > 1
+if parallel and (args.save ~= "" or args.resume ~= "") then
+  fail("--save/--resume with --dp/--tp > 1 are not supported yet (checkpoints are written from one rank's local tensors)")
+end
+if args.tp > 1 and (args.heads % args.tp ~= 0 or (4 * args.dim) % args.tp ~= 0) then
+  fail(("--tp %d must divide --heads %d and 4 x --dim"):format(args.tp, args.heads))
 end
 if args.dim % args.heads ~= 0 then fail(("--dim %d must be divisible by --heads %d"):format(args.dim, args.heads)) end
 
@@ -42,6 +53,37 @@ if not ok_data then fail(ds) end
 local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim,
               dropout = args.dropout }
 local model = gpt.GPT(cfg)
+
+-- Parallel layouts are annotations only: one placement over all ranks (a dp x tp mesh when both
+-- are > 1), parameters broadcast over dp and Megatron-split over tp, batches split over dp.
+-- Every rank draws the same batch from the same RNG; to_global keeps each rank's slice.
+local S, B = flow.sbp.split, flow.sbp.broadcast
+local place, batch_sbp, replicated
+if parallel then
+  local ranks = {}
+  for r = 0, flow.world_size() - 1 do ranks[#ranks + 1] = r end
+  if args.dp > 1 and args.tp > 1 then
+    local mesh = {}
+    for i = 0, args.dp - 1 do
+      mesh[i + 1] = {}
+      for j = 0, args.tp - 1 do mesh[i + 1][j + 1] = ranks[i * args.tp + j + 1] end
+    end
+    place, batch_sbp, replicated = flow.placement("cpu", mesh), { S(0), B }, { B, B }
+    model:to_global(place, function(name) return { B, gpt.tensor_parallel_sbp(name) } end)
+  elseif args.tp > 1 then
+    place, batch_sbp, replicated = flow.placement("cpu", ranks), B, B
+    model:to_global(place, gpt.tensor_parallel_sbp)
+  else
+    place, batch_sbp, replicated = flow.placement("cpu", ranks), S(0), B
+    model:to_global(place, B)
+  end
+end
+local function get_batch(split)
+  local x, y = ds:batch(split, args.batch, args.seq)
+  if not parallel then return x, y end
+  return x:to_global(place, replicated):to_global(place, batch_sbp), y:to_global(place, replicated):to_global(place, batch_sbp)
+end
+
 local opt = model:configure_optimizer({ lr = args.lr, weight_decay = args.weight_decay })
 local lr_at = flow.optim.cosine_schedule({ lr = args.lr, min_lr = args.min_lr, warmup = args.warmup, steps = args.steps })
 
@@ -112,7 +154,7 @@ local function evaluate()
   model:eval()
   flow.no_grad(function()
     for _ = 1, args.eval_iters do
-      local x, y = ds:batch("val", args.batch, args.seq)
+      local x, y = get_batch("val")
       local _, loss = model(x, y)
       total = total + loss:item()
     end
@@ -132,7 +174,7 @@ local last_step = args.stop_at > 0 and math.min(args.stop_at, args.steps) or arg
 for step = start, last_step - 1 do
   local lr = lr_at(step)
   opt:set_lr(lr)
-  local x, y = ds:batch("train", args.batch, args.seq)
+  local x, y = get_batch("train")
   local _, loss = model(x, y)
   loss:backward()
   if args.grad_clip > 0 then flow.optim.clip_grad_norm(model:parameters(), args.grad_clip) end

@@ -67,6 +67,17 @@ function GPT:forward(idx, targets)
   return logits
 end
 
+-- Megatron-style tensor parallelism from SBP annotations alone: the first Linear of attention
+-- (c_attn) and of the MLP (c_fc) split their output features (weight [out, in] and bias: S(0)),
+-- the second (c_proj) splits its input features (weight S(1)), so the pair needs one reduction
+-- (a partial_sum boxed where it is consumed); everything else is broadcast.
+function gpt.tensor_parallel_sbp(name)
+  local S, B = flow.sbp.split, flow.sbp.broadcast
+  if name:match("c_attn%.[wb]") or name:match("c_fc%.[wb]") then return S(0) end
+  if name:match("c_proj%.weight$") then return S(1) end
+  return B
+end
+
 -- AdamW over the model: 2-D weights decay, biases/LayerNorm/... do not (GPT-2 practice).
 function GPT:configure_optimizer(opts)
   local decay, no_decay = {}, {}

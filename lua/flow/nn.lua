@@ -203,11 +203,27 @@ function Module:load_state_dict(sd, strict)
 end
 
 -- Make every parameter a global tensor on placement with sbp (data parallel: sbp = broadcast).
+-- Every parameter becomes a global leaf on `placement`. `sbp` is one SBP (list) for all, or a
+-- function (name, tensor) -> SBP choosing per parameter (tensor parallel layouts). A tensor
+-- shared by several modules stays shared.
 function Module:to_global(placement, sbp)
+  local done = {}
   each_parameter(self, "", function(owner, k, name, t)
     if not t.to_global then error("to_global: global tensors are not available in this build (parameter '" .. name .. "')", 0) end
-    local g = flow.no_grad(function() return t:to_global(placement, sbp) end):detach()
-    g:requires_grad_(true)
+    local g = done[t]
+    if not g then
+      local s = type(sbp) == "function" and sbp(name, t) or sbp
+      -- a local tensor given to to_global is this rank's shard: make the whole tensor global
+      -- first (broadcast, taken from rank 0), then lay it out as asked
+      local whole = flow.sbp.broadcast
+      if type(s) == "table" then
+        whole = {}
+        for i = 1, #s do whole[i] = flow.sbp.broadcast end
+      end
+      g = flow.no_grad(function() return t:to_global(placement, whole):to_global(placement, s) end):detach()
+      g:requires_grad_(true)
+      done[t] = g
+    end
     rawset(owner, k, g)
   end)
   return self
