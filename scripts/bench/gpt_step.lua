@@ -42,3 +42,22 @@ print(("gpt_step: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, OPENBLAS_NUM_
   os.getenv("OPENBLAS_NUM_THREADS") or "unset"))
 print(("ms/step: mean %.1f  median %.1f  min %.1f  (%d steps; %.0f tokens/s; process CPU %.1f ms/step)"):format(
   sum / #times, times[(#times + 1) // 2], times[1], #times, tokens / (sum / #times / 1000), cpu_ms))
+
+-- The reference: the same model in PyTorch (Debian's python3-torch) in the same command, with the
+-- same thread count (torch reads OMP_NUM_THREADS; set it from OPENBLAS_NUM_THREADS).
+local threads = os.getenv("OPENBLAS_NUM_THREADS") or ""
+local script = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/gpt_step_torch.py"
+local cmd = ("%s/usr/bin/python3 %s %d %d %d %d %d %d %d 2>/dev/null"):format(
+  threads ~= "" and ("OMP_NUM_THREADS=" .. threads .. " ") or "", script,
+  args.layers, args.dim, args.heads, args.seq, args.batch, args.vocab, args.steps)
+local p = io.popen(cmd)
+local out = p and p:read("a") or ""
+if p then p:close() end
+local torch_median = tonumber(out:match("torch_ms ([%d.]+)"))
+if torch_median then
+  local median = times[(#times + 1) // 2]
+  print(("PyTorch same model: median %.1f ms/step -> flowlua throughput %.2fx PyTorch"):format(
+    torch_median, torch_median / median))
+else
+  print("PyTorch reference: not run (/usr/bin/python3 with torch not found)")
+end
