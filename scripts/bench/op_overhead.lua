@@ -8,11 +8,12 @@ local REPEATS = 15 -- short runs, many of them: the minimum filters out interfer
 local TORCH_US = 0.8 -- PyTorch's typical eager op overhead on CPU (stated, not measured here)
 local now = flow.now
 
--- Best (smallest) µs per call of fn over REPEATS runs of `n` calls.
+-- Best (smallest) µs per call of fn over REPEATS runs of `n` calls. No collectgarbage() between
+-- runs: the steady state of the generational collector is what a training loop sees, and a forced
+-- full collection measurably slows the small-op loop that follows it.
 local function per_call_us(fn, n)
   local best = math.huge
   for _ = 1, REPEATS do
-    collectgarbage()
     local t0 = now()
     fn(n)
     best = math.min(best, now() - t0)
