@@ -17,16 +17,8 @@ typedef struct adamw_consts {
   double eps;
 } adamw_consts;
 
-#define real float
-#define GEN(name) name##_f32
-#include "adamw.c"
-#undef real
-#undef GEN
-#define real double
-#define GEN(name) name##_f64
-#include "adamw.c"
-#undef real
-#undef GEN
+#define FLOW_GENERIC_FILE "adamw.c"
+#include "generic.h"
 
 int flow_cpu_adamw(flow_tensor *p, const flow_tensor *g, flow_tensor *m, flow_tensor *v,
                    const flow_adamw_hyper *h) {

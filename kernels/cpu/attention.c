@@ -53,20 +53,8 @@ static void heads_free(head *m, int n) {
 /* Keys visible to the block of query rows [r0, r0 + br): all of them, or up to the block's last row. */
 static int64_t keys_for(int64_t r0, int64_t br, int64_t Tk, bool causal) { return causal ? r0 + br : Tk; }
 
-#define real float
-#define GEN(name) name##_f32
-#define GEMM cblas_sgemm
-#include "attention.c"
-#undef real
-#undef GEN
-#undef GEMM
-#define real double
-#define GEN(name) name##_f64
-#define GEMM cblas_dgemm
-#include "attention.c"
-#undef real
-#undef GEN
-#undef GEMM
+#define FLOW_GENERIC_FILE "attention.c"
+#include "generic.h"
 
 /* Sizes of one call, from q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv]. */
 typedef struct dims { int64_t B, H, Tq, Tk, D, Dv; } dims;
@@ -158,7 +146,7 @@ static void GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq
                                    int64_t Dv, real scale, bool causal) {
   for (int64_t r0 = 0; r0 < Tq; r0 += BLOCK) {
     int64_t br = Tq - r0 < BLOCK ? Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, q + r0 * lq, (int)lq, k,
+    BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, q + r0 * lq, (int)lq, k,
          (int)lk, 0, S, (int)nk);
     for (int64_t i = 0; i < br; i++) {
       real *s = S + i * nk;
@@ -170,7 +158,7 @@ static void GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq
       lse[r0 + i] = m + log(sum);
     }
     if (Dv > 0)
-      GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)Dv, (int)nk, 1, S, (int)nk, v, (int)lv, 0,
+      BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)Dv, (int)nk, 1, S, (int)nk, v, (int)lv, 0,
            o + r0 * Dv, (int)Dv);
   }
 }
@@ -189,7 +177,7 @@ static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q,
   for (int64_t r0 = 0; r0 < Tq; r0 += BLOCK) {
     int64_t br = Tq - r0 < BLOCK ? Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
     const real *qb = q + r0 * lq, *db = dout + r0 * ld;
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, qb, (int)lq, k, (int)lk, 0, P,
+    BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, qb, (int)lq, k, (int)lk, 0, P,
          (int)nk);
     for (int64_t i = 0; i < br; i++) {
       real *p = P + i * nk;
@@ -198,9 +186,9 @@ static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q,
       for (int64_t j = lim; j < nk; j++) p[j] = 0;
     }
     if (Dv > 0) {
-      GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)br, 1, P, (int)nk, db, (int)ld, 1, dv,
+      BLAS(gemm)(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)br, 1, P, (int)nk, db, (int)ld, 1, dv,
            (int)Dv);
-      GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)Dv, 1, db, (int)ld, v, (int)lv, 0, dP,
+      BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)Dv, 1, db, (int)ld, v, (int)lv, 0, dP,
            (int)nk);
     } else {
       memset(dP, 0, (size_t)(br * nk) * sizeof(real));
@@ -211,9 +199,9 @@ static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q,
       for (int64_t c = 0; c < Dv; c++) Di += gi[c] * oi[c];
       for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di);
     }
-    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)D, (int)nk, scale, dP, (int)nk, k, (int)lk, 0,
+    BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)D, (int)nk, scale, dP, (int)nk, k, (int)lk, 0,
          dq + r0 * D, (int)D);
-    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)br, scale, dP, (int)nk, qb, (int)lq, 1, dk,
+    BLAS(gemm)(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)br, scale, dP, (int)nk, qb, (int)lq, 1, dk,
          (int)D);
   }
 }

@@ -11,16 +11,8 @@
 /* Independent partial sums per row: the row statistics run at throughput, not add latency. */
 #define LANES 8
 
-#define real float
-#define GEN(name) name##_f32
-#include "layernorm.c"
-#undef real
-#undef GEN
-#define real double
-#define GEN(name) name##_f64
-#include "layernorm.c"
-#undef real
-#undef GEN
+#define FLOW_GENERIC_FILE "layernorm.c"
+#include "generic.h"
 
 /* Dense views of n inputs (NULL stays NULL); -1 if a copy fails. */
 static int dense_all(const flow_tensor *const *t, const void **p, flow_tensor **tmp, int n) {

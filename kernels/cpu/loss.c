@@ -8,16 +8,8 @@
 
 #include "nn.h"
 
-#define real float
-#define GEN(name) name##_f32
-#include "loss.c"
-#undef real
-#undef GEN
-#define real double
-#define GEN(name) name##_f64
-#include "loss.c"
-#undef real
-#undef GEN
+#define FLOW_GENERIC_FILE "loss.c"
+#include "generic.h"
 
 /* Every target is ignore_index or in [0, C); counts the others. */
 static int check_targets(const int64_t *t, int64_t rows, int64_t C, int64_t ignore_index, int64_t *count) {

@@ -56,16 +56,8 @@ static inline void exp_block_f32(float *y, const float *x, float shift, float *a
   memcpy(acc, &a, sizeof a);
 }
 
-#define real float
-#define GEN(name) name##_f32
-#include "softmax.c"
-#undef real
-#undef GEN
-#define real double
-#define GEN(name) name##_f64
-#include "softmax.c"
-#undef real
-#undef GEN
+#define FLOW_GENERIC_FILE "softmax.c"
+#include "generic.h"
 
 static void split_axis(const flow_tensor *t, int axis, int64_t *outer, int64_t *n, int64_t *inner) {
   *outer = flow_shape_numel(axis, t->shape);
