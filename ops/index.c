@@ -3,6 +3,7 @@
  * scatter_adds with the index broadcast (stride 0) over the non-indexed axes. */
 #include "index.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "../kernels/cpu/cpu.h"
@@ -212,8 +213,40 @@ static int infer_embedding(const flow_op *op, flow_tensor *const *in, int nin, c
   return 0;
 }
 
+/* A vocab shard (set only by the global dispatcher: nlogical == 2): weight holds rows
+ * [start, start + rows) of a [V, D] table. Ids are checked against V; ids outside the shard give
+ * zero rows, so the sum over the shards is the full lookup. */
+static int cpu_embedding_shard(flow_tensor *out, const flow_tensor *ids, const flow_tensor *w, const flow_attrs *a) {
+  int64_t vocab = a->logical_shape[0], rows = w->shape[0], n = flow_tensor_numel(ids);
+  int64_t row_bytes = w->shape[1] * (int64_t)flow_dtype_size(out->dtype);
+  if (!flow_tensor_is_contiguous(out))
+    return flow_error_set("embedding: a vocab shard's output must be contiguous");
+  flow_tensor *loc = flow_tensor_new(FLOW_I64, ids->device, ids->ndim, ids->shape);
+  if (!loc) return -1;
+  int rc = flow_cpu_copy(loc, ids);
+  int64_t *v = flow_tensor_data(loc);
+  bool *outside = rc == 0 ? malloc((size_t)(n > 0 ? n : 1)) : NULL;
+  if (rc == 0 && !outside) rc = flow_error_set("embedding: out of memory");
+  for (int64_t e = 0; rc == 0 && e < n; e++) {
+    if (v[e] < 0 || v[e] >= vocab)
+      rc = flow_error_set("embedding: index %lld out of range [0, %lld) (the rows of weight)", (long long)v[e],
+                          (long long)vocab);
+    v[e] -= a->start;
+    outside[e] = v[e] < 0 || v[e] >= rows;
+    if (outside[e]) v[e] = 0;
+  }
+  if (rc == 0 && rows > 0) rc = flow_cpu_embedding(out, loc, w);
+  char *po = flow_tensor_data(out);
+  for (int64_t e = 0; rc == 0 && e < n; e++)
+    if (outside[e]) memset(po + e * row_bytes, 0, (size_t)row_bytes);
+  free(outside);
+  flow_tensor_decref(loc);
+  return rc;
+}
+
 static FLOW_KERNEL(cpu_embedding) {
-  (void)nin; (void)nout; (void)a;
+  (void)nin; (void)nout;
+  if (a->nlogical == 2) return cpu_embedding_shard(out[0], in[0], in[1], a);
   return flow_cpu_embedding(out[0], in[0], in[1]);
 }
 

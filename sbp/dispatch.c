@@ -691,6 +691,16 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     local.nlogical = lmeta[0].ndim;
     memcpy(local.logical_shape, lmeta[0].shape, sizeof local.logical_shape);
   }
+  if (rc == 0 && strcmp(op->name, "embedding") == 0) {
+    /* a vocab-split table: the kernel looks up only the ids inside its rows [start, start+rows) */
+    int64_t wstart[FLOW_MAX_DIMS], wbox[FLOW_MAX_DIMS];
+    flow_global_box(p, &ch.in[1], fake[1].ndim, fake[1].shape, p->coord, -1, wstart, wbox);
+    if (fake[1].ndim == 2 && wbox[0] != fake[1].shape[0]) {
+      local.start = wstart[0];
+      local.nlogical = 2;
+      memcpy(local.logical_shape, fake[1].shape, 2 * sizeof(int64_t));
+    }
+  }
   if (rc == 0) rc = flow_op_call_local(op, shard, nin, &local, out);
   for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);
   if (rc != 0) return rank_prefix();

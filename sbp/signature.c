@@ -201,9 +201,12 @@ static void r_expand(const flow_sig_query *q, flow_sig_list *l) {
 
 /* ---- lookups ----------------------------------------------------------------------------------- */
 
-/* embedding(ids, weight [V, D]): ids split -> rows split; weight split on D -> output split on D */
+/* embedding(ids, weight [V, D]): ids split -> rows split; weight split on D -> output split on D;
+ * weight split on V (ids whole) -> partial sums: each rank looks up the ids in its rows, zero rows
+ * for the others (the dispatcher gives the kernel its rows' offset). */
 static void r_embedding(const flow_sig_query *q, flow_sig_list *l) {
   flow_sbp_sig *s;
+  if ((s = add(l))) { s->in[1] = S(0); s->out[0] = P; }
   for (int i = 0; i < q->in_ndim[0]; i++)
     if ((s = add(l))) { s->in[0] = S(i); s->out[0] = S(i); }
   if ((s = add(l))) { s->in[1] = S(1); s->out[0] = S(q->out_ndim[0] - 1); }

@@ -70,11 +70,15 @@ end
 -- Megatron-style tensor parallelism from SBP annotations alone: the first Linear of attention
 -- (c_attn) and of the MLP (c_fc) split their output features (weight [out, in] and bias: S(0)),
 -- the second (c_proj) splits its input features (weight S(1)), so the pair needs one reduction
--- (a partial_sum boxed where it is consumed); everything else is broadcast.
+-- (a partial_sum boxed where it is consumed). The tied token table wte splits its vocabulary
+-- (S(0)): the lookup gives partial sums, the logits x wte^T come out split on the vocabulary
+-- (when moving the activations costs less than moving the table) and the loss is flow.parallel's
+-- vocab-parallel cross-entropy. Everything else is broadcast.
 function gpt.tensor_parallel_sbp(name)
   local S, B = flow.sbp.split, flow.sbp.broadcast
   if name:match("c_attn%.[wb]") or name:match("c_fc%.[wb]") then return S(0) end
   if name:match("c_proj%.weight$") then return S(1) end
+  if name == "wte.weight" then return S(0) end
   return B
 end
 

@@ -30,7 +30,12 @@ function F.relu(x) return flow.relu(x) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
 function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
-function F.cross_entropy(logits, target, opts) return flow.cross_entropy(logits, target, opts) end
+-- logits split on the class axis (vocab parallel): the composition in flow.parallel
+function F.cross_entropy(logits, target, opts)
+  local parallel = require "flow.parallel"
+  if parallel.last_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
+  return flow.cross_entropy(logits, target, opts)
+end
 function F.dropout(x, p, training)
   if training == false or (p or 0.5) == 0 then return x end
   return flow.dropout(x, p or 0.5, true)
