@@ -334,10 +334,18 @@ static void report(lua_State *L, const char *msg) {
       int seen = 0;
       for (int q = 0; q < r && !seen; q++) seen = lens[q] && strcmp(all + displs[q], all + displs[r]) == 0;
       if (seen) continue;
-      fprintf(stderr, "[rank %d", r);
+      /* one write per report: mpirun forwards each write, and pieces would interleave with stdout */
+      char *line = NULL;
+      size_t n = 0;
+      FILE *f = open_memstream(&line, &n);
+      if (!f) continue;
+      fprintf(f, "[rank %d", r);
       for (int q = r + 1; q < nranks; q++)
-        if (lens[q] && strcmp(all + displs[q], all + displs[r]) == 0) fprintf(stderr, ",%d", q);
-      fprintf(stderr, "] %s\n", all + displs[r]);
+        if (lens[q] && strcmp(all + displs[q], all + displs[r]) == 0) fprintf(f, ",%d", q);
+      fprintf(f, "] %s\n", all + displs[r]);
+      fclose(f);
+      fwrite(line, 1, n, stderr);
+      free(line);
     }
     fflush(stderr);
   }
