@@ -67,3 +67,44 @@ flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool tran
   at.flags = (trans_a ? FLOW_ATTR_TRANS_A : 0) | (trans_b ? FLOW_ATTR_TRANS_B : 0);
   return flow_op_call1(&flow_op_matmul, in, 2, &at);
 }
+
+/* Linear: Y [N, out] = X [N, in] W[out, in]^T + b [out], the bias written before the GEMM adds onto
+ * it (no separate add pass). Called as flow._call("linear", {}, x, w, b) by nn.functional.linear
+ * for local CPU tensors. */
+static int infer_linear(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  (void)a;
+  char sa[128], sb[128], sc[128];
+  if (in[0]->ndim != 2 || in[1]->ndim != 2 || in[2]->ndim != 1)
+    return flow_error_set("%s: expected x [N, in], weight [out, in] and bias [out], got shapes %s, %s and %s",
+                          op->name, flow_shape_str(in[0]->ndim, in[0]->shape, sa, sizeof sa),
+                          flow_shape_str(in[1]->ndim, in[1]->shape, sb, sizeof sb),
+                          flow_shape_str(in[2]->ndim, in[2]->shape, sc, sizeof sc));
+  if (flow_check_same_dtype(op, in, nin) != 0) return -1;
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.flags = FLOW_ATTR_TRANS_B;
+  if (infer_matmul(op, in, 2, &at, out) != 0) return -1;
+  if (in[2]->shape[0] != out->shape[1])
+    return flow_error_set("%s: bias has %lld elements, expected %lld (the weight's rows)", op->name,
+                          (long long)in[2]->shape[0], (long long)out->shape[1]);
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_linear) {
+  (void)nin; (void)nout; (void)a;
+  return flow_cpu_linear(out[0], in[0], in[1], in[2]);
+}
+
+/* dX = G W,  dW = G^T X,  db = G summed over rows */
+static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0];
+  if (!g) return 0;
+  if (c->need[0] && !(gin[0] = flow_matmul(g, c->in[1], false, false))) return -1;
+  if (c->need[1] && !(gin[1] = flow_matmul(g, c->in[0], true, false))) return -1;
+  if (c->need[2] && !(gin[2] = flow_sum_to_shape(g, c->in_meta[2].ndim, c->in_meta[2].shape))) return -1;
+  return 0;
+}
+
+FLOW_OP(linear) {.name = "linear", .nin = 3, .nout = 1, .infer = infer_linear,
+                 .kernel = {[FLOW_CPU] = cpu_linear}, .grad = grad_linear, .save_in = 3};

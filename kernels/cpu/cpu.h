@@ -56,5 +56,7 @@ void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const b
 /* out = op(a) @ op(b) over broadcast batch axes; op transposes the last two axes when asked.
  * out is contiguous with the broadcast batch shape. float32/float64 (OpenBLAS). */
 int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a, bool trans_b);
+/* out [M, N] = x [M, K] w[N, K]^T + bias [N] (nn's Linear) */
+int flow_cpu_linear(flow_tensor *out, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias);
 
 #endif

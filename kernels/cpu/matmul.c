@@ -50,7 +50,11 @@ static int64_t batch_offset(const flow_tensor *t, const flow_tensor *out, int64_
   return off;
 }
 
-int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb) {
+/* C = op(A) op(B), or with a bias: C = op(A) op(B) + bias (bias [N] contiguous, broadcast over
+ * rows), written into C first so GEMM adds onto it (beta = 1): one pass over C instead of GEMM's
+ * zero fill plus a separate add. */
+static int matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb,
+                  const flow_tensor *bias) {
   if (a->dtype != FLOW_F32 && a->dtype != FLOW_F64)
     return flow_error_set("no CPU matmul for dtype %s (use float32 or float64)", flow_dtype_name(a->dtype));
   operand A, B;
@@ -69,15 +73,38 @@ int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b
     char *xa = pa + batch_offset(A.t, out, bi) * (int64_t)es;
     char *xb = pb + batch_offset(B.t, out, bi) * (int64_t)es;
     char *xc = pc + bi * M * N * (int64_t)es;
-    if (K == 0) { memset(xc, 0, (size_t)(M * N) * es); continue; }
+    if (bias) {
+      const char *pbias = flow_tensor_data(bias);
+      for (int64_t r = 0; r < M; r++) memcpy(xc + r * N * (int64_t)es, pbias, (size_t)N * es);
+    } else if (K == 0) {
+      memset(xc, 0, (size_t)(M * N) * es);
+    }
+    if (K == 0) continue;
     if (a->dtype == FLOW_F32)
       cblas_sgemm(CblasRowMajor, opA, opB, (int)M, (int)N, (int)K, 1.0f, (const float *)xa, (int)A.ld,
-                  (const float *)xb, (int)B.ld, 0.0f, (float *)xc, (int)N);
+                  (const float *)xb, (int)B.ld, bias ? 1.0f : 0.0f, (float *)xc, (int)N);
     else
       cblas_dgemm(CblasRowMajor, opA, opB, (int)M, (int)N, (int)K, 1.0, (const double *)xa, (int)A.ld,
-                  (const double *)xb, (int)B.ld, 0.0, (double *)xc, (int)N);
+                  (const double *)xb, (int)B.ld, bias ? 1.0 : 0.0, (double *)xc, (int)N);
   }
   flow_tensor_decref(A.tmp);
   flow_tensor_decref(B.tmp);
   return 0;
+}
+
+int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb) {
+  return matmul(out, a, b, ta, tb, NULL);
+}
+
+int flow_cpu_linear(flow_tensor *out, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias) {
+  flow_tensor *tmp = NULL;
+  if (bias->stride[0] != 1 && bias->shape[0] > 1) {
+    tmp = flow_tensor_new(bias->dtype, bias->device, 1, bias->shape);
+    if (!tmp) return -1;
+    flow_cpu_copy(tmp, bias);
+    bias = tmp;
+  }
+  int rc = matmul(out, x, w, false, true, bias);
+  flow_tensor_decref(tmp);
+  return rc;
 }
