@@ -265,6 +265,7 @@ cases.matmul[#cases.matmul + 1] = {label = "transposed view", inputs = {transpos
 cases.linear = {
   {label = "x W^T + b", inputs = {{4, 3}, {2, 3}, {2}}},
   {label = "transposed x", inputs = {transposed({4, 3}), {2, 3}, {2}}},
+  {label = "transposed weight, expanded bias", inputs = {{3, 4}, transposed({5, 4}), expanded({1}, {5})}},
 }
 cases.add[#cases.add + 1] = {label = "transposed view", inputs = {transposed({2, 3}), {2, 3}}}
 cases.mul[#cases.mul + 1] = {label = "transposed view", inputs = {{3, 2}, transposed({3, 2})}}
