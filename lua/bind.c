@@ -59,7 +59,7 @@ flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, 
 /* Lua's GC sees only the small userdata box of a tensor, never its memory, and the generational
  * collector left large dead tensors unfinalised (a loop of 16 MB adds kept allocating). So count
  * the tensor bytes handed to Lua and run a full collection once they pass a budget. */
-#define GC_BUDGET ((size_t)256 << 20)
+#define GC_BUDGET ((size_t)64 << 20)
 static size_t since_collect;
 
 void flow_lua_account(lua_State *L, size_t nbytes) {

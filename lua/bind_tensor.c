@@ -234,6 +234,12 @@ static int t_newindex(lua_State *L) {
   }
   if (strcmp(k, "grad") == 0) {
     flow_tensor *g = lua_isnil(L, 3) ? NULL : flow_lua_check(L, 3, "grad");
+    if (g && !flow_shape_eq(flow_tensor_lndim(g), flow_tensor_lshape(g), flow_tensor_lndim(t), flow_tensor_lshape(t))) {
+      char a[128], b[128];
+      return luaL_error(L, "grad: a gradient of shape %s for a tensor of shape %s",
+                        flow_shape_str(flow_tensor_lndim(g), flow_tensor_lshape(g), a, sizeof a),
+                        flow_shape_str(flow_tensor_lndim(t), flow_tensor_lshape(t), b, sizeof b));
+    }
     if (g) flow_tensor_incref(g);
     flow_tensor_decref(t->grad);
     t->grad = g;
