@@ -84,7 +84,6 @@ enum {
   FLOW_ATTR_TRANS_B = 1 << 2,
   FLOW_ATTR_HAS_MIN = 1 << 3,
   FLOW_ATTR_HAS_MAX = 1 << 4,
-  FLOW_ATTR_UPPER = 1 << 5,
   FLOW_ATTR_UNBIASED = 1 << 6,
 };
 

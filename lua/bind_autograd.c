@@ -67,7 +67,7 @@ static int l_ops(lua_State *L) {
 /* Boolean attrs that set one FLOW_ATTR_* bit. */
 static const struct { const char *key; int bit; } flag_keys[] = {
   {"causal", FLOW_ATTR_CAUSAL}, {"transpose_a", FLOW_ATTR_TRANS_A}, {"transpose_b", FLOW_ATTR_TRANS_B},
-  {"has_min", FLOW_ATTR_HAS_MIN}, {"has_max", FLOW_ATTR_HAS_MAX}, {"upper", FLOW_ATTR_UPPER},
+  {"has_min", FLOW_ATTR_HAS_MIN}, {"has_max", FLOW_ATTR_HAS_MAX},
   {"unbiased", FLOW_ATTR_UNBIASED},
 };
 

@@ -513,7 +513,7 @@ flow_tensor *flow_stack(int n, flow_tensor *const *ts, int64_t axis) {
 
 /* ---- tril / triu ------------------------------------------------------------------------------ */
 
-/* attrs: k (diagonal offset), flags & FLOW_ATTR_UPPER (set for triu). */
+/* attrs: k (diagonal offset); which triangle is kept is the op itself (tril or triu). */
 static int infer_tri(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   (void)nin; (void)a;
@@ -526,27 +526,31 @@ static int infer_tri(const flow_op *op, flow_tensor *const *in, int nin, const f
   return 0;
 }
 
-static FLOW_KERNEL(cpu_tri) {
+static FLOW_KERNEL(cpu_tril) {
   (void)nin; (void)nout;
-  return flow_cpu_tri(out[0], in[0], a->k, (a->flags & FLOW_ATTR_UPPER) != 0);
+  return flow_cpu_tri(out[0], in[0], a->k, false);
+}
+
+static FLOW_KERNEL(cpu_triu) {
+  (void)nin; (void)nout;
+  return flow_cpu_tri(out[0], in[0], a->k, true);
 }
 
 /* The mask is linear: the gradient is masked the same way. */
 static int grad_tri(const flow_grad_ctx *c, flow_tensor **gin) {
   if (!c->gout[0] || !c->need[0]) return 0;
-  gin[0] = flow_tri(c->gout[0], c->attrs->k, (c->attrs->flags & FLOW_ATTR_UPPER) != 0);
+  gin[0] = flow_tri(c->gout[0], c->attrs->k, c->op == &flow_op_triu);
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tri},
+FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tril},
                .grad = grad_tri};
-FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tri},
+FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_triu},
                .grad = grad_tri};
 
 flow_tensor *flow_tri(flow_tensor *t, int64_t k, bool upper) {
   flow_attrs at;
   flow_attrs_init(&at);
   at.k = k;
-  if (upper) at.flags |= FLOW_ATTR_UPPER;
   return flow_op_call1(upper ? &flow_op_triu : &flow_op_tril, &t, 1, &at);
 }

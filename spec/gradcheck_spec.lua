@@ -345,8 +345,8 @@ cases.tril = {
   {label = "k = -1, batched", inputs = {{2, 3, 3}}, attrs = {k = -1}},
 }
 cases.triu = {
-  {label = "k = 1", inputs = {{3, 4}}, attrs = {k = 1, upper = true}},
-  {label = "k = 0, transposed", inputs = {transposed({3, 3})}, attrs = {k = 0, upper = true}},
+  {label = "k = 1", inputs = {{3, 4}}, attrs = {k = 1}},
+  {label = "k = 0, transposed", inputs = {transposed({3, 3})}, attrs = {k = 0}},
 }
 
 cases.softmax = {

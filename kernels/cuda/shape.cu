@@ -42,7 +42,7 @@ __global__ void tri_kernel(int64_t n, T *o, const T *x, int64_t rows, int64_t co
   }
 }
 
-static FLOW_KERNEL(k_tri) {
+static int tri(flow_tensor *const *in, flow_tensor **out, const flow_attrs *a, bool upper) {
   flow_tensor *o = out[0];
   int64_t n = flow_tensor_numel(o);
   if (n == 0) return 0;
@@ -51,7 +51,6 @@ static FLOW_KERNEL(k_tri) {
   cudaStream_t s = stream_of(o);
   flow_tensor *x = cuda_dense(in[0]);
   if (!x) return -1;
-  bool upper = a->flags & FLOW_ATTR_UPPER;
   int rc = 0;
   switch (o->dtype) {
   case FLOW_F32: tri_kernel<float><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<float>(o), data_of<float>(x), rows, cols, a->k, upper); break;
@@ -65,9 +64,12 @@ static FLOW_KERNEL(k_tri) {
   return rc ? rc : launch_check("tri_kernel");
 }
 
+static FLOW_KERNEL(k_tril) { return tri(in, out, a, false); }
+static FLOW_KERNEL(k_triu) { return tri(in, out, a, true); }
+
 void flow_cuda_register_shape(void) {
   cuda_attach("narrow_backward", k_narrow_backward);
   cuda_attach("cat", k_cat);
-  cuda_attach("tril", k_tri);
-  cuda_attach("triu", k_tri);
+  cuda_attach("tril", k_tril);
+  cuda_attach("triu", k_triu);
 }
