@@ -17,6 +17,8 @@ typedef struct flow_lua_box { flow_tensor *t; } flow_lua_box;
 flow_tensor *flow_lua_check(lua_State *L, int idx, const char *fn);
 flow_tensor *flow_lua_test(lua_State *L, int idx);   /* NULL if not a live tensor */
 flow_lua_box *flow_lua_box_of(lua_State *L, int idx); /* NULL if not a tensor box (freed or not) */
+/* The attrs table at idx (flow._call's keys) into a; unknown keys raise. */
+void flow_lua_attrs(lua_State *L, int idx, flow_attrs *a);
 /* A tensor, or a Lua number/boolean turned into a 0-d tensor like `like` (a new reference). */
 flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, const char *fn);
 /* Push t, taking over the caller's reference. t == NULL raises the current flow error. */

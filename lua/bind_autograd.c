@@ -143,6 +143,8 @@ static int l_call(lua_State *L) {
   return flow_lua_call(L, op, in, nin, &a);
 }
 
+void flow_lua_attrs(lua_State *L, int idx, flow_attrs *a) { parse_attrs(L, idx, a); }
+
 void flow_lua_open_autograd(lua_State *L) {
   static const luaL_Reg fns[] = {
     {"no_grad", l_no_grad}, {"enable_grad", l_enable_grad}, {"is_grad_enabled", l_is_grad_enabled},

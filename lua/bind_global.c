@@ -12,6 +12,7 @@
 #include "../ops/elementwise.h"
 #include "../ops/reduce.h"
 #include "../sbp/dispatch.h"
+#include "../sbp/signature.h"
 #include "bind.h"
 
 #define PLACEMENT_MT "flow.Placement"
@@ -224,6 +225,60 @@ static void push_nd_sbp(lua_State *L, const flow_nd_sbp *s) {
 }
 
 /* ---- global tensors -------------------------------------------------------------------------------- */
+
+/* flow._signatures(name, attrs, t1, t2, ...) -> the 1-D candidate signatures sbp/signature.c gives
+ * the op for these (whole, local) inputs on a mesh axis of world_size ranks: a list of
+ * {in = {sbp...}, out = {sbp...}}, all-broadcast first, and whether a rule knows the op. */
+static int l_signatures(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  const flow_op *op = flow_op_find(name);
+  if (!op) return luaL_error(L, "_signatures: no op named '%s'", name);
+  flow_attrs a;
+  flow_lua_attrs(L, 2, &a);
+  int nin = lua_gettop(L) - 2;
+  if (nin < 0) nin = 0;
+  if (nin > FLOW_SIG_MAX_IO || op->nout > FLOW_SIG_MAX_IO)
+    return luaL_error(L, "_signatures: %s: at most %d inputs and outputs", name, FLOW_SIG_MAX_IO);
+  flow_tensor *in[FLOW_SIG_MAX_IO];
+  for (int i = 0; i < nin; i++) {
+    in[i] = flow_lua_check(L, i + 3, name);
+    if (in[i]->global) return luaL_error(L, "_signatures: %s: input %d must be a local (whole) tensor", name, i + 1);
+  }
+  flow_meta meta[FLOW_SIG_MAX_IO];
+  if (op->infer(op, in, nin, &a, meta) != 0) return flow_lua_push(L, NULL);
+  flow_sig_query q;
+  memset(&q, 0, sizeof q);
+  q.op = op->name;
+  q.nin = nin;
+  q.nout = op->nout;
+  q.attrs = &a;
+  q.p = flow_comm_size();
+  for (int i = 0; i < nin; i++) {
+    q.in_ndim[i] = in[i]->ndim;
+    memcpy(q.in_shape[i], in[i]->shape, sizeof q.in_shape[i]);
+  }
+  for (int j = 0; j < op->nout; j++) {
+    q.out_ndim[j] = meta[j].ndim;
+    memcpy(q.out_shape[j], meta[j].shape, sizeof q.out_shape[j]);
+  }
+  flow_sig_list *list = malloc(sizeof *list);
+  if (!list) return luaL_error(L, "_signatures: out of memory");
+  bool ruled = flow_sbp_candidates(&q, list);
+  lua_createtable(L, list->n, 0);
+  for (int c = 0; c < list->n; c++) {
+    lua_createtable(L, 0, 2);
+    lua_createtable(L, nin, 0);
+    for (int i = 0; i < nin; i++) { push_sbp(L, list->v[c].in[i]); lua_rawseti(L, -2, i + 1); }
+    lua_setfield(L, -2, "in");
+    lua_createtable(L, op->nout, 0);
+    for (int j = 0; j < op->nout; j++) { push_sbp(L, list->v[c].out[j]); lua_rawseti(L, -2, j + 1); }
+    lua_setfield(L, -2, "out");
+    lua_rawseti(L, -2, c + 1);
+  }
+  free(list);
+  lua_pushboolean(L, ruled);
+  return 2;
+}
 
 /* t:to_global(placement, sbp): placement may be nil for a global t (keep its placement). */
 static int t_to_global(lua_State *L) {
@@ -555,7 +610,8 @@ void flow_lua_open_global(lua_State *L) {
 
   static const luaL_Reg fns[] = {{"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
                                  {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain},
-                                 {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi}, {NULL, NULL}};
+                                 {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi},
+                                 {"_signatures", l_signatures}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
 
