@@ -62,7 +62,7 @@ static void r_elementwise(const flow_sig_query *q, flow_sig_list *l) {
     flow_sbp_sig *s = add(l);
     if (s) { s->in[0] = P; s->out[0] = P; }
   }
-  if (q->nin == 2 && mul) {
+  if (q->nin == 2 && strcmp(q->op, "mul") == 0) { /* not mul_: its destination keeps its SBP */
     flow_sbp_sig *s = add(l);
     if (s) { s->in[1] = P; s->out[0] = P; }
   }

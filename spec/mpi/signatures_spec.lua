@@ -234,7 +234,8 @@ local function reference(name, case, ins, grads_on)
   return call, outs, r, grads
 end
 
-local function check(name, call, ins, in_sbp, ref_outs, r, ref_grads, grads_on)
+-- out_sbp: the SBP the outputs must have (the signature's, when no other one takes the same inputs)
+local function check(name, call, ins, in_sbp, ref_outs, r, ref_grads, grads_on, out_sbp)
   local gins = {}
   for i, t in ipairs(ins) do
     gins[i] = global(copy(t), in_sbp[i])
@@ -244,6 +245,9 @@ local function check(name, call, ins, in_sbp, ref_outs, r, ref_grads, grads_on)
   assert.equal(ref_outs.n, outs.n)
   local loss
   for j = 1, outs.n do
+    if out_sbp and tostring(outs[j].sbp) ~= tostring(out_sbp[j]) then
+      error(("%s output %d: SBP %s, the signature says %s"):format(name, j, tostring(outs[j].sbp), tostring(out_sbp[j])), 0)
+    end
     assert_close(("%s output %d"):format(name, j), ref_outs[j], whole(outs[j]))
     if grads_on and r[j] and outs[j].requires_grad then
       local term = (outs[j] * global(r[j], B)):sum()
@@ -275,9 +279,14 @@ describe("every op under every signature", function()
         local grads_on = op.differentiable and op.kind ~= "inplace"
         local call, ref_outs, r, ref_grads = reference(op.name, case, ins, grads_on)
         local sigs, ruled = flow._signatures(op.name, case.attrs or {}, table.unpack(ins))
-        local runs = {}
+        local runs, takers = {}, {}
         for _, sig in ipairs(sigs) do
-          runs[#runs + 1] = {label = sbp_str(sig["in"]) .. " -> " .. sbp_str(sig.out), sbp = sig["in"]}
+          local key = sbp_str(sig["in"])
+          takers[key] = (takers[key] or 0) + 1
+        end
+        for _, sig in ipairs(sigs) do
+          runs[#runs + 1] = {label = sbp_str(sig["in"]) .. " -> " .. sbp_str(sig.out), sbp = sig["in"],
+            out = takers[sbp_str(sig["in"])] == 1 and sig.out or nil}
         end
         if not ruled then -- the fallback boxes split inputs to broadcast
           local split = {}
@@ -286,7 +295,7 @@ describe("every op under every signature", function()
         end
         for _, run in ipairs(runs) do
           it(("%s (%s): %s"):format(op.name, case.label, run.label), function()
-            check(op.name, call, ins, run.sbp, ref_outs, r, ref_grads, grads_on)
+            check(op.name, call, ins, run.sbp, ref_outs, r, ref_grads, grads_on, run.out)
           end)
         end
       end
