@@ -75,7 +75,7 @@ describe("the flowlua REPL", function()
         .. dir .. "/out 2>&1 & pid=$!",
       "exec 3>" .. dir .. "/in",
       "echo 'print(\"ready\") while true do end' >&3",
-      "i=0; until grep -q ready " .. dir .. "/out || [ $i -ge 300 ]; do sleep 0.05; i=$((i+1)); done",
+      "i=0; until grep -qs ready " .. dir .. "/out || [ $i -ge 300 ]; do sleep 0.05; i=$((i+1)); done",
       "kill -INT $pid",
       "echo 'print(40 + 2)' >&3; exec 3>&-",
       "wait $pid; echo rc=$?",
