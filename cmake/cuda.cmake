@@ -25,4 +25,8 @@ target_compile_definitions(flow_cuda PRIVATE FLOW_HAVE_CUDA=1)
 target_include_directories(flow_core PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${FLOW_NCCL_INCLUDE})
 target_compile_definitions(flow_core PRIVATE FLOW_HAVE_CUDA=1)
 
-set(FLOW_CUDA_LIBS flow_cuda CUDA::cudart CUDA::cublasLt CUDA::cublas ${FLOW_NCCL_LIB})
+# cuDNN (kernels/cuda/conv.cu): convolution, pooling, batch norm.
+find_library(FLOW_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64 REQUIRED)
+find_path(FLOW_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+target_include_directories(flow_cuda PRIVATE ${FLOW_CUDNN_INCLUDE})
+set(FLOW_CUDA_LIBS flow_cuda CUDA::cudart CUDA::cublasLt CUDA::cublas ${FLOW_NCCL_LIB} ${FLOW_CUDNN_LIB})

@@ -61,5 +61,6 @@ void flow_lua_open_io(lua_State *L);
 void flow_lua_open_global(lua_State *L);
 void flow_lua_open_cuda(lua_State *L);
 void flow_lua_open_bench(lua_State *L);
+void flow_lua_open_conv(lua_State *L);
 
 #endif

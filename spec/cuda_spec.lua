@@ -315,6 +315,30 @@ describe("cuda fused nn ops match the CPU", function()
     both(function(x) return flow.layer_norm(x, nil, nil, 1e-5) end, { randt({ 5, 33 }) })
   end)
 
+  git("conv2d (stride, padding, dilation, groups), max/avg pool2d through cuDNN", function()
+    both(function(x, w, b) return flow.conv2d(x, w, b, { stride = 2, padding = 1 }) end,
+         { randt({ 2, 3, 9, 8 }), randt({ 4, 3, 3, 3 }), randt({ 4 }) })
+    both(function(x, w) return flow.conv2d(x, w, nil, { dilation = 2, groups = 2, padding = { 1, 2 } }) end,
+         { randt({ 1, 4, 7, 7 }), randt({ 6, 2, 3, 2 }) })
+    both(function(x) return flow.max_pool2d(x, { kernel = 3, stride = 2, padding = 1 }) end, { randt({ 2, 3, 8, 7 }) })
+    both(function(x) return flow.avg_pool2d(x, { kernel = 2, stride = 1 }) end, { randt({ 2, 3, 5, 6 }) })
+  end)
+
+  git("batch_norm, training (running stats updated) and eval", function()
+    local rm, rv = randt({ 3 }), randt({ 3 }, 0.5, 2)
+    local rmc, rvc = cuda(rm), cuda(rv)
+    local function bn(training)
+      return function(x, w, b)
+        local cpu = x.device == "cpu"
+        return flow.batch_norm(x, w, b, cpu and rm or rmc, cpu and rv or rvc, { training = training, momentum = 0.2 })
+      end
+    end
+    both(bn(true), { randt({ 4, 3, 5, 5 }), randt({ 3 }, 0.5, 1.5), randt({ 3 }) })
+    close(rm, rmc, 1e-4, 1e-5)
+    close(rv, rvc, 1e-4, 1e-5)
+    both(bn(false), { randt({ 2, 3, 4, 4 }), randt({ 3 }, 0.5, 1.5), randt({ 3 }) })
+  end)
+
   git("cross_entropy with ignore_index and every reduction", function()
     local target = flow.tensor({ 0, 3, -100, 6, 2, 1 })
     for _, red in ipairs({ "mean", "sum", "none" }) do

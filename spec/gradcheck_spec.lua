@@ -382,6 +382,34 @@ cases.scaled_dot_product_attention = {
    attrs = {causal = true, scalar = 1}},
 }
 
+-- conv2d: axes = {stride_h, stride_w, pad_h, pad_w, dil_h, dil_w}, k = groups, flags 1<<16: bias
+-- (ops/conv.c); pools: shape = kernel, axes = {stride_h, stride_w, pad_h, pad_w}; batch_norm flags
+-- 1<<16: training, scalar = momentum (running stats are fixed inputs, updated in place).
+local CONV_BIAS, BN_TRAINING = 1 << 16, 1 << 16
+cases.conv2d = {
+  {label = "bias, stride 2, padding 1", inputs = {{2, 2, 5, 4}, {3, 2, 3, 2}, {3}},
+   attrs = {axes = {2, 1, 1, 1, 1, 1}, k = 1, flags = CONV_BIAS}},
+  {label = "groups 2, dilation 2, no bias", inputs = {{1, 4, 5, 5}, {4, 2, 2, 2}},
+   attrs = {axes = {1, 2, 0, 1, 2, 1}, k = 2}},
+  {label = "transposed input", inputs = {transposed({1, 1, 4, 3}), {2, 1, 2, 2}}, attrs = {axes = {1, 1, 0, 0, 1, 1}, k = 1}},
+}
+cases.max_pool2d = {
+  {label = "2x2 stride 2", inputs = {{2, 2, 4, 4}}, attrs = {shape = {2, 2}, axes = {2, 2, 0, 0}}},
+  {label = "3x2 stride 1 padding 1", inputs = {{1, 2, 4, 3}}, attrs = {shape = {3, 2}, axes = {1, 1, 1, 1}}},
+}
+cases.avg_pool2d = {
+  {label = "2x2 stride 2", inputs = {{2, 2, 4, 4}}, attrs = {shape = {2, 2}, axes = {2, 2, 0, 0}}},
+  {label = "3x3 stride 2 padding 1", inputs = {{1, 2, 5, 4}}, attrs = {shape = {3, 3}, axes = {2, 2, 1, 1}}},
+}
+local function stats(v) return fixed(flow.tensor(v, {dtype = F64})) end
+cases.batch_norm = {
+  {label = "training", inputs = {{3, 2, 2, 2}, {2}, {2}, stats({0, 0}), stats({1, 1})},
+   attrs = {flags = BN_TRAINING, scalar = 0.1, eps = 1e-5}},
+  {label = "training, 2-d", inputs = {{4, 3}, {3}, {3}, stats({0, 0, 0}), stats({1, 1, 1})},
+   attrs = {flags = BN_TRAINING, scalar = 0.1, eps = 1e-3}},
+  {label = "eval", inputs = {{2, 2, 3, 1}, {2}, {2}, stats({0.3, -0.2}), stats({1.5, 0.7})}, attrs = {eps = 1e-5}},
+}
+
 cases.embedding = {
   {label = "repeated ids", inputs = {int64({{0, 3, 3}, {4, 0, 1}}), {5, 3}}},
   {label = "1-d ids", inputs = {int64({2, 2}), {3, 2}}},

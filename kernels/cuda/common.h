@@ -161,6 +161,7 @@ void flow_cuda_register_attention(void);
 void flow_cuda_register_index(void);
 void flow_cuda_register_shape(void);
 void flow_cuda_register_random(void);
+void flow_cuda_register_conv(void);
 
 /* Run an op's CPU kernel on host copies of its inputs and copy the outputs back (register.cu). */
 int flow_cuda_via_host(const char *name, flow_tensor *const *in, int nin, flow_tensor **out, int nout,

@@ -61,4 +61,5 @@ void flow_cuda_register_kernels(void) {
   flow_cuda_register_index();
   flow_cuda_register_shape();
   flow_cuda_register_random();
+  flow_cuda_register_conv();
 }

@@ -366,4 +366,71 @@ function CausalSelfAttention:forward(x)
   return self.dropout(self.c_proj(y))
 end
 
+-- Convolution, pooling and batch norm over NCHW images (flow.conv2d, flow.*_pool2d, flow.batch_norm).
+local function pair(v) return type(v) == "table" and v or { v, v } end
+
+local Conv2d = nn.class("Conv2d", Module)
+nn.Conv2d = Conv2d
+-- opts: stride, padding, dilation, groups, bias (default true), dtype, device.
+function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
+  opts = opts or {}
+  local k = pair(kernel_size)
+  self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+  self.stride, self.padding = opts.stride or 1, opts.padding or 0
+  self.dilation, self.groups = opts.dilation or 1, opts.groups or 1
+  local topts = { dtype = opts.dtype, device = opts.device }
+  local bound = 1 / math.sqrt(in_channels // self.groups * k[1] * k[2])
+  self.weight = nn.Parameter(nn.init.uniform_(
+    flow.zeros({ out_channels, in_channels // self.groups, k[1], k[2] }, topts), -bound, bound))
+  if opts.bias ~= false then
+    self.bias = nn.Parameter(nn.init.uniform_(flow.zeros({ out_channels }, topts), -bound, bound))
+  end
+end
+function Conv2d:forward(x)
+  return flow.conv2d(x, self.weight, self.bias,
+    { stride = self.stride, padding = self.padding, dilation = self.dilation, groups = self.groups })
+end
+function Conv2d:__repr()
+  return ("Conv2d(%d -> %d, kernel %dx%d)"):format(self.in_channels, self.out_channels, self.kernel_size[1],
+    self.kernel_size[2])
+end
+
+local MaxPool2d = nn.class("MaxPool2d", Module)
+nn.MaxPool2d = MaxPool2d
+-- stride defaults to the kernel size.
+function MaxPool2d:__init(kernel_size, stride, padding)
+  self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding or 0
+end
+function MaxPool2d:forward(x)
+  return flow.max_pool2d(x, { kernel = self.kernel_size, stride = self.stride, padding = self.padding })
+end
+
+local AvgPool2d = nn.class("AvgPool2d", Module)
+nn.AvgPool2d = AvgPool2d
+function AvgPool2d:__init(kernel_size, stride, padding)
+  self.kernel_size, self.stride, self.padding = kernel_size, stride or kernel_size, padding or 0
+end
+function AvgPool2d:forward(x)
+  return flow.avg_pool2d(x, { kernel = self.kernel_size, stride = self.stride, padding = self.padding })
+end
+
+local BatchNorm2d = nn.class("BatchNorm2d", Module)
+nn.BatchNorm2d = BatchNorm2d
+-- opts: eps (1e-5), momentum (0.1), dtype, device. running_mean/running_var are plain tensors (not
+-- parameters), updated in place by forward in training mode.
+function BatchNorm2d:__init(num_features, opts)
+  opts = opts or {}
+  local topts = { dtype = opts.dtype, device = opts.device }
+  self.num_features, self.eps, self.momentum = num_features, opts.eps or 1e-5, opts.momentum or 0.1
+  self.weight = nn.Parameter(flow.ones({ num_features }, topts))
+  self.bias = nn.Parameter(flow.zeros({ num_features }, topts))
+  self.running_mean = flow.zeros({ num_features }, topts)
+  self.running_var = flow.ones({ num_features }, topts)
+end
+function BatchNorm2d:forward(x)
+  return flow.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+    { training = self.training, momentum = self.momentum, eps = self.eps })
+end
+function BatchNorm2d:__repr() return ("BatchNorm2d(%d, eps=%g)"):format(self.num_features, self.eps) end
+
 return nn

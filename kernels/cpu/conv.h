@@ -1,0 +1,38 @@
+/* Convolution, pooling and batch-norm kernels on the CPU (NCHW, float32 and float64): conv2d by
+ * im2col + BLAS gemm, max/avg pooling, per-channel batch norm; each with its backward. */
+#ifndef FLOW_CPU_CONV_H
+#define FLOW_CPU_CONV_H
+
+#include "cpu.h"
+
+/* Geometry of a 2-d window op: input [N, C, H, W], output [N, O, OH, OW], window kh x kw with
+ * stride (sh, sw), zero padding (ph, pw), dilation (dh, dw) and `groups` channel groups
+ * (pooling: O = C, dilation 1, groups 1). */
+typedef struct flow_conv_geom {
+  int64_t N, C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+} flow_conv_geom;
+
+/* y = conv(x, w) + bias (bias may be NULL). */
+int flow_cpu_conv2d_forward(flow_tensor *y, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias,
+                            const flow_conv_geom *g);
+/* dx, dw, db ([O]) from dy, x and w. */
+int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
+                             const flow_tensor *x, const flow_tensor *w, const flow_conv_geom *g);
+
+/* Max pooling ignores padded positions; its backward sends dy to the first maximum of each window.
+ * Average pooling divides by kh * kw, padded zeros included (PyTorch's count_include_pad). */
+int flow_cpu_pool2d_forward(flow_tensor *y, const flow_tensor *x, const flow_conv_geom *g, bool max);
+int flow_cpu_pool2d_backward(flow_tensor *dx, const flow_tensor *dy, const flow_tensor *x, const flow_conv_geom *g,
+                             bool max);
+
+/* x [N, C, ...]: per channel, training uses the batch mean and biased variance over N and the
+ * spatial axes and updates rm = (1 - momentum) rm + momentum mean, rv likewise with the unbiased
+ * variance; eval uses rm, rv. y = (x - mean) / sqrt(var + eps) * w + b. */
+int flow_cpu_batchnorm_forward(flow_tensor *y, const flow_tensor *x, const flow_tensor *w, const flow_tensor *b,
+                               flow_tensor *rm, flow_tensor *rv, bool training, double momentum, double eps);
+/* dx, dw, db from dy, recomputing the statistics the forward used. */
+int flow_cpu_batchnorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
+                                const flow_tensor *x, const flow_tensor *w, const flow_tensor *rm,
+                                const flow_tensor *rv, bool training, double eps);
+
+#endif
