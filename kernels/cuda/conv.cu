@@ -107,6 +107,7 @@ static FLOW_KERNEL(k_conv2d) {
     int found = 0;
     size_t n = 0;
     CK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.x, c.w, c.conv, c.y, 1, &found, &perf), what);
+    if (found < 1) { flow_error_set("%s: no forward algorithm for these shapes", what); goto done; }
     CK(cudnnGetConvolutionForwardWorkspaceSize(h, c.x, c.w, c.conv, c.y, perf.algo, &n), what);
     if (workspace(out[0], n, &ws) != 0) goto done;
     CK(cudnnConvolutionForward(h, &one, c.x, flow_tensor_data(d[0]), c.w, flow_tensor_data(d[1]), c.conv, perf.algo,
@@ -138,7 +139,9 @@ static FLOW_KERNEL(k_conv2d_grad) {
     int found = 0;
     size_t nd = 0, nf = 0;
     CK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w, c.y, c.conv, c.x, 1, &found, &pd), what);
+    if (found < 1) { flow_error_set("%s: no backward-data algorithm for these shapes", what); goto done; }
     CK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x, c.y, c.conv, c.w, 1, &found, &pf), what);
+    if (found < 1) { flow_error_set("%s: no backward-filter algorithm for these shapes", what); goto done; }
     CK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.w, c.y, c.conv, c.x, pd.algo, &nd), what);
     CK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.x, c.y, c.conv, c.w, pf.algo, &nf), what);
     size_t n = nd > nf ? nd : nf;
