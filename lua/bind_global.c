@@ -462,7 +462,32 @@ static int l_raw_mpi(lua_State *L) {
   else if (strcmp(name, "allgather") == 0) rc = MPI_Allgather(sp, n, MPI_FLOAT, rp, n, MPI_FLOAT, MPI_COMM_WORLD);
   else if (strcmp(name, "reduce_scatter") == 0) rc = MPI_Reduce_scatter_block(sp, rp, n / p, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   else if (strcmp(name, "alltoall") == 0) rc = MPI_Alltoall(sp, n / p, MPI_FLOAT, rp, n / p, MPI_FLOAT, MPI_COMM_WORLD);
-  else return luaL_error(L, "_mpi: unknown collective '%s'", name);
+  else if (strcmp(name, "alltoall_s0s1") == 0) {
+    /* what raw MPI must do for S(0) -> S(1) of a [rows, cols] tensor: send column block q of the
+     * [r, c] row shard to rank q (a strided vector), receive row block q of the [r p, c / p] result */
+    if (s->ndim != 2 || s->shape[1] % p) return luaL_error(L, "_mpi: alltoall_s0s1 needs a 2-D shard with cols %% p == 0");
+    int r = (int)s->shape[0], c = (int)s->shape[1], cp = c / p;
+    MPI_Datatype vec, blk;
+    MPI_Type_vector(r, cp, c, MPI_FLOAT, &vec);
+    MPI_Type_commit(&vec);
+    MPI_Type_contiguous(r * cp, MPI_FLOAT, &blk);
+    MPI_Type_commit(&blk);
+    int *ints = malloc(4 * (size_t)p * sizeof *ints);
+    MPI_Datatype *types = malloc(2 * (size_t)p * sizeof *types);
+    if (!ints || !types) { free(ints); free(types); return luaL_error(L, "_mpi: out of memory"); }
+    for (int q = 0; q < p; q++) {
+      ints[q] = ints[p + q] = 1;
+      ints[2 * p + q] = q * cp * 4;
+      ints[3 * p + q] = q * r * cp * 4;
+      types[q] = vec;
+      types[p + q] = blk;
+    }
+    rc = MPI_Alltoallw(sp, ints, ints + 2 * p, types, rp, ints + p, ints + 3 * p, types + p, MPI_COMM_WORLD);
+    free(ints);
+    free(types);
+    MPI_Type_free(&vec);
+    MPI_Type_free(&blk);
+  } else return luaL_error(L, "_mpi: unknown collective '%s'", name);
   if (rc != MPI_SUCCESS) return luaL_error(L, "_mpi: %s failed", name);
   return 0;
 }

@@ -34,14 +34,17 @@ end
 
 local function case(name, collective, from, to, send_n, recv_n)
   local x = flow.ones({ rows, cols }, { placement = P, sbp = from })
-  local send, recv = flow.ones({ send_n }), flow.zeros({ recv_n })
+  local send, recv = flow.ones(send_n), flow.zeros(recv_n)
   local t_flow, t_raw = time2(function() x:to_global(P, to):free() end, function() flow._mpi(collective, send, recv) end)
   print(("%-15s %-12s %8.2f ms  raw MPI %8.2f ms  ratio %.3f"):format(name, tostring(from) .. "->" .. tostring(to),
     t_flow * 1e3, t_raw * 1e3, t_raw / t_flow))
 end
 
 print(("boxing on %d ranks, %d MB logical tensors (%d x %d float32), best of %d"):format(p, mb, rows, cols, reps))
-case("all-reduce", "allreduce", PS, B, n, n)
-case("all-gather", "allgather", S(0), B, n // p, n)
-case("reduce-scatter", "reduce_scatter", PS, S(0), n, n // p)
-case("all-to-all", "alltoall", S(0), S(1), n // p, n // p)
+case("all-reduce", "allreduce", PS, B, { n }, { n })
+case("all-gather", "allgather", S(0), B, { n // p }, { n })
+case("reduce-scatter", "reduce_scatter", PS, S(0), { n }, { n // p })
+-- S(0)->S(1) re-lays the data out; raw MPI doing the same (strided send blocks, MPI_Alltoallw) is
+-- the fair reference; the contiguous MPI_Alltoall of the same byte count (no re-layout) is shown too
+case("all-to-all", "alltoall_s0s1", S(0), S(1), { rows // p, cols }, { rows, cols // p })
+case("(contiguous)", "alltoall", S(0), S(1), { n // p }, { n // p })
