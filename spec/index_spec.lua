@@ -5,11 +5,7 @@ local randt, gradcheck = G.randt, G.gradcheck
 
 local function long(v) return flow.tensor(v, {dtype = "int64"}) end
 
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  assert.is_false(ok)
-  return tostring(e)
-end
+local err_of = G.err_of
 
 describe("embedding", function()
   before_each(function() math.randomseed(11) end)

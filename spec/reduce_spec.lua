@@ -6,11 +6,7 @@ local G = require "support.gradcheck"
 
 local randt, gradcheck, flat = G.randt, G.gradcheck, G.flat
 
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  assert.is_false(ok)
-  return tostring(e)
-end
+local err_of = G.err_of
 
 local function assert_close(want, t, tol)
   tol = tol or 1e-12

@@ -1,6 +1,7 @@
 -- Boxing under mpirun (-np 2 and 4; also valid on 1 rank): every SBP conversion on 1-D and 2-D
 -- meshes gives back the same logical tensor, shards hold the slices DESIGN.md section 4 names.
 local flow = require "flow"
+local GL = require "support.global"
 local S, B, PS = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
 local ws, me = flow.world_size(), flow.rank()
 flow.set_check_consistency(true)
@@ -12,17 +13,7 @@ local function all_ranks()
 end
 local P = flow.placement("cpu", all_ranks())
 
--- full (the same on every rank) as a global tensor with the given SBP
-local function global(full, place, sbp)
-  local bb = {}
-  for i = 1, #place.shape do bb[i] = B end
-  return full:to_global(place, #bb == 1 and B or bb):to_global(place, sbp)
-end
-local function whole(g)
-  local bb = {}
-  for i = 1, #g.placement.shape do bb[i] = B end
-  return g:to_global(g.placement, #bb == 1 and B or bb):to_local()
-end
+local global, whole = GL.global, GL.whole
 local function full_of(shape)
   local n = 1
   for _, s in ipairs(shape) do n = n * s end

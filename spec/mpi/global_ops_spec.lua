@@ -1,6 +1,7 @@
 -- Eager global ops under mpirun: each result equals the same op on the whole (1-rank) tensor, with
 -- the SBP the signature rules give; gradients flow through boxing; ranks that disagree get an error.
 local flow = require "flow"
+local GL = require "support.global"
 local S, B, PS = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
 local ws, me = flow.world_size(), flow.rank()
 flow.set_check_consistency(true)
@@ -9,22 +10,8 @@ local ranks = {}
 for i = 0, ws - 1 do ranks[#ranks + 1] = i end
 local P = flow.placement("cpu", ranks)
 
-local function global(full, place, sbp)
-  local bb = {}
-  for i = 1, #place.shape do bb[i] = B end
-  return full:to_global(place, #bb == 1 and B or bb):to_global(place, sbp)
-end
-local function whole(g)
-  local bb = {}
-  for i = 1, #g.placement.shape do bb[i] = B end
-  return g:to_global(g.placement, #bb == 1 and B or bb):to_local()
-end
-local function flat(t, out)
-  out = out or {}
-  if type(t) ~= "table" then out[#out + 1] = t return out end
-  for _, v in ipairs(t) do flat(v, out) end
-  return out
-end
+local global, whole = GL.global, GL.whole
+local flat = require("support.gradcheck").flat
 local function assert_close(expected, actual, tol)
   local e, a = flat(expected:totable()), flat(actual:totable())
   assert.equal(#e, #a)

@@ -14,12 +14,7 @@ local P = flow.placement("cpu", ranks)
 
 local function global(full, sbp) return full:to_global(P, B):to_global(P, sbp) end
 local function whole(g) return g:to_global(P, B):to_local() end
-local function flat(t, out)
-  out = out or {}
-  if type(t) ~= "table" then out[#out + 1] = t return out end
-  for _, v in ipairs(t) do flat(v, out) end
-  return out
-end
+local flat = require("support.gradcheck").flat
 local function assert_close(expected, actual, tol)
   local e, a = flat(expected:totable()), flat(actual:totable())
   assert.equal(#e, #a)

@@ -1,8 +1,16 @@
--- Plain-Lua helpers for specs: nested <-> flat lists, seeded random tensors, and a gradient
--- check against central finite differences (float64).
+-- Plain-Lua helpers for specs: error messages, nested <-> flat lists, seeded random tensors,
+-- and a gradient check against central finite differences (float64).
 local flow = require "flow"
+local assert = require "luassert" -- busted's assert, as inside spec files
 
 local M = {}
+
+-- the message of the error fn(...) raises (fails the spec when it does not raise)
+function M.err_of(fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert.is_false(ok)
+  return tostring(e)
+end
 
 function M.flat(v, out)
   out = out or {}

@@ -1,0 +1,25 @@
+-- Helpers for global-tensor specs: a global tensor made from a full local tensor (the same on
+-- every rank), and a global tensor read back whole on every rank.
+local flow = require "flow"
+
+local B = flow.sbp.broadcast
+local M = {}
+
+-- broadcast on every mesh axis of the placement
+local function all_broadcast(place)
+  if #place.shape == 1 then return B end
+  local bb = {}
+  for i = 1, #place.shape do bb[i] = B end
+  return bb
+end
+
+-- a local tensor given to to_global is this rank's shard: make the whole tensor global first
+function M.global(full, place, sbp)
+  return full:to_global(place, all_broadcast(place)):to_global(place, sbp)
+end
+
+function M.whole(g)
+  return g:to_global(g.placement, all_broadcast(g.placement)):to_local()
+end
+
+return M
