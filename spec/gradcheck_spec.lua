@@ -9,43 +9,10 @@ local EPS, RTOL, ATOL = 1e-6, 1e-6, 1e-6
 local F64 = "float64"
 
 -- Deterministic values away from the kinks of relu/abs/clamp (|v| >= 0.1) and from ties.
-local rng_state = 12345
-local function uniform()
-  rng_state = (rng_state * 1103515245 + 12345) % 2147483648
-  return rng_state / 2147483648
-end
-local function value()
-  local v = 0.1 + 0.9 * uniform()
-  return uniform() < 0.5 and -v or v
-end
-local function positive() return 0.2 + 1.8 * uniform() end
+local uniform, value, positive = require("support.gradcheck").generator(12345)
 
-local function numel(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
-
--- Nested Lua table of the flat row-major `values` for `shape` (a number for a 0-d shape).
-local function nest(values, shape)
-  if #shape == 0 then return values[1] end
-  local pos = 0
-  local function build(d)
-    local t = {}
-    for i = 1, shape[d] do
-      if d == #shape then pos = pos + 1; t[i] = values[pos] else t[i] = build(d + 1) end
-    end
-    return t
-  end
-  return build(1)
-end
-
-local function flatten(v, out)
-  out = out or {}
-  if type(v) ~= "table" then out[#out + 1] = v; return out end
-  for _, x in ipairs(v) do flatten(x, out) end
-  return out
-end
+local G = require "support.gradcheck"
+local numel, nest, flatten = G.numel, G.nest, G.flat
 
 -- ---- input makers ---------------------------------------------------------------------------
 -- A case input is one of:

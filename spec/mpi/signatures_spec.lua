@@ -15,16 +15,7 @@ local P = flow.placement("cpu", ranks)
 local TOL = 1e-5
 
 -- ---- deterministic data (the same on every rank) ---------------------------------------------
-local rng_state = 4321
-local function uniform()
-  rng_state = (rng_state * 1103515245 + 12345) % 2147483648
-  return rng_state / 2147483648
-end
-local function value()
-  local v = 0.1 + 0.9 * uniform()
-  return uniform() < 0.5 and -v or v
-end
-local function positive() return 0.2 + 1.8 * uniform() end
+local uniform, value, positive = require("support.gradcheck").generator(4321)
 local function nest(shape, gen)
   if #shape == 0 then return gen() end
   local function build(d)

@@ -40,6 +40,21 @@ local function numel(shape)
 end
 M.numel = numel
 
+-- A deterministic generator, the same on every rank: uniform in [0, 1); values in ±[0.1, 1], away
+-- from the kinks of relu/abs/clamp and from ties; positive values in [0.2, 2].
+function M.generator(seed)
+  local state = seed
+  local function uniform()
+    state = (state * 1103515245 + 12345) % 2147483648
+    return state / 2147483648
+  end
+  local function value()
+    local v = 0.1 + 0.9 * uniform()
+    return uniform() < 0.5 and -v or v
+  end
+  return uniform, value, function() return 0.2 + 1.8 * uniform() end
+end
+
 function M.randlist(n)
   local t = {}
   for i = 1, n do t[i] = math.random() * 2 - 1 end
