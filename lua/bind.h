@@ -46,6 +46,11 @@ int flow_lua_call(lua_State *L, const flow_op *op, flow_tensor *const *in, int n
  * Either list may be NULL. Both tables are found in the registry. */
 void flow_lua_register(lua_State *L, const luaL_Reg *funcs, const luaL_Reg *methods);
 
+/* The tensor methods table (t:name() lookups, completion); and the registry set-up that
+ * luaopen_flow runs first, with the module table on top. */
+void flow_lua_push_methods(lua_State *L);
+void flow_lua_init_tables(lua_State *L);
+
 /* Lua's GC does not see tensor memory: tell it about large allocations. */
 void flow_lua_account(lua_State *L, size_t nbytes);
 

@@ -569,8 +569,6 @@ static int l_cross_entropy(lua_State *L) {
   return flow_lua_push(L, mean);
 }
 
-void flow_lua_push_methods(lua_State *L); /* lua/bind.c */
-
 /* t:item() and t:totable() of a global tensor read the logical value: the tensor is boxed to
  * broadcast first (a collective: every rank of the placement calls it, as in any SPMD script).
  * Local tensors go to the local method (upvalue 1). */

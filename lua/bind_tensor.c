@@ -5,8 +5,6 @@
 #include "../ops/elementwise.h"
 #include "bind.h"
 
-void flow_lua_push_methods(lua_State *L);
-
 static flow_lua_box *box(lua_State *L) {
   flow_lua_box *b = flow_lua_box_of(L, 1);
   if (!b) luaL_typeerror(L, 1, "tensor");

@@ -8,8 +8,6 @@
 typedef struct flow_lua_source { const char *name; const char *code; size_t len; } flow_lua_source;
 extern const flow_lua_source flow_lua_sources[];
 
-void flow_lua_init_tables(lua_State *L);
-
 static int load_embedded(lua_State *L) {
   const flow_lua_source *s = lua_touserdata(L, lua_upvalueindex(1));
   char chunk[128];

@@ -20,8 +20,6 @@
 #define HISTORY_FILE ".flowlua_history"
 #define HISTORY_LINES 1000
 
-void flow_lua_push_methods(lua_State *L); /* lua/bind.c: the tensor methods table */
-
 static lua_State *repl_L;               /* the state Ctrl-C interrupts, and completion reads */
 static volatile sig_atomic_t sigint_at_prompt;
 static int rank = 0, nranks = 1;        /* the MPI world, when MPI is running */
