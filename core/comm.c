@@ -324,6 +324,19 @@ int flow_comm_rank(void) { return world ? world->rank : 0; }
 int flow_comm_size(void) { return world ? world->size : 1; }
 flow_comm *flow_comm_world(void) { return world; }
 
+int flow_comm_node_local(int *rank, int *size) {
+  *rank = 0;
+  *size = 1;
+  if (!world && flow_comm_init() != 0) return -1;
+  MPI_Comm node;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+    return flow_error_set("MPI_Comm_split_type failed");
+  MPI_Comm_rank(node, rank);
+  MPI_Comm_size(node, size);
+  MPI_Comm_free(&node);
+  return 0;
+}
+
 flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   if (!world && flow_comm_init() != 0) return NULL;
   for (cached *c = cache; c; c = c->next)

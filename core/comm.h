@@ -37,7 +37,8 @@ typedef struct flow_comm_ops {
   int (*alltoallv)(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
                    void *recv, const size_t *rcounts, const size_t *rdispls, flow_dtype dt);
   /* all-to-all of strided blocks: sblocks[q] of send goes to rank q, rank q's lands in rblocks[q]
-   * of recv; the backend moves strided data without a separate packing pass where it can */
+   * of recv; the backend moves strided data without a separate packing pass. Optional (NULL when
+   * the backend cannot, as NCCL): boxing then packs the blocks and uses alltoallv. */
   int (*alltoall_blocks)(flow_comm *c, const void *send, const flow_comm_block *sblocks, void *recv,
                          const flow_comm_block *rblocks, flow_dtype dt);
   int (*broadcast)(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root);
@@ -68,6 +69,8 @@ void flow_comm_finalize(void);
 int flow_comm_rank(void);
 int flow_comm_size(void);
 flow_comm *flow_comm_world(void);
+/* This rank's index among the ranks on its node, and their number (collective over the world). */
+int flow_comm_node_local(int *rank, int *size);
 
 /* The cached communicator over these world ranks (in this order), made on first use.
  * Only members may ask; NULL + error otherwise. */

@@ -39,7 +39,13 @@ static int absent_copy(void *dst, flow_device dd, const void *src, flow_device s
   return flow_error_set("cuda is not available (%s)", unavailable_reason);
 }
 static int absent_sync(int index) { (void)index; return flow_error_set("cuda is not available (%s)", unavailable_reason); }
-static const flow_device_impl absent_impl = {absent_alloc, absent_free, absent_copy, absent_sync};
+static int absent_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h, flow_device dev) {
+  (void)dst; (void)dp; (void)src; (void)sp; (void)w; (void)h;
+  return absent_sync(dev.index);
+}
+static int absent_zero(void *p, flow_device dev, size_t n) { (void)p; (void)n; return absent_sync(dev.index); }
+static const flow_device_impl absent_impl = {absent_alloc, absent_free, absent_copy, absent_copy2d, absent_zero,
+                                             absent_sync};
 
 #ifndef FLOW_HAVE_CUDA
 
@@ -265,9 +271,24 @@ static int cuda_copy(void *dst, flow_device dd, const void *src, flow_device sd,
   return 0;
 }
 
+/* Device-to-device, so nothing waits: later kernels on the compute stream run after it. */
+static int cuda_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                       flow_device dev) {
+  if (width == 0 || height == 0) return 0;
+  if (dev_ready(dev.index) != 0) return -1;
+  return flow_cuda_check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice,
+                                           devs[dev.index].compute), "cudaMemcpy2DAsync");
+}
+
+static int cuda_zero(void *p, flow_device dev, size_t nbytes) {
+  if (nbytes == 0) return 0;
+  if (dev_ready(dev.index) != 0) return -1;
+  return flow_cuda_check(cudaMemsetAsync(p, 0, nbytes, devs[dev.index].compute), "cudaMemsetAsync");
+}
+
 static int cuda_sync(int index) { return flow_cuda_synchronize(index); }
 
-static const flow_device_impl cuda_impl = {cuda_alloc, cuda_free, cuda_copy, cuda_sync};
+static const flow_device_impl cuda_impl = {cuda_alloc, cuda_free, cuda_copy, cuda_copy2d, cuda_zero, cuda_sync};
 
 void flow_cuda_init(void) {
   static bool done;

@@ -128,9 +128,26 @@ static int cpu_copy(void *dst, flow_device dd, const void *src, flow_device sd, 
   return 0;
 }
 
+static int cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                      flow_device dev) {
+  (void)dev;
+  if (dpitch == width && spitch == width) {
+    memcpy(dst, src, width * height);
+    return 0;
+  }
+  for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  return 0;
+}
+
+static int cpu_zero(void *p, flow_device dev, size_t nbytes) {
+  (void)dev;
+  memset(p, 0, nbytes);
+  return 0;
+}
+
 static int cpu_sync(int index) { (void)index; return 0; }
 
-static const flow_device_impl cpu_impl = {cpu_alloc, cpu_free, cpu_copy, cpu_sync};
+static const flow_device_impl cpu_impl = {cpu_alloc, cpu_free, cpu_copy, cpu_copy2d, cpu_zero, cpu_sync};
 static const flow_device_impl *impls[FLOW_NDEVTYPES] = {[FLOW_CPU] = &cpu_impl};
 
 void flow_device_register(flow_devtype type, const flow_device_impl *impl) { impls[type] = impl; }

@@ -18,6 +18,11 @@ typedef struct flow_device_impl {
   void (*free)(int index, void *p, size_t nbytes);
   /* Copy nbytes; either side may be host memory (the other device's type is given). */
   int (*copy)(void *dst, flow_device dst_dev, const void *src, flow_device src_dev, size_t nbytes);
+  /* Within one device: `height` rows of `width` bytes, rows `dpitch` / `spitch` bytes apart (the
+   * strided blocks boxing moves; cudaMemcpy2D on CUDA). */
+  int (*copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                flow_device dev);
+  int (*zero)(void *p, flow_device dev, size_t nbytes);
   int (*synchronize)(int index);
 } flow_device_impl;
 

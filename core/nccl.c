@@ -3,6 +3,7 @@
 #include "nccl.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,9 @@ flow_comm *flow_nccl_for_ranks(const int *ranks, int n) {
   return NULL;
 }
 int flow_nccl_device(void) { return flow_error_set("nccl: this build has no CUDA support"); }
+int flow_nccl_init(void) { return 0; }
+bool flow_nccl_usable(void) { return false; }
+const char *flow_nccl_unusable_reason(void) { return "this build has no CUDA support"; }
 void flow_nccl_finalize(void) {}
 
 #else
@@ -180,19 +184,73 @@ static int n_minmax(flow_comm *c, long long v, long long *min, long long *max) {
   return b->ops->minmax(b, v, min, max);
 }
 
+/* Every send and receive in one group: NCCL orders them per peer, so the tag is not needed. */
+static int n_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const flow_comm_msg *recvs, int nrecv,
+                      flow_dtype dt, int tag) {
+  (void)tag;
+  ncclDataType_t t;
+  cudaStream_t s;
+  if (begin(c, dt, &t, &s) != 0) return -1;
+  ncclComm_t comm = impl_of(c)->comm;
+  int rc = nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (int i = 0; rc == 0 && i < nsend; i++)
+    if (sends[i].count) rc = nccl_check(ncclSend(sends[i].buf, sends[i].count, t, sends[i].peer, comm, s), "ncclSend");
+  for (int i = 0; rc == 0 && i < nrecv; i++)
+    if (recvs[i].count) rc = nccl_check(ncclRecv(recvs[i].buf, recvs[i].count, t, recvs[i].peer, comm, s), "ncclRecv");
+  int rc2 = nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  return end(c, rc ? rc : rc2);
+}
+
 static int n_group(flow_comm *c, const int *members, int n, flow_comm **out);
 static void n_free(flow_comm *c);
 
 static const flow_comm_ops nccl_ops = {
   .allreduce = n_allreduce, .allgatherv = n_allgatherv, .reduce_scatterv = n_reduce_scatterv,
-  .alltoall = n_alltoall, .alltoallv = n_alltoallv, .broadcast = n_broadcast, .send = n_send,
-  .recv = n_recv, .barrier = n_barrier, .minmax = n_minmax, .group = n_group, .free = n_free,
+  .alltoall = n_alltoall, .alltoallv = n_alltoallv, /* strided blocks: boxing packs them */
+  .broadcast = n_broadcast, .send = n_send, .recv = n_recv, .exchange = n_exchange, .barrier = n_barrier,
+  .minmax = n_minmax, .group = n_group, .free = n_free,
 };
+
+/* ---- which GPU, and whether NCCL can carry this job ------------------------------------------- */
+
+static bool probed, usable;
+static int local_rank;
+static char unusable_reason[200] = "flow_nccl_init was not called";
+
+/* One collective over the world at start-up (every rank calls it, GPU or not, so the calls match):
+ * the node-local rank picks the GPU, and NCCL is used only if every rank has a GPU of its own.
+ * NCCL refuses two ranks of one communicator on the same GPU, so when ranks outnumber a node's GPUs
+ * (mpirun -np 4 on a one-GPU machine) CUDA tensors are boxed through host memory over MPI instead. */
+int flow_nccl_init(void) {
+  if (probed) return 0;
+  probed = true;
+  int local_size, n = flow_cuda_device_count();
+  if (flow_comm_node_local(&local_rank, &local_size) != 0) return -1;
+  const char *env = getenv("FLOW_NCCL");
+  long long bad = 0, lo, hi;
+  if (n <= 0) bad = 1;
+  else if (local_size > n) bad = 2;
+  else if (env && strcmp(env, "0") == 0) bad = 3;
+  flow_comm *w = flow_comm_world();
+  if (w->ops->minmax(w, bad, &lo, &hi) != 0) return -1;
+  usable = hi == 0;
+  if (bad == 1) snprintf(unusable_reason, sizeof unusable_reason, "cuda is not available (%s)", flow_cuda_unavailable_reason());
+  else if (bad == 2)
+    snprintf(unusable_reason, sizeof unusable_reason, "%d ranks share this node's %d GPU%s", local_size, n, n == 1 ? "" : "s");
+  else if (bad == 3) snprintf(unusable_reason, sizeof unusable_reason, "FLOW_NCCL=0");
+  else if (hi == 1) snprintf(unusable_reason, sizeof unusable_reason, "a rank has no GPU");
+  else if (hi == 2) snprintf(unusable_reason, sizeof unusable_reason, "ranks share a GPU on another node");
+  else if (hi == 3) snprintf(unusable_reason, sizeof unusable_reason, "FLOW_NCCL=0 on another rank");
+  return 0;
+}
+
+bool flow_nccl_usable(void) { return usable; }
+const char *flow_nccl_unusable_reason(void) { return usable ? "" : unusable_reason; }
 
 int flow_nccl_device(void) {
   int n = flow_cuda_device_count();
   if (n <= 0) return flow_error_set("nccl: cuda is not available (%s)", flow_cuda_unavailable_reason());
-  return flow_comm_rank() % n;
+  return local_rank % n;
 }
 
 /* An NCCL communicator over the members of boot (an MPI communicator). */

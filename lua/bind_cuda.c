@@ -239,6 +239,14 @@ static FLOW_KERNEL(no_gpu_kernel) {
   return flow_error_set("cuda is not available (%s)", flow_cuda_unavailable_reason());
 }
 
+/* flow.cuda.nccl_usable() -> true, or false and why CUDA tensors are boxed through host memory */
+static int f_nccl_usable(lua_State *L) {
+  lua_pushboolean(L, flow_nccl_usable());
+  if (flow_nccl_usable()) return 1;
+  lua_pushstring(L, flow_nccl_unusable_reason());
+  return 2;
+}
+
 /* Without a GPU no CUDA tensor can exist, but source ops (zeros, rand) on "cuda" would otherwise
  * fail at the kernel lookup with a vaguer message: give every op a CUDA slot that says why. */
 static void mark_ops_unavailable(void) {
@@ -248,6 +256,7 @@ static void mark_ops_unavailable(void) {
 
 void flow_lua_open_cuda(lua_State *L) {
   flow_cuda_init();
+  if (flow_nccl_init() != 0) luaL_error(L, "%s", flow_error_get());
 #ifdef FLOW_HAVE_CUDA
   flow_cuda_register_kernels();
 #endif
@@ -257,7 +266,7 @@ void flow_lua_open_cuda(lua_State *L) {
     {"is_available", f_is_available}, {"unavailable_reason", f_unavailable_reason},
     {"device_count", f_device_count}, {"synchronize", f_synchronize}, {"memory_stats", f_memory_stats},
     {"empty_cache", f_empty_cache}, {"_bench_gemm", f_bench_gemm}, {"_nccl_allreduce", f_nccl_allreduce},
-    {NULL, NULL}};
+    {"nccl_usable", f_nccl_usable}, {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, cuda_fns, 0);
   lua_setfield(L, -2, "cuda");

@@ -226,6 +226,15 @@ static void push_nd_sbp(lua_State *L, const flow_nd_sbp *s) {
 
 /* ---- global tensors -------------------------------------------------------------------------------- */
 
+/* flow._pack_blocks(on): boxing's all-to-all packs strided blocks as it does over NCCL (specs);
+ * returns the previous setting. */
+static int l_pack_blocks(lua_State *L) {
+  bool prev = flow_boxing_pack_blocks;
+  flow_boxing_pack_blocks = lua_toboolean(L, 1);
+  lua_pushboolean(L, prev);
+  return 1;
+}
+
 /* flow._signatures(name, attrs, t1, t2, ...) -> the 1-D candidate signatures sbp/signature.c gives
  * the op for these (whole, local) inputs on a mesh axis of world_size ranks: a list of
  * {in = {sbp...}, out = {sbp...}}, all-broadcast first, and whether a rule knows the op. */
@@ -600,6 +609,7 @@ static int l_read_global(lua_State *L) {
 
 static int finalize(lua_State *L) {
   (void)L;
+  flow_nccl_finalize(); /* NCCL communicators hold MPI ones */
   flow_comm_finalize();
   return 0;
 }
@@ -634,7 +644,7 @@ void flow_lua_open_global(lua_State *L) {
   static const luaL_Reg fns[] = {{"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
                                  {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain},
                                  {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi},
-                                 {"_signatures", l_signatures}, {NULL, NULL}};
+                                 {"_signatures", l_signatures}, {"_pack_blocks", l_pack_blocks}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
 

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/nccl.h"
+#include "../ops/elementwise.h"
 #include "cost.h"
 
 /* ---- planning --------------------------------------------------------------------------------- */
@@ -100,37 +102,65 @@ int flow_boxing_plan_make(const flow_placement *p, const flow_nd_sbp *src, const
   return 0;
 }
 
-/* ---- moving bytes ----------------------------------------------------------------------------- */
+/* ---- moving bytes ----------------------------------------------------------------------------
+ * Everything below runs on the shard's own device: host memory with MPI, or CUDA memory with NCCL
+ * (collectives on the collective stream, copies on the compute stream, ordered by events). The
+ * byte moves go through the device's memory interface (copy, copy2d, zero), so one code serves
+ * both. */
+
+static const flow_device_impl *mem(flow_device d) { return flow_device_get(d.type); }
+
+/* The communicator that moves this device's data among these world ranks. */
+static flow_comm *data_comm(const int *ranks, int n, flow_device dev) {
+  return dev.type == FLOW_CPU ? flow_comm_for_ranks(ranks, n) : flow_nccl_for_ranks(ranks, n);
+}
+
+/* A dense scratch tensor of n elements on dev. */
+static flow_tensor *scratch(flow_dtype dt, flow_device dev, size_t n) {
+  int64_t len = (int64_t)n;
+  return flow_tensor_new(dt, dev, 1, &len);
+}
 
 /* Copy the box `size` at sstart of a dense array of shape sshape to dstart of a dense array of
- * shape dshape. Trailing axes copied whole merge into one memcpy. */
-static void copy_box(char *dst, const int64_t *dshape, const int64_t *dstart, const char *src,
-                     const int64_t *sshape, const int64_t *sstart, const int64_t *size, int ndim, size_t es) {
-  if (flow_shape_numel(ndim, size) == 0) return;
+ * shape dshape. Trailing axes copied whole merge into one run; the axis before them gives the rows
+ * of one 2-D copy, and the loop walks the axes before that. */
+static int copy_box(flow_device dev, char *dst, const int64_t *dshape, const int64_t *dstart, const char *src,
+                    const int64_t *sshape, const int64_t *sstart, const int64_t *size, int ndim, size_t es) {
+  const flow_device_impl *m = mem(dev);
+  if (flow_shape_numel(ndim, size) == 0) return 0;
+  if (ndim == 0) return m->copy2d(dst, es, src, es, es, 1, dev);
   int k = ndim - 1;
-  size_t chunk = es;
-  while (k > 0 && size[k] == dshape[k] && size[k] == sshape[k]) chunk *= (size_t)size[k--];
-  if (ndim == 0) { memcpy(dst, src, es); return; }
-  chunk *= (size_t)size[k];
+  size_t run = es;
+  while (k > 0 && size[k] == dshape[k] && size[k] == sshape[k]) run *= (size_t)size[k--];
+  run *= (size_t)size[k];
   int64_t dstr[FLOW_MAX_DIMS], sstr[FLOW_MAX_DIMS], idx[FLOW_MAX_DIMS] = {0};
   flow_contiguous_strides(ndim, dshape, dstr);
   flow_contiguous_strides(ndim, sshape, sstr);
+  int r = k - 1; /* the rows axis, -1 when the run is the whole box */
+  size_t rows = r >= 0 ? (size_t)size[r] : 1;
+  size_t dpitch = r >= 0 ? (size_t)dstr[r] * es : run, spitch = r >= 0 ? (size_t)sstr[r] * es : run;
   for (;;) {
     int64_t doff = 0, soff = 0;
     for (int d = 0; d <= k; d++) {
-      int64_t i = d < k ? idx[d] : 0;
+      int64_t i = d < r ? idx[d] : 0;
       doff += (dstart[d] + i) * dstr[d];
       soff += (sstart[d] + i) * sstr[d];
     }
-    memcpy(dst + doff * (int64_t)es, src + soff * (int64_t)es, chunk);
-    int d = k - 1;
+    if (m->copy2d(dst + doff * (int64_t)es, dpitch, src + soff * (int64_t)es, spitch, run, rows, dev) != 0) return -1;
+    int d = r - 1;
     while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
-    if (d < 0) break;
+    if (d < 0) return 0;
   }
 }
 
 flow_tensor *flow_boxing_dense(flow_tensor *t) {
   if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
+  if (t->device.type != FLOW_CPU) { /* the device's own strided copy, on a plain view */
+    flow_tensor *plain = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
+    flow_tensor *c = plain ? flow_contiguous(plain) : NULL;
+    flow_tensor_decref(plain);
+    return c;
+  }
   flow_tensor *d = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
   if (!d) return NULL;
   size_t es = flow_dtype_size(t->dtype);
@@ -148,7 +178,10 @@ flow_tensor *flow_boxing_dense(flow_tensor *t) {
 
 static flow_tensor *zeros(flow_dtype dt, flow_device dev, int ndim, const int64_t *shape) {
   flow_tensor *t = flow_tensor_new(dt, dev, ndim, shape);
-  if (t) memset(flow_tensor_data(t), 0, flow_tensor_nbytes(t));
+  if (t && mem(dev)->zero(flow_tensor_data(t), dev, flow_tensor_nbytes(t)) != 0) {
+    flow_tensor_decref(t);
+    return NULL;
+  }
   return t;
 }
 
@@ -178,8 +211,7 @@ static int64_t part(const group *g, int a, int q, int64_t *shape) {
 static flow_tensor *gather(const group *g, flow_tensor *x, int a) {
   int64_t yshape[FLOW_MAX_DIMS], bshape[FLOW_MAX_DIMS], zero[FLOW_MAX_DIMS] = {0}, start[FLOW_MAX_DIMS] = {0};
   size_t es = flow_dtype_size(x->dtype), *counts = malloc(2 * (size_t)g->p * sizeof(size_t));
-  flow_tensor *y = flow_tensor_new(x->dtype, x->device, g->ndim, g->sub);
-  char *tmp = NULL;
+  flow_tensor *y = flow_tensor_new(x->dtype, x->device, g->ndim, g->sub), *tmp = NULL;
   if (!counts || !y) goto fail;
   memcpy(yshape, g->sub, sizeof yshape);
   size_t off = 0;
@@ -190,19 +222,22 @@ static flow_tensor *gather(const group *g, flow_tensor *x, int a) {
     off += counts[q];
   }
   bool direct = leading(g->ndim, g->sub, a);
-  if (!direct && !(tmp = malloc(off * es + 1))) { flow_error_set("to_global: out of memory"); goto fail; }
-  if (g->comm->ops->allgatherv(g->comm, flow_tensor_data(x), (size_t)flow_tensor_numel(x),
-                               direct ? flow_tensor_data(y) : tmp, counts, counts + g->p, x->dtype) != 0)
+  if (!direct && !(tmp = scratch(x->dtype, x->device, off))) goto fail;
+  char *recv = flow_tensor_data(direct ? y : tmp);
+  if (g->comm->ops->allgatherv(g->comm, flow_tensor_data(x), (size_t)flow_tensor_numel(x), recv, counts,
+                               counts + g->p, x->dtype) != 0)
     goto fail;
   for (int q = 0; !direct && q < g->p; q++) {
     start[a] = part(g, a, q, bshape);
-    copy_box(flow_tensor_data(y), yshape, start, tmp + counts[g->p + q] * es, bshape, zero, bshape, g->ndim, es);
+    if (copy_box(x->device, flow_tensor_data(y), yshape, start, recv + counts[g->p + q] * es, bshape, zero, bshape,
+                 g->ndim, es) != 0)
+      goto fail;
   }
-  free(tmp);
+  flow_tensor_decref(tmp);
   free(counts);
   return y;
 fail:
-  free(tmp);
+  flow_tensor_decref(tmp);
   free(counts);
   flow_tensor_decref(y);
   return NULL;
@@ -212,27 +247,28 @@ static flow_tensor *reduce_scatter(const group *g, flow_tensor *x, int a) {
   int64_t yshape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS] = {0}, zero[FLOW_MAX_DIMS] = {0};
   size_t es = flow_dtype_size(x->dtype), *counts = malloc((size_t)g->p * sizeof(size_t));
   part(g, a, g->r, yshape);
-  flow_tensor *y = flow_tensor_new(x->dtype, x->device, g->ndim, yshape);
-  char *tmp = NULL;
+  flow_tensor *y = flow_tensor_new(x->dtype, x->device, g->ndim, yshape), *tmp = NULL;
   if (!counts || !y) goto fail;
   bool direct = leading(g->ndim, g->sub, a);
-  if (!direct && !(tmp = malloc(flow_tensor_nbytes(x) + 1))) { flow_error_set("to_global: out of memory"); goto fail; }
+  if (!direct && !(tmp = scratch(x->dtype, x->device, (size_t)flow_tensor_numel(x)))) goto fail;
   size_t off = 0;
   for (int q = 0; q < g->p; q++) {
     int64_t bshape[FLOW_MAX_DIMS];
     start[a] = part(g, a, q, bshape);
     counts[q] = (size_t)flow_shape_numel(g->ndim, bshape);
-    if (!direct) copy_box(tmp + off * es, bshape, zero, flow_tensor_data(x), g->sub, start, bshape, g->ndim, es);
+    if (!direct && copy_box(x->device, (char *)flow_tensor_data(tmp) + off * es, bshape, zero, flow_tensor_data(x),
+                            g->sub, start, bshape, g->ndim, es) != 0)
+      goto fail;
     off += counts[q];
   }
-  if (g->comm->ops->reduce_scatterv(g->comm, direct ? flow_tensor_data(x) : tmp, flow_tensor_data(y), counts,
+  if (g->comm->ops->reduce_scatterv(g->comm, flow_tensor_data(direct ? x : tmp), flow_tensor_data(y), counts,
                                     x->dtype) != 0)
     goto fail;
-  free(tmp);
+  flow_tensor_decref(tmp);
   free(counts);
   return y;
 fail:
-  free(tmp);
+  flow_tensor_decref(tmp);
   free(counts);
   flow_tensor_decref(y);
   return NULL;
@@ -246,8 +282,49 @@ static flow_comm_block block_of(int ndim, const int64_t *shape, int k, int64_t s
   return (flow_comm_block){(size_t)start * inner, outer, (size_t)len * inner, (size_t)shape[k] * inner};
 }
 
+bool flow_boxing_pack_blocks;
+
+/* The all-to-all of strided blocks by packing: each send block is copied dense into one scratch
+ * buffer (a 2-D copy), the dense blocks go by alltoallv, and each received block is copied into
+ * its strided place. The way for a backend without strided transfers (NCCL); on the host MPI moves
+ * strided blocks itself, and flow_boxing_pack_blocks makes it pack too (the specs check the
+ * packing this way on machines without a GPU). */
+static int alltoall_packed(flow_comm *c, flow_device dev, const char *send, const flow_comm_block *sb, char *recv,
+                           const flow_comm_block *rb, flow_dtype dt) {
+  int n = c->size, rc = -1;
+  size_t es = flow_dtype_size(dt), *cnt = malloc(4 * (size_t)n * sizeof *cnt), stot = 0, rtot = 0;
+  flow_tensor *sbuf = NULL, *rbuf = NULL;
+  if (!cnt) return flow_error_set("to_global: out of memory");
+  for (int q = 0; q < n; q++) {
+    cnt[q] = sb[q].rows * sb[q].run;           /* send counts, then displacements */
+    cnt[n + q] = stot;
+    stot += cnt[q];
+    cnt[2 * n + q] = rb[q].rows * rb[q].run;   /* receive counts, then displacements */
+    cnt[3 * n + q] = rtot;
+    rtot += cnt[2 * n + q];
+  }
+  if (!(sbuf = scratch(dt, dev, stot)) || !(rbuf = scratch(dt, dev, rtot))) goto done;
+  char *sp = flow_tensor_data(sbuf), *rp = flow_tensor_data(rbuf);
+  const flow_device_impl *m = mem(dev);
+  for (int q = 0; q < n; q++)
+    if (cnt[q] && m->copy2d(sp + cnt[n + q] * es, sb[q].run * es, send + sb[q].offset * es, sb[q].stride * es,
+                            sb[q].run * es, sb[q].rows, dev) != 0)
+      goto done;
+  if (c->ops->alltoallv(c, sp, cnt, cnt + n, rp, cnt + 2 * n, cnt + 3 * n, dt) != 0) goto done;
+  for (int q = 0; q < n; q++)
+    if (cnt[2 * n + q] && m->copy2d(recv + rb[q].offset * es, rb[q].stride * es, rp + cnt[3 * n + q] * es,
+                                    rb[q].run * es, rb[q].run * es, rb[q].rows, dev) != 0)
+      goto done;
+  rc = 0;
+done:
+  flow_tensor_decref(sbuf);
+  flow_tensor_decref(rbuf);
+  free(cnt);
+  return rc;
+}
+
 /* S(a) -> S(b): rank r sends part q (along b) of its shard to rank q and receives part r (along b)
- * of q's shard, which lands at q's offset along a. Both are strided blocks: no packing pass. */
+ * of q's shard, which lands at q's offset along a. Both are strided blocks. */
 static flow_tensor *all_to_all(const group *g, flow_tensor *x, int a, int b) {
   int n = g->p, nd = g->ndim;
   int64_t xshape[FLOW_MAX_DIMS], yshape[FLOW_MAX_DIMS], tmp[FLOW_MAX_DIMS];
@@ -267,7 +344,10 @@ static flow_tensor *all_to_all(const group *g, flow_tensor *x, int a, int b) {
     blk[q] = block_of(nd, xshape, b, sb, lb);
     blk[n + q] = block_of(nd, yshape, a, sa, la);
   }
-  int rc = g->comm->ops->alltoall_blocks(g->comm, flow_tensor_data(x), blk, flow_tensor_data(y), blk + n, x->dtype);
+  flow_comm *c = g->comm;
+  int rc = c->ops->alltoall_blocks && !flow_boxing_pack_blocks
+               ? c->ops->alltoall_blocks(c, flow_tensor_data(x), blk, flow_tensor_data(y), blk + n, x->dtype)
+               : alltoall_packed(c, x->device, flow_tensor_data(x), blk, flow_tensor_data(y), blk + n, x->dtype);
   free(blk);
   if (rc != 0) { flow_tensor_decref(y); return NULL; }
   return y;
@@ -291,27 +371,28 @@ static flow_tensor *box1d(const group *g, flow_tensor *x, flow_sbp from, flow_sb
   if (to.kind == FLOW_SBP_S) { /* B -> S: keep my part */
     start[to.axis] = part(g, to.axis, g->r, shape);
     flow_tensor *y = flow_tensor_new(x->dtype, x->device, nd, shape);
-    if (y) copy_box(flow_tensor_data(y), shape, zero, flow_tensor_data(x), g->sub, start, shape, nd, es);
+    if (y && copy_box(x->device, flow_tensor_data(y), shape, zero, flow_tensor_data(x), g->sub, start, shape, nd, es) != 0) {
+      flow_tensor_decref(y);
+      return NULL;
+    }
     return y;
   }
   /* -> P: one copy of the data survives, the rest is zeros */
   flow_tensor *y = zeros(x->dtype, x->device, nd, g->sub);
   if (!y) return NULL;
+  int rc = 0;
   if (from.kind == FLOW_SBP_B) {
-    if (g->r == 0) memcpy(flow_tensor_data(y), flow_tensor_data(x), flow_tensor_nbytes(x));
+    if (g->r == 0) rc = mem(x->device)->copy(flow_tensor_data(y), y->device, flow_tensor_data(x), x->device, flow_tensor_nbytes(x));
   } else {
     start[from.axis] = part(g, from.axis, g->r, shape);
-    copy_box(flow_tensor_data(y), g->sub, start, flow_tensor_data(x), shape, zero, shape, nd, es);
+    rc = copy_box(x->device, flow_tensor_data(y), g->sub, start, flow_tensor_data(x), shape, zero, shape, nd, es);
   }
+  if (rc != 0) { flow_tensor_decref(y); return NULL; }
   return y;
 }
 
 flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src,
                              int ndim, const int64_t *shape, flow_tensor *local) {
-  if (local->device.type != FLOW_CPU && plan->nsteps > 0) { /* the caller stages device shards on the host */
-    flow_error_set("to_global: boxing runs on host memory (got a device shard)");
-    return NULL;
-  }
   int64_t start[FLOW_MAX_DIMS], sub[FLOW_MAX_DIMS];
   flow_global_box(p, src, ndim, shape, p->coord, -1, start, sub);
   if (!flow_shape_eq(local->ndim, local->shape, ndim, sub)) {
@@ -325,12 +406,13 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
   for (int i = 0; x && i < plan->nsteps; i++) {
     const flow_boxing_step *s = &plan->steps[i];
     if (s->axis < 0) { /* the whole mesh at once (see flat) */
-      group g = {flow_comm_for_ranks(p->ranks, p->nranks), p->nranks, p->me, ndim, shape};
+      group g = {data_comm(p->ranks, p->nranks, x->device), p->nranks, p->me, ndim, shape};
       flow_tensor *y = g.comm ? box1d(&g, x, s->from, s->to) : NULL;
       flow_tensor_decref(x);
       return y;
     }
-    group g = {flow_placement_axis_comm(p, s->axis), p->shape[s->axis], p->coord[s->axis], ndim, sub};
+    group g = {flow_placement_axis_data_comm(p, s->axis, x->device.type), p->shape[s->axis], p->coord[s->axis], ndim,
+               sub};
     if (!g.comm) { flow_tensor_decref(x); return NULL; }
     flow_global_box(p, &cur, ndim, shape, p->coord, s->axis, start, sub);
     flow_tensor *y = box1d(&g, x, s->from, s->to);
@@ -371,12 +453,34 @@ static bool overlap(int ndim, const int64_t *as, const int64_t *an, const int64_
 typedef struct piece {
   int peer;                /* world rank */
   int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
-  char *buf;
+  flow_tensor *buf;
 } piece;
+
+/* The ranks of either placement, ascending; n of them. */
+static int *union_ranks(const flow_placement *a, const flow_placement *b, int *n) {
+  int world = flow_comm_size(), k = 0;
+  char *in = calloc((size_t)world, 1);
+  int *r = malloc(((size_t)a->nranks + (size_t)b->nranks) * sizeof *r);
+  if (!in || !r) { free(in); free(r); flow_error_set("to_global: out of memory"); return NULL; }
+  for (int i = 0; i < a->nranks; i++) in[a->ranks[i]] = 1;
+  for (int i = 0; i < b->nranks; i++) in[b->ranks[i]] = 1;
+  for (int q = 0; q < world; q++)
+    if (in[q]) r[k++] = q;
+  free(in);
+  *n = k;
+  return r;
+}
+
+static int index_of(const int *ranks, int n, int rank) {
+  for (int i = 0; i < n; i++)
+    if (ranks[i] == rank) return i;
+  return -1;
+}
 
 flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *src, const flow_placement *pd,
                                  const flow_nd_sbp *dst, int ndim, const int64_t *shape, flow_tensor *local) {
   size_t es = flow_dtype_size(local->dtype);
+  flow_device dev = local->device;
   int me = flow_comm_rank();
   flow_nd_sbp s2 = *src;
   for (int m = 0; m < s2.n; m++) /* partial sums are summed on the source first (reduce-scatter) */
@@ -390,13 +494,13 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
   int64_t ys[FLOW_MAX_DIMS] = {0}, yn[FLOW_MAX_DIMS];
   flow_global_local_shape(pd, dst, ndim, shape, yn);
   if (pd->me >= 0) flow_global_box(pd, dst, ndim, shape, pd->coord, -1, ys, yn);
-  flow_tensor *y = flow_tensor_new(local->dtype, local->device, ndim, yn);
+  flow_tensor *y = zeros(local->dtype, dev, ndim, yn);
   if (!y) { flow_tensor_decref(x); return NULL; }
-  memset(flow_tensor_data(y), 0, flow_tensor_nbytes(y));
 
-  int cap = ps->nranks + pd->nranks, nsend = 0, nrecv = 0, rc = 0;
+  int cap = ps->nranks + pd->nranks, nsend = 0, nrecv = 0, rc = 0, nu = 0;
   piece *sends = calloc((size_t)cap, sizeof *sends), *recvs = calloc((size_t)cap, sizeof *recvs);
   flow_comm_msg *msgs = calloc(2 * (size_t)cap, sizeof *msgs);
+  int *uranks = NULL;
   if (!sends || !recvs || !msgs) { rc = flow_error_set("to_global: out of memory"); goto done; }
   int64_t zero[FLOW_MAX_DIMS] = {0};
   for (int j = 0; j < pd->nranks && rc == 0; j++) {
@@ -407,7 +511,7 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
     for (int m = 0; m < dst->n; m++) holder &= dst->v[m].kind != FLOW_SBP_P || cj[m] == 0;
     if (!holder) continue;
     flow_global_box(pd, dst, ndim, shape, cj, -1, bs, bn);
-    for (int i = 0; i < ps->nranks; i++) {
+    for (int i = 0; i < ps->nranks && rc == 0; i++) {
       int ci[FLOW_MAX_MESH];
       int64_t as[FLOW_MAX_DIMS], an[FLOW_MAX_DIMS], os[FLOW_MAX_DIMS], on[FLOW_MAX_DIMS];
       flow_placement_coord(ps, i, ci);
@@ -418,31 +522,40 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
       int64_t xo[FLOW_MAX_DIMS], yo[FLOW_MAX_DIMS];
       for (int d = 0; d < ndim; d++) { xo[d] = os[d] - as[d]; yo[d] = os[d] - bs[d]; }
       if (from == me && to == me) {
-        copy_box(flow_tensor_data(y), yn, yo, flow_tensor_data(x), xn, xo, on, ndim, es);
+        rc = copy_box(dev, flow_tensor_data(y), yn, yo, flow_tensor_data(x), xn, xo, on, ndim, es);
       } else if (from == me || to == me) {
         piece *pc = from == me ? &sends[nsend++] : &recvs[nrecv++];
         pc->peer = from == me ? to : from;
         memcpy(pc->start, from == me ? xo : yo, sizeof pc->start);
         memcpy(pc->size, on, sizeof pc->size);
-        if (!(pc->buf = malloc((size_t)flow_shape_numel(ndim, on) * es + 1))) { rc = flow_error_set("to_global: out of memory"); break; }
-        if (from == me) copy_box(pc->buf, on, zero, flow_tensor_data(x), xn, xo, on, ndim, es);
+        if (!(pc->buf = scratch(local->dtype, dev, (size_t)flow_shape_numel(ndim, on)))) rc = -1;
+        else if (from == me)
+          rc = copy_box(dev, flow_tensor_data(pc->buf), on, zero, flow_tensor_data(x), xn, xo, on, ndim, es);
       }
     }
   }
-  if (rc == 0) {
-    for (int k = 0; k < nsend; k++) msgs[k] = (flow_comm_msg){sends[k].peer, sends[k].buf, (size_t)flow_shape_numel(ndim, sends[k].size)};
-    for (int k = 0; k < nrecv; k++) msgs[cap + k] = (flow_comm_msg){recvs[k].peer, recvs[k].buf, (size_t)flow_shape_numel(ndim, recvs[k].size)};
-    flow_comm *w = flow_comm_world();
-    rc = w->ops->exchange(w, msgs, nsend, msgs + cap, nrecv, local->dtype, 12);
+  /* the messages go over a communicator of the ranks of either placement (NCCL for device data) */
+  if (rc == 0 && (ps->me >= 0 || pd->me >= 0)) {
+    flow_comm *c = (uranks = union_ranks(ps, pd, &nu)) ? data_comm(uranks, nu, dev) : NULL;
+    if (!c) rc = -1;
+    for (int k = 0; rc == 0 && k < nsend; k++)
+      msgs[k] = (flow_comm_msg){index_of(uranks, nu, sends[k].peer), flow_tensor_data(sends[k].buf),
+                                (size_t)flow_shape_numel(ndim, sends[k].size)};
+    for (int k = 0; rc == 0 && k < nrecv; k++)
+      msgs[cap + k] = (flow_comm_msg){index_of(uranks, nu, recvs[k].peer), flow_tensor_data(recvs[k].buf),
+                                      (size_t)flow_shape_numel(ndim, recvs[k].size)};
+    if (rc == 0) rc = c->ops->exchange(c, msgs, nsend, msgs + cap, nrecv, local->dtype, 12);
   }
   for (int k = 0; rc == 0 && k < nrecv; k++)
-    copy_box(flow_tensor_data(y), yn, recvs[k].start, recvs[k].buf, recvs[k].size, zero, recvs[k].size, ndim, es);
+    rc = copy_box(dev, flow_tensor_data(y), yn, recvs[k].start, flow_tensor_data(recvs[k].buf), recvs[k].size, zero,
+                  recvs[k].size, ndim, es);
 done:
-  for (int k = 0; sends && k < cap; k++) free(sends[k].buf);
-  for (int k = 0; recvs && k < cap; k++) free(recvs[k].buf);
+  for (int k = 0; sends && k < cap; k++) flow_tensor_decref(sends[k].buf);
+  for (int k = 0; recvs && k < cap; k++) flow_tensor_decref(recvs[k].buf);
   free(sends);
   free(recvs);
   free(msgs);
+  free(uranks);
   flow_tensor_decref(x);
   if (rc != 0) { flow_tensor_decref(y); return NULL; }
   return y;

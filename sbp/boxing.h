@@ -36,6 +36,10 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
 flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *src, const flow_placement *pd,
                                  const flow_nd_sbp *dst, int ndim, const int64_t *shape, flow_tensor *local);
 
+/* Make the all-to-all of strided blocks pack them into dense buffers on every backend, as it does on
+ * NCCL (a test switch: the specs check the packing on machines without a GPU). */
+extern bool flow_boxing_pack_blocks;
+
 /* A dense copy of a strided local tensor, or t itself (new reference) when already dense. */
 flow_tensor *flow_boxing_dense(flow_tensor *t);
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/nccl.h"
 #include "../ops/autograd.h"
 #include "../ops/elementwise.h"
 #include "../ops/op.h"
@@ -132,8 +133,15 @@ char *flow_global_trace_end(void) {
   return s;
 }
 
-static void trace_plan(const char *indent, const flow_boxing_plan *plan) {
+/* CUDA shards that go through the host (see "device shards" below) */
+static bool staged(flow_device dev) { return dev.type != FLOW_CPU && !flow_nccl_usable(); }
+
+static void trace_plan(const char *indent, const flow_boxing_plan *plan, flow_device dev) {
   if (plan->nsteps == 0) { tracef("%sno data moves\n", indent); return; }
+  if (dev.type != FLOW_CPU)
+    tracef(staged(dev) ? "%sdevice memory goes through the host over MPI (NCCL is off: %s)\n"
+                       : "%sin device memory over NCCL%s\n",
+           indent, flow_nccl_unusable_reason());
   if (plan->via_broadcast)
     tracef("%sno axis-by-axis path: gather to broadcast, then slice\n", indent);
   for (int i = 0; i < plan->nsteps; i++) {
@@ -150,8 +158,9 @@ static void trace_plan(const char *indent, const flow_boxing_plan *plan) {
 /* ---- boxing a tensor ----------------------------------------------------------------------------- */
 
 /* ---- device shards ---------------------------------------------------------------------------
- * Boxing runs on host memory over MPI; a device shard goes through the host and back (correct,
- * not fast: boxing on device memory over the NCCL communicator is the next step). */
+ * CUDA shards are boxed in device memory over NCCL. When NCCL cannot carry the job (ranks share a
+ * GPU, FLOW_NCCL=0: see flow_nccl_init) they go through the host and back over MPI instead. */
+
 
 static flow_tensor *to_host(flow_tensor *t) {
   flow_tensor *plain = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
@@ -182,7 +191,7 @@ static flow_tensor *to_device(flow_tensor *h, flow_device dev) {
 
 static flow_tensor *run_plan(const flow_boxing_plan *plan, const flow_placement *p, const flow_nd_sbp *src, int ndim,
                              const int64_t *shape, flow_tensor *t) {
-  if (t->device.type == FLOW_CPU || plan->nsteps == 0) return flow_boxing_run(plan, p, src, ndim, shape, t);
+  if (!staged(t->device) || plan->nsteps == 0) return flow_boxing_run(plan, p, src, ndim, shape, t);
   flow_tensor *h = to_host(t);
   flow_tensor *y = h ? flow_boxing_run(plan, p, src, ndim, shape, h) : NULL;
   flow_tensor_decref(h);
@@ -202,7 +211,7 @@ static flow_tensor *box_shard(const char *what, flow_tensor *t, const flow_place
   if (tracing) {
     char a[64], b[64];
     tracef("  %s: %s -> %s\n", what, flow_nd_sbp_str(&src, a, sizeof a), flow_nd_sbp_str(dst, b, sizeof b));
-    trace_plan("    ", &plan);
+    trace_plan("    ", &plan, t->device);
   }
   return run_plan(&plan, p, &src, ndim, shape, t);
 }
@@ -358,13 +367,11 @@ static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
   if (p->me < 0) return rank_error("to_global: this rank is not in the placement (not supported yet)");
-  /* out[0] := in[0], densely (device tensors through the host) */
+  /* out[0] := in[0], densely */
   flow_device dev = in[0]->device;
-  flow_tensor *d = dev.type == FLOW_CPU ? flow_boxing_dense(in[0]) : to_host(in[0]);
+  flow_tensor *d = flow_boxing_dense(in[0]);
   if (!d) return -1;
-  int rc = dev.type == FLOW_CPU ? (memcpy(flow_tensor_data(out[0]), flow_tensor_data(d), flow_tensor_nbytes(d)), 0)
-                                : flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(d),
-                                                                  FLOW_DEVICE_CPU, flow_tensor_nbytes(d));
+  int rc = flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(d), dev, flow_tensor_nbytes(d));
   flow_tensor_decref(d);
   if (rc != 0) return -1;
   int nd = in[0]->ndim;
@@ -390,10 +397,10 @@ static FLOW_KERNEL(kernel_local_to_global) {
   }
   for (int m = 0; m < p->ndim; m++) {
     if (tg->sbp.v[m].kind != FLOW_SBP_B || p->shape[m] == 1) continue;
-    flow_comm *c = flow_placement_axis_comm(p, m);
-    flow_tensor *h = !c ? NULL : dev.type == FLOW_CPU ? (flow_tensor_incref(out[0]), out[0]) : to_host(out[0]);
+    flow_comm *c = staged(dev) ? flow_placement_axis_comm(p, m) : flow_placement_axis_data_comm(p, m, dev.type);
+    flow_tensor *h = !c ? NULL : !staged(dev) ? (flow_tensor_incref(out[0]), out[0]) : to_host(out[0]);
     rc = !h || c->ops->broadcast(c, flow_tensor_data(h), (size_t)flow_tensor_numel(h), h->dtype, 0) != 0 ? -1 : 0;
-    if (rc == 0 && dev.type != FLOW_CPU)
+    if (rc == 0 && staged(dev))
       rc = flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(h), FLOW_DEVICE_CPU,
                                            flow_tensor_nbytes(h));
     flow_tensor_decref(h);
@@ -422,10 +429,10 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
   const target *tg = &targets[a->k];
   const flow_global *g = flow_global_of(in);
   if (g->placement != tg->placement) {
-    flow_tensor *h = in->device.type == FLOW_CPU ? (flow_tensor_incref(in), in) : to_host(in);
+    flow_tensor *h = !staged(in->device) ? (flow_tensor_incref(in), in) : to_host(in);
     flow_tensor *y = h ? flow_boxing_between(g->placement, &g->sbp, tg->placement, &tg->sbp, g->ndim, g->shape, h) : NULL;
     flow_tensor_decref(h);
-    y = to_device(y, in->device);
+    if (staged(in->device)) y = to_device(y, in->device);
     if (!y) return rank_prefix();
     if (wrap(y, tg->placement, &tg->sbp, g->ndim, g->shape) != 0) { flow_tensor_decref(y); return -1; }
     out[0] = y;
@@ -578,7 +585,7 @@ char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, 
     flow_boxing_plan plan;
     rc = flow_boxing_plan_make(p, &src, sbp, nd, shape, t->dtype, &plan);
     if (rc == 0) {
-      trace_plan("  ", &plan);
+      trace_plan("  ", &plan, t->device);
       tracef("  total: %.0f bytes moved\n", plan.cost);
     }
   }

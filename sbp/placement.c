@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/nccl.h"
 
 static flow_placement *interned;
 
@@ -55,15 +56,12 @@ const flow_placement *flow_placement_get(flow_devtype devtype, int ndim, const i
   return p;
 }
 
-flow_comm *flow_placement_axis_comm(const flow_placement *p, int axis) {
-  flow_placement *mp = (flow_placement *)p; /* the cache is not part of the value */
-  if (mp->axis_comm[axis]) return mp->axis_comm[axis];
-  if (p->me < 0) {
-    flow_error_set("[rank %d] placement: this rank is not in the placement", flow_comm_rank());
-    return NULL;
-  }
-  int members[1024], coord[FLOW_MAX_MESH];
-  if (p->shape[axis] > 1024) { flow_error_set("placement: mesh axis too large"); return NULL; }
+/* The world ranks of the group along mesh axis `axis` through this rank; n of them. */
+static int axis_members(const flow_placement *p, int axis, int *members, int cap) {
+  if (p->me < 0)
+    return flow_error_set("[rank %d] placement: this rank is not in the placement", flow_comm_rank());
+  if (p->shape[axis] > cap) return flow_error_set("placement: mesh axis too large");
+  int coord[FLOW_MAX_MESH];
   memcpy(coord, p->coord, sizeof coord);
   for (int k = 0; k < p->shape[axis]; k++) {
     coord[axis] = k;
@@ -71,8 +69,24 @@ flow_comm *flow_placement_axis_comm(const flow_placement *p, int axis) {
     for (int d = 0; d < p->ndim; d++) idx = idx * p->shape[d] + coord[d];
     members[k] = p->ranks[idx];
   }
-  mp->axis_comm[axis] = flow_comm_for_ranks(members, p->shape[axis]);
+  return 0;
+}
+
+flow_comm *flow_placement_axis_comm(const flow_placement *p, int axis) {
+  flow_placement *mp = (flow_placement *)p; /* the cache is not part of the value */
+  int members[1024];
+  if (!mp->axis_comm[axis] && axis_members(p, axis, members, 1024) == 0)
+    mp->axis_comm[axis] = flow_comm_for_ranks(members, p->shape[axis]);
   return mp->axis_comm[axis];
+}
+
+flow_comm *flow_placement_axis_data_comm(const flow_placement *p, int axis, flow_devtype dev) {
+  if (dev == FLOW_CPU) return flow_placement_axis_comm(p, axis);
+  flow_placement *mp = (flow_placement *)p;
+  int members[1024];
+  if (!mp->axis_nccl[axis] && axis_members(p, axis, members, 1024) == 0)
+    mp->axis_nccl[axis] = flow_nccl_for_ranks(members, p->shape[axis]);
+  return mp->axis_nccl[axis];
 }
 
 /* Append s to buf (size n) at *len; stops quietly when full. */
