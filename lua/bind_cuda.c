@@ -239,6 +239,15 @@ static FLOW_KERNEL(no_gpu_kernel) {
   return flow_error_set("cuda is not available (%s)", flow_cuda_unavailable_reason());
 }
 
+/* flow.cuda.local_device() -> "cuda:N", the GPU this rank drives (its rank on the node modulo the
+ * node's GPU count) */
+static int f_local_device(lua_State *L) {
+  int gpu = flow_nccl_device();
+  if (gpu < 0) return flow_lua_error(L);
+  lua_pushfstring(L, "cuda:%d", gpu);
+  return 1;
+}
+
 /* flow.cuda.nccl_usable() -> true, or false and why CUDA tensors are boxed through host memory */
 static int f_nccl_usable(lua_State *L) {
   lua_pushboolean(L, flow_nccl_usable());
@@ -266,7 +275,7 @@ void flow_lua_open_cuda(lua_State *L) {
     {"is_available", f_is_available}, {"unavailable_reason", f_unavailable_reason},
     {"device_count", f_device_count}, {"synchronize", f_synchronize}, {"memory_stats", f_memory_stats},
     {"empty_cache", f_empty_cache}, {"_bench_gemm", f_bench_gemm}, {"_nccl_allreduce", f_nccl_allreduce},
-    {"nccl_usable", f_nccl_usable}, {NULL, NULL}};
+    {"nccl_usable", f_nccl_usable}, {"local_device", f_local_device}, {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, cuda_fns, 0);
   lua_setfield(L, -2, "cuda");

@@ -32,6 +32,16 @@ if ! run gpu 30 "$BUILD/flowlua" -e 'local f = require "flow"
   say "gpu-check: no usable GPU; the CUDA specs and benchmarks below will only be skipped"
 fi
 run specs 120 "$BUILD/flowlua" spec/run.lua spec/cuda_spec.lua
+# global tensors on cuda placements: at 1 rank, then 2 ranks (over NCCL with 2+ GPUs; on one GPU the
+# ranks share it, NCCL is off and CUDA shards are boxed through the host over MPI)
+run cuda_global_1 60 "$BUILD/flowlua" spec/run.lua spec/mpi/cuda_global_spec.lua
+if command -v mpirun >/dev/null; then
+  mpi=(mpirun --oversubscribe -np 2)
+  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  run cuda_global_2 90 "${mpi[@]}" "$BUILD/flowlua" spec/run.lua spec/mpi/cuda_global_spec.lua
+fi
+run train_gpt_cuda 120 "$BUILD/flowlua" scripts/train_gpt.lua --device cuda --amp bf16 --steps 300 --log-every 100 \
+  --eval-every 300 --sample-len 40
 run gpu_matmul 90 "$BUILD/flowlua" scripts/bench/gpu_matmul.lua 8192 20
 run gpt_gpu_small 60 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --layers 2 --dim 128 --heads 4 --seq 128 --batch 4 \
   --vocab 256 --steps 3 --warmup 1

@@ -1,6 +1,8 @@
 -- Train a small GPT-2 on byte-level text (or llm.c .bin token shards):
 --   flowlua scripts/train_gpt.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 16 --steps 1200
---                                  --data FILE --save CKPT --resume CKPT ...]
+--                                  --data FILE --save CKPT --resume CKPT --device cuda --amp bf16 ...]
+-- On GPUs: --device cuda (each rank drives flow.cuda.local_device()), --amp bf16 runs the matmuls
+-- and attention in bfloat16 with float32 master weights. --dp/--tp lay the model out over ranks.
 -- AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, a
 -- sampled text at the end, and checkpoints that resume bit for bit.
 local flow = require "flow"
@@ -14,7 +16,7 @@ local defaults = {
   eval_every = 300, eval_iters = 10, log_every = 50,
   data = "/usr/share/doc/jargon-text/jargon.txt.gz", val_fraction = 0.05,
   save = "", save_every = 0, stop_at = 0, resume = "", seed = 1337, sample_len = 200, temperature = 0.8,
-  dp = 1, tp = 1, pp = 1, mode = "eager",
+  dp = 1, tp = 1, pp = 1, mode = "eager", device = "cpu", amp = "off",
 }
 local ok, args = pcall(utils.parse_args, arg, defaults)
 if not ok then
@@ -42,6 +44,18 @@ end
 if args.tp > 1 and (args.heads % args.tp ~= 0 or (4 * args.dim) % args.tp ~= 0) then
   fail(("--tp %d must divide --heads %d and 4 x --dim"):format(args.tp, args.heads))
 end
+if args.device ~= "cpu" and not args.device:match("^cuda") then
+  fail(("--device %s: expected cpu or cuda"):format(args.device))
+end
+local on_gpu = args.device ~= "cpu"
+if on_gpu then
+  if not flow.cuda.is_available() then fail(("--device %s: cuda is not available (%s)"):format(args.device, flow.cuda.unavailable_reason())) end
+  if args.device == "cuda" then args.device = flow.cuda.local_device() end
+end
+if args.amp ~= "off" and args.amp ~= "bf16" then fail(("--amp %s: expected off or bf16"):format(args.amp)) end
+if args.amp == "bf16" and not on_gpu then
+  fail("--amp bf16 needs --device cuda (autocast runs the CUDA matmuls and attention in bfloat16)")
+end
 if args.dim % args.heads ~= 0 then fail(("--dim %d must be divisible by --heads %d"):format(args.dim, args.heads)) end
 
 -------------------------------------------------------------------------------- data and model
@@ -53,12 +67,14 @@ if not ok_data then fail(ds) end
 local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim,
               dropout = args.dropout }
 local model = gpt.GPT(cfg)
+if on_gpu then model:to(args.device) end
 
 -- Parallel layouts are annotations only: one placement over all ranks (a dp x tp mesh when both
 -- are > 1), parameters broadcast over dp and Megatron-split over tp, batches split over dp.
 -- Every rank draws the same batch from the same RNG; to_global keeps each rank's slice.
 local S, B = flow.sbp.split, flow.sbp.broadcast
 local place, batch_sbp, replicated
+local devtype = on_gpu and "cuda" or "cpu"
 if parallel then
   local ranks = {}
   for r = 0, flow.world_size() - 1 do ranks[#ranks + 1] = r end
@@ -68,18 +84,19 @@ if parallel then
       mesh[i + 1] = {}
       for j = 0, args.tp - 1 do mesh[i + 1][j + 1] = ranks[i * args.tp + j + 1] end
     end
-    place, batch_sbp, replicated = flow.placement("cpu", mesh), { S(0), B }, { B, B }
+    place, batch_sbp, replicated = flow.placement(devtype, mesh), { S(0), B }, { B, B }
     model:to_global(place, function(name) return { B, gpt.tensor_parallel_sbp(name) } end)
   elseif args.tp > 1 then
-    place, batch_sbp, replicated = flow.placement("cpu", ranks), B, B
+    place, batch_sbp, replicated = flow.placement(devtype, ranks), B, B
     model:to_global(place, gpt.tensor_parallel_sbp)
   else
-    place, batch_sbp, replicated = flow.placement("cpu", ranks), S(0), B
+    place, batch_sbp, replicated = flow.placement(devtype, ranks), S(0), B
     model:to_global(place, B)
   end
 end
 local function get_batch(split)
   local x, y = ds:batch(split, args.batch, args.seq)
+  if on_gpu then x, y = x:to(args.device), y:to(args.device) end
   if not parallel then return x, y end
   return x:to_global(place, replicated):to_global(place, batch_sbp), y:to_global(place, replicated):to_global(place, batch_sbp)
 end
@@ -99,8 +116,9 @@ local function unigram_entropy(toks)
   return h
 end
 
-print(("model: %d layers, dim %d, %d heads, seq %d, vocab %d: %.2fM parameters"):format(
-  args.layers, args.dim, args.heads, args.seq, cfg.vocab_size, model:num_parameters() / 1e6))
+print(("model: %d layers, dim %d, %d heads, seq %d, vocab %d: %.2fM parameters on %s%s"):format(
+  args.layers, args.dim, args.heads, args.seq, cfg.vocab_size, model:num_parameters() / 1e6,
+  parallel and tostring(place) or args.device, args.amp == "bf16" and " (bf16 autocast)" or ""))
 print(("data: %s: %d train / %d val tokens; unigram baseline %.3f nats; uniform %.3f"):format(
   args.data, ds.train:len(), ds.val:len(), unigram_entropy(ds.train), math.log(cfg.vocab_size)))
 
@@ -110,8 +128,9 @@ print(("data: %s: %d train / %d val tokens; unigram baseline %.3f nats; uniform 
 local function save_checkpoint(path, next_step)
   local ck = { step = next_step, layers = args.layers, dim = args.dim, heads = args.heads, seq = args.seq,
                vocab = cfg.vocab_size }
-  for k, v in pairs(model:state_dict()) do ck["model." .. k] = v end
-  for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = v end
+  local function host(v) return flow.is_tensor(v) and v:cpu() or v end
+  for k, v in pairs(model:state_dict()) do ck["model." .. k] = host(v) end
+  for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = host(v) end
   local s = flow.get_rng_state() -- batches and dropout draw from it
   ck.rng_seed, ck.rng_offset = s.seed, s.offset
   flow.save(ck, path)
@@ -145,6 +164,12 @@ end
 
 -------------------------------------------------------------------------------- training
 
+-- fn(...) under bf16 autocast with --amp bf16 (the optimizer step stays outside, in float32)
+local function amp(fn, ...)
+  if args.amp == "bf16" then return flow.autocast("bfloat16", fn, ...) end
+  return fn(...)
+end
+
 -- Mean loss over eval_iters batches of the val split: always the same batches (drawn at a fixed
 -- RNG state), and the training run's RNG state is put back afterwards.
 local function evaluate()
@@ -155,7 +180,7 @@ local function evaluate()
   flow.no_grad(function()
     for _ = 1, args.eval_iters do
       local x, y = get_batch("val")
-      local _, loss = model(x, y)
+      local _, loss = amp(function() return model(x, y) end)
       total = total + loss:item()
     end
   end)
@@ -175,8 +200,11 @@ for step = start, last_step - 1 do
   local lr = lr_at(step)
   opt:set_lr(lr)
   local x, y = get_batch("train")
-  local _, loss = model(x, y)
-  loss:backward()
+  local loss = amp(function()
+    local _, l = model(x, y)
+    l:backward()
+    return l
+  end)
   if args.grad_clip > 0 then flow.optim.clip_grad_norm(model:parameters(), args.grad_clip) end
   opt:step()
   opt:zero_grad()

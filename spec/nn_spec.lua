@@ -141,6 +141,21 @@ describe("nn.Module", function()
     assert.are.same(x:totable(), d(x):totable())
   end)
 
+  it("to(device) moves parameters as leaves and keeps tied ones tied", function()
+    local m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    rawset(m[2], "weight", m[1].weight)
+    local dev = flow.cuda.is_available() and "cuda" or "cpu"
+    m:to(dev)
+    assert.are.equal(rawget(m[1], "weight"), rawget(m[2], "weight"))
+    assert.are.equal(3, #m:parameters())
+    for _, p in ipairs(m:parameters()) do
+      assert.matches("^" .. dev, p.device)
+      assert.is_true(p.is_leaf and p.requires_grad)
+    end
+    flow.sum(m(flow.ones({ 2, 3 }):to(dev))):backward()
+    assert.is_not_nil(m[1].weight.grad)
+  end)
+
   it("to_global turns parameters into global leaves that still train", function()
     flow.manual_seed(0)
     local m = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))

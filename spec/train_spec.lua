@@ -192,5 +192,42 @@ describe("scripts/train_gpt.lua", function()
     ok, out = run("--layer 2")
     assert.is_false(ok)
     assert.matches("unknown flag %-%-layer %(flags: .*%-%-layers", out)
+    ok, out = run("--device tpu")
+    assert.is_false(ok)
+    assert.matches("%-%-device tpu: expected cpu or cuda", out)
+    ok, out = run("--amp bf16")
+    assert.is_false(ok)
+    assert.matches("%-%-amp bf16 needs %-%-device cuda", out)
+    ok, out = run("--amp fp8 --device cuda")
+    assert.is_false(ok)
+    if flow.cuda.is_available() then
+      assert.matches("%-%-amp fp8: expected off or bf16", out)
+    else
+      assert.matches("%-%-device cuda: cuda is not available %(.+%)", out)
+    end
+  end)
+
+  -- on a GPU: the same small run on cuda (float32, then bf16 autocast) learns like the CPU run
+  local gpu = flow.cuda.is_available()
+  local function git(name, fn)
+    if gpu then it(name, fn) else it(name, function() pending("no GPU: " .. tostring(flow.cuda.unavailable_reason())) end) end
+  end
+  git("--device cuda gives the CPU losses; --amp bf16 stays close", function()
+    local p = text_file()
+    local base = ("--data %s --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 4 --warmup 2 --log-every 1 "
+      .. "--eval-every 4 --eval-iters 2 --sample-len 8 --seed 3"):format(p)
+    local ok1, cpu = run(base)
+    assert.is_true(ok1, cpu)
+    local ok2, gpu_out = run(base .. " --device cuda")
+    assert.is_true(ok2, gpu_out)
+    local ok3, amp = run(base .. " --device cuda --amp bf16")
+    assert.is_true(ok3, amp)
+    local lc, lg, la = losses(cpu), losses(gpu_out), losses(amp)
+    for s = 1, 4 do
+      assert.is_true(math.abs(tonumber(lc[s]) - tonumber(lg[s])) < 1e-3, ("step %d: %s vs %s"):format(s, lc[s], lg[s]))
+      assert.is_true(math.abs(tonumber(lc[s]) - tonumber(la[s])) < 5e-2, ("step %d: %s vs %s (bf16)"):format(s, lc[s], la[s]))
+    end
+    assert.matches("sample: The ", gpu_out)
+    os.remove(p)
   end)
 end)

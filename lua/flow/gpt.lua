@@ -103,7 +103,7 @@ function GPT:generate(prompt, n, temperature)
     for _ = 1, n do
       local start = math.max(1, #ctx - self.config.block_size + 1)
       local window = table.move(ctx, start, #ctx, 1, {})
-      local logits = self(flow.tensor({ window }, { dtype = "int64" }))
+      local logits = self(flow.tensor({ window }, { dtype = "int64", device = self.wte.weight.device }))
       local last = flow.select(flow.select(logits, 0, 0), 0, #window - 1)
       local probs = flow.softmax(last / (temperature or 1.0), -1):totable()
       local u, acc, tok = flow.rand({ 1 }, { dtype = "float64" }):item(), 0, #probs - 1

@@ -205,9 +205,25 @@ function Module:load_state_dict(sd, strict)
         error(("load_state_dict: key '%s' has shape %s but the parameter has shape %s"):format(name, shape_str(ss), shape_str(ps)), 2)
       end
       if src.dtype ~= p.dtype then src = src:cast(p.dtype) end
+      if not p.placement and src.device ~= p.device then src = src:to(p.device) end
       flow.no_grad(function() p:copy_(src) end)
     end
   end
+  return self
+end
+
+-- Move every parameter to `device` ("cuda", "cuda:1", "cpu") as a leaf of its own (the optimizer
+-- must be made after this), keeping tied tensors tied.
+function Module:to(device)
+  local moved = {}
+  each_parameter(self, "", function(owner, k, _, t)
+    local m = moved[t]
+    if not m then
+      m = t:to({ device = device, requires_grad = t.requires_grad })
+      moved[t] = m
+    end
+    rawset(owner, k, m)
+  end)
   return self
 end
 
