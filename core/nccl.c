@@ -50,7 +50,7 @@ static int nccl_type(flow_dtype dt, ncclDataType_t *out) {
   case FLOW_BF16: *out = ncclBfloat16; return 0;
   case FLOW_I64: *out = ncclInt64; return 0;
   case FLOW_I32: *out = ncclInt32; return 0;
-  case FLOW_U8: *out = ncclUint8; return 0;
+  case FLOW_U8: case FLOW_BOOL: *out = ncclUint8; return 0;
   default: return flow_error_set("nccl: dtype %s cannot be communicated", flow_dtype_name(dt));
   }
 }
