@@ -21,6 +21,9 @@ flow_dtype flow_cuda_set_autocast(flow_dtype dtype) {
 
 static int device_count;
 static char unavailable_reason[160] = "this build has no CUDA support";
+static int (*sync_check)(int index);
+
+void flow_cuda_set_sync_check(int (*check)(int index)) { sync_check = check; }
 
 bool flow_cuda_is_available(void) { return device_count > 0; }
 int flow_cuda_device_count(void) { return device_count; }
@@ -137,6 +140,12 @@ int flow_cuda_compute_wait_comm(int index) {
   return flow_cuda_check(cudaStreamWaitEvent(d->compute, d->comm_done, 0), "cudaStreamWaitEvent");
 }
 
+/* After a wait on the device: its status, then what its kernels recorded (sync_check). */
+static int synced(int index, cudaError_t status, const char *call) {
+  if (flow_cuda_check(status, call) != 0) return -1;
+  return sync_check ? sync_check(index) : 0;
+}
+
 int flow_cuda_synchronize(int index) {
   if (index < 0) {
     for (int i = 0; i < device_count; i++)
@@ -144,7 +153,7 @@ int flow_cuda_synchronize(int index) {
     return 0;
   }
   if (dev_ready(index) != 0) return -1;
-  return flow_cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return synced(index, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 static size_t class_bytes(int c) {
@@ -261,7 +270,7 @@ static int cuda_copy(void *dst, flow_device dd, const void *src, flow_device sd,
   cudaStream_t s = devs[index].compute;
   if (flow_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), "cudaMemcpyAsync") != 0) return -1;
   if (dd.type == FLOW_CPU || sd.type == FLOW_CPU)
-    return flow_cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    return synced(index, cudaStreamSynchronize(s), "cudaStreamSynchronize");
   return 0;
 }
 

@@ -289,9 +289,10 @@ static FLOW_KERNEL(k_layer_norm_grad) {
 /* ---- cross-entropy ------------------------------------------------------------------------------ */
 
 /* Per row: lse = m + log sum exp(x - m), loss = lse - x[target] (0 if ignored; NaN for a target out
- * of range, which the GPU cannot report without a sync). stat[0] += loss, stat[1] += 1 if counted. */
+ * of range, which is reported at the next synchronisation). rowloss[r] = (loss, 1 if counted). */
 template <typename T>
-__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *rowloss, int64_t C, int64_t ignore) {
+__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *rowloss, int64_t C, int64_t ignore,
+                       BadIndex *bad) {
   int64_t r = blockIdx.x;
   const T *xr = x + r * C;
   T m = -INFINITY;
@@ -304,7 +305,7 @@ __global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *ro
     T l = m + log(s);
     lse[r] = l;
     int64_t tr = t[r];
-    T v = tr == ignore ? (T)0 : (tr < 0 || tr >= C ? (T)NAN : l - xr[tr]);
+    T v = tr == ignore ? (T)0 : index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore) ? l - xr[tr] : (T)NAN;
     if (loss) loss[r] = v;
     if (rowloss) { rowloss[2 * r] = (double)v; rowloss[2 * r + 1] = tr == ignore ? 0.0 : 1.0; }
   }
@@ -324,13 +325,14 @@ __global__ void ce_total(const double *rowloss, int64_t rows, T *loss, double *c
 }
 
 /* dlogits = (exp(x - lse) - onehot(target)) sr + exp(x - lse) glse, sr = g[r], or g / count (mean),
- * or g (sum); 0 for ignored rows. */
+ * or g (sum); 0 for ignored rows. A target out of range has no onehot (and is reported). */
 template <typename T>
 __global__ void ce_bwd(const T *x, const int64_t *t, const T *lse, const T *g, const T *glse, const double *count,
-                       T *dx, int64_t C, int64_t ignore, bool reduce) {
+                       T *dx, int64_t C, int64_t ignore, bool reduce, BadIndex *bad) {
   int64_t r = blockIdx.x;
   int64_t tr = t[r];
   bool ignored = tr == ignore;
+  if (threadIdx.x == 0 && !ignored) index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore);
   T sr = ignored ? (T)0 : reduce ? g[0] / (T)(count ? count[0] : 1.0) : g[r];
   T sp = sr + glse[r], l = lse[r];
   const T *xr = x + r * C;
@@ -347,12 +349,14 @@ static FLOW_KERNEL(k_cross_entropy) {
     cudaStream_t s = stream_of(out[0]);
     flow_tensor *scratch = NULL;
     int64_t sshape[1] = {2 * rows};
-    rc = 0;
-    if (reduce && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
+    BadIndex *bad = rows > 0 ? bad_index_record(out[0]) : NULL;
+    rc = rows > 0 && !bad ? -1 : 0;
+    if (rc == 0 && reduce && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
     if (rc == 0 && rows > 0) {
       REAL_DISPATCH(in[0]->dtype, "cross_entropy",
         ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), reduce ? NULL : data_of<T>(out[0]),
-                                                 data_of<T>(out[1]), scratch ? data_of<double>(scratch) : NULL, C, a->ignore_index);
+                                                 data_of<T>(out[1]), scratch ? data_of<double>(scratch) : NULL, C, a->ignore_index,
+                                                 bad);
         if (reduce) ce_total<T><<<1, 1024, 0, s>>>(data_of<double>(scratch), rows, data_of<T>(out[0]), NULL, mean))
       rc = launch_check("cross_entropy_fwd");
     } else if (rc == 0 && reduce) {
@@ -374,8 +378,9 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
     cudaStream_t s = stream_of(out[0]);
     flow_tensor *scratch = NULL;
     int64_t sshape[1] = {2 * rows + 1};
-    rc = 0;
-    if (rows > 0 && mean && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
+    BadIndex *bad = rows > 0 ? bad_index_record(out[0]) : NULL;
+    rc = rows > 0 && !bad ? -1 : 0;
+    if (rc == 0 && rows > 0 && mean && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
     if (rc == 0 && rows > 0) {
       REAL_DISPATCH(in[0]->dtype, "cross_entropy_grad",
         double *cnt = NULL;
@@ -384,13 +389,14 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
           flow_tensor *tmp_lse = flow_tensor_new(in[0]->dtype, in[0]->device, 1, &rows);
           if (!tmp_lse) { rc = -1; break; }
           ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), NULL, data_of<T>(tmp_lse), rl, C,
-                                                   a->ignore_index);
+                                                   a->ignore_index, bad);
           cnt = rl + 2 * rows;
           ce_total<T><<<1, 1024, 0, s>>>(rl, rows, NULL, cnt, true);
           flow_tensor_decref(tmp_lse);
         }
         ce_bwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), data_of<T>(d[2]), data_of<T>(d[3]),
-                                                 data_of<T>(d[4]), cnt, data_of<T>(out[0]), C, a->ignore_index, reduce))
+                                                 data_of<T>(d[4]), cnt, data_of<T>(out[0]), C, a->ignore_index, reduce,
+                                                 bad))
       if (rc == 0) rc = launch_check("cross_entropy_bwd");
     }
     if (scratch) flow_tensor_decref(scratch);
