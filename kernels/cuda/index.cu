@@ -104,33 +104,37 @@ static FLOW_KERNEL(k_index_select) {
   return gather(out[0], in[0], &e, axis, BAD_INDEX_SELECT);
 }
 
-/* out[p, c] = weight[ids[p], c] */
+/* out[p, c] = weight[ids[p] - start, c]: the ids are checked against the vocabulary V, and rows
+ * outside weight's [start, start + rows) (another rank's vocab shard) give 0. */
 template <typename T>
 __global__ void embedding_kernel(int64_t n, int64_t D, T *out, const int64_t *ids, const T *w, int64_t ws0, int64_t ws1,
-                                 int64_t V, BadIndex *bad) {
+                                 int64_t V, int64_t start, int64_t rows, BadIndex *bad) {
   CUDA_LOOP(i, n) {
-    int64_t p = i / D, c = i % D, id = ids[p];
-    out[i] = index_ok(bad, BAD_EMBEDDING, id, V, 0) ? w[id * ws0 + c * ws1] : T(0);
+    int64_t p = i / D, c = i % D, id = ids[p], r = id - start;
+    bool ok = index_ok(bad, BAD_EMBEDDING, id, V, 0) && r >= 0 && r < rows;
+    out[i] = ok ? w[r * ws0 + c * ws1] : T(0);
   }
 }
 
-/* ids dense */
-static int embedding(flow_tensor *out, const flow_tensor *ids, const flow_tensor *w) {
-  int64_t D = w->shape[1], n = flow_tensor_numel(out);
+/* ids dense; a vocab shard (attrs nlogical == 2, set by the global dispatcher) as on the CPU. */
+static int embedding(flow_tensor *out, const flow_tensor *ids, const flow_tensor *w, const flow_attrs *a) {
+  int64_t D = w->shape[1], n = flow_tensor_numel(out), rows = w->shape[0];
+  bool shard = a->nlogical == 2;
+  int64_t V = shard ? a->logical_shape[0] : rows, start = shard ? a->start : 0;
   if (n == 0) return 0;
   BadIndex *bad = bad_index_record(out);
   if (!bad) return -1;
   cudaStream_t s = stream_of(out);
   FLOW_CUDA_DISPATCH_FLOAT(w->dtype, "embedding",
     embedding_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(n, D, data_of<T>(out), data_of<int64_t>(ids), data_of<T>(w),
-                                                         w->stride[0], w->stride[1], w->shape[0], bad))
+                                                         w->stride[0], w->stride[1], V, start, rows, bad))
   return launch_check("embedding_kernel");
 }
 
 static FLOW_KERNEL(k_embedding) {
   flow_tensor *ids = cuda_dense(in[0]);
   if (!ids) return -1;
-  int rc = embedding(out[0], ids, in[1]);
+  int rc = embedding(out[0], ids, in[1], a);
   flow_tensor_decref(ids);
   return rc;
 }
