@@ -262,14 +262,18 @@ static void cuda_free(int index, void *p, size_t nbytes) {
 }
 
 /* Copies run on the compute stream, after the kernels that produced the source; a copy that
- * touches host memory waits, since the host buffer may be read or freed right after. */
+ * touches host memory waits, since the host buffer may be read or freed right after. A copy
+ * between two GPUs runs on the destination's stream: it waits for the source GPU first (whose
+ * stream may still be writing src) and finishes before returning (src may be reused after). */
 static int cuda_copy(void *dst, flow_device dd, const void *src, flow_device sd, size_t n) {
   int index = dd.type == FLOW_CUDA ? dd.index : sd.index;
+  bool peer = dd.type == FLOW_CUDA && sd.type == FLOW_CUDA && dd.index != sd.index;
   if (n == 0) return 0;
+  if (peer && flow_cuda_synchronize(sd.index) != 0) return -1;
   if (dev_ready(index) != 0) return -1;
   cudaStream_t s = devs[index].compute;
   if (flow_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), "cudaMemcpyAsync") != 0) return -1;
-  if (dd.type == FLOW_CPU || sd.type == FLOW_CPU)
+  if (dd.type == FLOW_CPU || sd.type == FLOW_CPU || peer)
     return synced(index, cudaStreamSynchronize(s), "cudaStreamSynchronize");
   return 0;
 }
