@@ -21,6 +21,9 @@ flow_dtype flow_cuda_set_autocast(flow_dtype dtype) {
 
 static int device_count;
 static char unavailable_reason[160] = "this build has no CUDA support";
+static int (*sync_check)(int index);
+
+void flow_cuda_set_sync_check(int (*check)(int index)) { sync_check = check; }
 
 bool flow_cuda_is_available(void) { return device_count > 0; }
 int flow_cuda_device_count(void) { return device_count; }
@@ -143,6 +146,12 @@ int flow_cuda_compute_wait_comm(int index) {
   return flow_cuda_check(cudaStreamWaitEvent(d->compute, d->comm_done, 0), "cudaStreamWaitEvent");
 }
 
+/* After a wait on the device: its status, then what its kernels recorded (sync_check). */
+static int synced(int index, cudaError_t status, const char *call) {
+  if (flow_cuda_check(status, call) != 0) return -1;
+  return sync_check ? sync_check(index) : 0;
+}
+
 int flow_cuda_synchronize(int index) {
   if (index < 0) {
     for (int i = 0; i < device_count; i++)
@@ -150,7 +159,7 @@ int flow_cuda_synchronize(int index) {
     return 0;
   }
   if (dev_ready(index) != 0) return -1;
-  return flow_cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return synced(index, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 static size_t class_bytes(int c) {
@@ -259,15 +268,19 @@ static void cuda_free(int index, void *p, size_t nbytes) {
 }
 
 /* Copies run on the compute stream, after the kernels that produced the source; a copy that
- * touches host memory waits, since the host buffer may be read or freed right after. */
+ * touches host memory waits, since the host buffer may be read or freed right after. A copy
+ * between two GPUs runs on the destination's stream: it waits for the source GPU first (whose
+ * stream may still be writing src) and finishes before returning (src may be reused after). */
 static int cuda_copy(void *dst, flow_device dd, const void *src, flow_device sd, size_t n) {
   int index = dd.type == FLOW_CUDA ? dd.index : sd.index;
+  bool peer = dd.type == FLOW_CUDA && sd.type == FLOW_CUDA && dd.index != sd.index;
   if (n == 0) return 0;
+  if (peer && flow_cuda_synchronize(sd.index) != 0) return -1;
   if (dev_ready(index) != 0) return -1;
   cudaStream_t s = devs[index].compute;
   if (flow_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), "cudaMemcpyAsync") != 0) return -1;
-  if (dd.type == FLOW_CPU || sd.type == FLOW_CPU)
-    return flow_cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  if (dd.type == FLOW_CPU || sd.type == FLOW_CPU || peer)
+    return synced(index, cudaStreamSynchronize(s), "cudaStreamSynchronize");
   return 0;
 }
 

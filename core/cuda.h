@@ -23,6 +23,10 @@ int flow_cuda_device_count(void);
 int flow_cuda_set_device(int index);
 /* Wait for all work on the device (index -1: every device). */
 int flow_cuda_synchronize(int index);
+/* Called after every synchronisation with device `index` (flow_cuda_synchronize, copies that touch
+ * host memory): the CUDA kernels register here the check that raises what their kernels recorded
+ * but could not raise themselves (an out-of-range index). 0, or -1 with the error set. */
+void flow_cuda_set_sync_check(int (*check)(int index));
 
 /* cudaStream_t of the device's compute stream (every kernel runs there) and of its collective
  * stream (NCCL). The two are ordered with events: the collective stream waits for the compute

@@ -1,5 +1,6 @@
 /* Index ops: C entry points. Indices are int64 tensors, 0-based; an index out of range is an
- * error naming the op, the index and the valid range. New references, NULL + error on failure. */
+ * error naming the op, the index and the valid range (on CUDA raised by the next call that
+ * synchronises with the device, kernels/cuda/errors.cu). New references, NULL + error on failure. */
 #ifndef FLOW_OPS_INDEX_H
 #define FLOW_OPS_INDEX_H
 

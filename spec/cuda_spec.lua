@@ -380,6 +380,63 @@ describe("cuda fused nn ops match the CPU", function()
   end)
 end)
 
+describe("cuda out-of-range indices", function()
+  -- A kernel cannot raise: it records the first bad index of its device and the call that next
+  -- synchronises raises it, worded as on the CPU. Each case: the op itself returns, reading its
+  -- result raises, and the device then gives the right numbers again.
+  local function raises_when_read(pattern, f)
+    local y = f()
+    local ok, err = pcall(y.cpu, y)
+    assert.is_false(ok)
+    assert.matches(pattern, err)
+    assert.matches("found by a CUDA kernel on cuda:0; reported at the next synchronisation", err, 1, true)
+    flow.cuda.synchronize() -- the record was cleared: nothing left to raise
+  end
+
+  local function long(t) return flow.tensor(t, { dtype = "int64" }) end
+
+  git("embedding", function()
+    local w = randt({ 5, 3 })
+    raises_when_read("embedding: index 7 out of range %[0, 5%)",
+                     function() return flow.embedding(cuda(long({ 1, 7, 2 })), cuda(w)) end)
+    close(flow.embedding(long({ 4, 0 }), w), flow.embedding(cuda(long({ 4, 0 })), cuda(w)))
+  end)
+
+  git("gather", function()
+    local t = randt({ 2, 3 })
+    raises_when_read("gather: index %-1 out of range %[0, 3%) on axis 1",
+                     function() return flow.gather(cuda(t), 1, cuda(long({ { 0 }, { -1 } }))) end)
+    close(flow.gather(t, 1, long({ { 2 }, { 0 } })), flow.gather(cuda(t), 1, cuda(long({ { 2 }, { 0 } }))))
+  end)
+
+  git("index_select", function()
+    local t = randt({ 3, 4 })
+    raises_when_read("index_select: index 4 out of range %[0, 4%) on axis 1",
+                     function() return flow.index_select(cuda(t), 1, cuda(long({ 0, 4 }))) end)
+    close(flow.index_select(t, 1, long({ 3, 1 })), flow.index_select(cuda(t), 1, cuda(long({ 3, 1 }))))
+  end)
+
+  git("scatter_add", function()
+    local t, src = randt({ 2, 3 }), randt({ 2, 1 })
+    raises_when_read("scatter_add: index 3 out of range %[0, 3%) on axis 1",
+                     function() return flow.scatter_add(cuda(t), 1, cuda(long({ { 0 }, { 3 } })), cuda(src)) end)
+    close(flow.scatter_add(t, 1, long({ { 0 }, { 2 } }), src),
+          flow.scatter_add(cuda(t), 1, cuda(long({ { 0 }, { 2 } })), cuda(src)))
+  end)
+
+  git("cross_entropy, and flow.cuda.synchronize raises it too", function()
+    local x = randt({ 3, 4 })
+    raises_when_read("cross_entropy: target 9 is out of range for 4 classes",
+                     function() return flow.cross_entropy(cuda(x), cuda(long({ 0, 9, -100 }))) end)
+    flow.cross_entropy(cuda(x), cuda(long({ 1, -5, 2 })), { reduction = "none" })
+    local ok, err = pcall(flow.cuda.synchronize)
+    assert.is_false(ok)
+    assert.matches("cross_entropy: target %-5 is out of range", err)
+    local t = long({ 3, 0, -100 })
+    close(flow.cross_entropy(x, t), flow.cross_entropy(cuda(x), cuda(t)), 1e-5, 1e-6)
+  end)
+end)
+
 describe("cuda NCCL backend", function()
   git("allreduce sums over the ranks (a world of one keeps the values)", function()
     local t = flow.tensor({ 1.5, -2, 3 }):cuda()

@@ -16,14 +16,14 @@ template <typename T, int D>
 __global__ void attn_fwd(const T *q, const T *k, const T *v, T *o, float *lse, int64_t Tq, int64_t Tk, int d, int dv,
                          float scale, bool causal) {
   __shared__ float ks[KT(D)][D], vs[KT(D)][D];
-  int64_t bh = blockIdx.y, i = (int64_t)blockIdx.x * TILE + threadIdx.x;
+  int64_t bh = blockIdx.x, i = (int64_t)blockIdx.y * TILE + threadIdx.x;
   const T *qb = q + bh * Tq * d, *kb = k + bh * Tk * d, *vb = v + bh * Tk * dv;
   bool live = i < Tq;
   float qi[D], acc[D];
 #pragma unroll
   for (int c = 0; c < D; c++) { qi[c] = live && c < d ? to_f<T>(qb[i * d + c]) * scale : 0.f; acc[c] = 0.f; }
   float m = -INFINITY, l = 0.f;
-  int64_t kend = causal ? min(Tk, ((int64_t)blockIdx.x + 1) * TILE) : Tk;
+  int64_t kend = causal ? min(Tk, ((int64_t)blockIdx.y + 1) * TILE) : Tk;
   for (int64_t j0 = 0; j0 < kend; j0 += KT(D)) {
     __syncthreads();
     for (int e = threadIdx.x; e < KT(D) * D; e += blockDim.x) {
@@ -69,7 +69,7 @@ template <typename T, int D>
 __global__ void attn_dq(const T *q, const T *k, const T *v, const float *lse, const T *dout, const float *delta, T *dq,
                         int64_t Tq, int64_t Tk, int d, int dv, float scale, bool causal) {
   __shared__ float ks[KT(D)][D], vs[KT(D)][D];
-  int64_t bh = blockIdx.y, i = (int64_t)blockIdx.x * TILE + threadIdx.x;
+  int64_t bh = blockIdx.x, i = (int64_t)blockIdx.y * TILE + threadIdx.x;
   const T *qb = q + bh * Tq * d, *kb = k + bh * Tk * d, *vb = v + bh * Tk * dv;
   bool live = i < Tq;
   float qi[D], gi[D], acc[D];
@@ -80,7 +80,7 @@ __global__ void attn_dq(const T *q, const T *k, const T *v, const float *lse, co
     acc[c] = 0.f;
   }
   float li = live ? lse[bh * Tq + i] : 0.f, di = live ? delta[bh * Tq + i] : 0.f;
-  int64_t kend = causal ? min(Tk, ((int64_t)blockIdx.x + 1) * TILE) : Tk;
+  int64_t kend = causal ? min(Tk, ((int64_t)blockIdx.y + 1) * TILE) : Tk;
   for (int64_t j0 = 0; j0 < kend; j0 += KT(D)) {
     __syncthreads();
     for (int e = threadIdx.x; e < KT(D) * D; e += blockDim.x) {
@@ -115,7 +115,7 @@ __global__ void attn_dkv(const T *q, const T *k, const T *v, const float *lse, c
                          int64_t Tq, int64_t Tk, int d, int dv, float scale, bool causal, bool want_dk) {
   __shared__ float qs[KT(D)][D], gs[KT(D)][D];
   __shared__ float ls[KT(D)], ds_[KT(D)];
-  int64_t bh = blockIdx.y, j = (int64_t)blockIdx.x * TILE + threadIdx.x;
+  int64_t bh = blockIdx.x, j = (int64_t)blockIdx.y * TILE + threadIdx.x;
   const T *qb = q + bh * Tq * d, *gb = dout + bh * Tq * dv;
   bool live = j < Tk;
   float kj[D], vj[D], acc[D];
@@ -125,7 +125,7 @@ __global__ void attn_dkv(const T *q, const T *k, const T *v, const float *lse, c
     vj[c] = live && want_dk && c < dv ? to_f<T>(v[(bh * Tk + j) * dv + c]) : 0.f;
     acc[c] = 0.f;
   }
-  int64_t istart = causal ? (int64_t)blockIdx.x * TILE : 0;
+  int64_t istart = causal ? (int64_t)blockIdx.y * TILE : 0;
   for (int64_t i0 = istart; i0 < Tq; i0 += KT(D)) {
     __syncthreads();
     for (int e = threadIdx.x; e < KT(D) * D; e += blockDim.x) {
@@ -171,11 +171,15 @@ __global__ void attn_dkv(const T *q, const T *k, const T *v, const float *lse, c
 
 /* ---- launchers -------------------------------------------------------------------------------- */
 
-static int check_dims(const flow_tensor *q, const flow_tensor *v) {
-  int64_t d = q->shape[3], dv = v->shape[3];
+/* Blocks are (batch x head, tile of rows): grid.x takes any B*H, grid.y (at most 65535) the tiles. */
+static int check_dims(const flow_tensor *q, const flow_tensor *k, const flow_tensor *v) {
+  int64_t d = q->shape[3], dv = v->shape[3], T = q->shape[2] > k->shape[2] ? q->shape[2] : k->shape[2];
   if (d > DMAX || dv > DMAX)
     return flow_error_set("scaled_dot_product_attention: head sizes up to %d are supported on cuda (got %lld and %lld)",
                           DMAX, (long long)d, (long long)dv);
+  if ((T + TILE - 1) / TILE > 65535)
+    return flow_error_set("scaled_dot_product_attention: sequences up to %d are supported on cuda (got %lld)",
+                          65535 * TILE, (long long)T);
   return 0;
 }
 
@@ -222,7 +226,7 @@ static int finish(flow_tensor *out, flow_tensor *tmp, int rc) {
 #define BY_D(dmax, ...) do { if (dmax <= 64) { const int D = 64; __VA_ARGS__; } else { const int D = 128; __VA_ARGS__; } } while (0)
 
 static FLOW_KERNEL(k_attention) {
-  if (check_dims(in[0], in[2]) != 0) return -1;
+  if (check_dims(in[0], in[1], in[2]) != 0) return -1;
   flow_tensor *src[3] = {in[0], in[1], in[2]}, *d[3];
   flow_dtype ct;
   int rc = -1;
@@ -231,7 +235,7 @@ static FLOW_KERNEL(k_attention) {
     if (lse) {
       int64_t B = in[0]->shape[0] * in[0]->shape[1], Tq = in[0]->shape[2], Tk = in[1]->shape[2];
       int dd = (int)in[0]->shape[3], dv = (int)in[2]->shape[3], dmax = dd > dv ? dd : dv;
-      dim3 grid((unsigned)((Tq + TILE - 1) / TILE), (unsigned)B);
+      dim3 grid((unsigned)B, (unsigned)((Tq + TILE - 1) / TILE));
       cudaStream_t s = stream_of(out[0]);
       bool causal = a->flags & FLOW_ATTR_CAUSAL;
       rc = 0;
@@ -252,7 +256,7 @@ static FLOW_KERNEL(k_attention) {
 
 /* inputs: q, k, v, o, lse, do, dlse; outputs dq, dk, dv */
 static FLOW_KERNEL(k_attention_grad) {
-  if (check_dims(in[0], in[2]) != 0) return -1;
+  if (check_dims(in[0], in[1], in[2]) != 0) return -1;
   flow_tensor *src[7] = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]}, *d[7];
   flow_dtype ct;
   int rc = -1;
@@ -268,7 +272,7 @@ static FLOW_KERNEL(k_attention_grad) {
       cudaStream_t s = stream_of(out[0]);
       bool causal = a->flags & FLOW_ATTR_CAUSAL;
       float scale = (float)a->scalar;
-      dim3 gq((unsigned)((Tq + TILE - 1) / TILE), (unsigned)B), gk((unsigned)((Tk + TILE - 1) / TILE), (unsigned)B);
+      dim3 gq((unsigned)B, (unsigned)((Tq + TILE - 1) / TILE)), gk((unsigned)B, (unsigned)((Tk + TILE - 1) / TILE));
       rc = 0;
       if (B > 0 && Tq > 0 && Tk > 0) {
         ATTN_DISPATCH(ct, "scaled_dot_product_attention_grad",

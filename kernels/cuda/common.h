@@ -149,6 +149,38 @@ flow_tensor *cuda_dense(flow_tensor *t);
 /* A contiguous cast of t to dtype on its device (new reference). */
 flow_tensor *cuda_cast(flow_tensor *t, flow_dtype dtype);
 
+/* ---- out-of-range indices ------------------------------------------------------------------------
+ * A kernel cannot raise an error. One that meets an index out of range stays memory-safe (reads 0,
+ * skips the write) and records the first such event of its device in pinned host memory mapped
+ * into the device; the host raises it at the next synchronisation (errors.cu), as PyTorch does. */
+
+/* Which op met the index: errors.cu holds each one's message, worded as its CPU kernel's. */
+enum bad_index_op { BAD_GATHER = 1, BAD_SCATTER_ADD, BAD_INDEX_SELECT, BAD_EMBEDDING, BAD_CROSS_ENTROPY };
+
+struct BadIndex {
+  int claimed;            /* 0 until a kernel claims the record (atomicCAS); the host clears it */
+  int op;                 /* bad_index_op */
+  int64_t index, size;    /* the index and the valid range [0, size) */
+  int64_t extra;          /* the axis (gather, scatter_add, index_select) or ignore_index (cross_entropy) */
+};
+
+/* The device pointer of the record of t's device, made on first use; NULL + error if that fails. */
+BadIndex *bad_index_record(const flow_tensor *t);
+/* The sync check core/cuda.c calls (flow_cuda_set_sync_check): raises and clears the record. */
+int flow_cuda_raise_bad_index(int device);
+
+/* 0 <= i < size, or false after recording i (when it is the device's first bad index). */
+__device__ __forceinline__ bool index_ok(BadIndex *rec, int op, int64_t i, int64_t size, int64_t extra) {
+  if (i >= 0 && i < size) return true;
+  if (atomicCAS(&rec->claimed, 0, 1) == 0) {
+    rec->op = op;
+    rec->index = i;
+    rec->size = size;
+    rec->extra = extra;
+  }
+  return false;
+}
+
 /* Attach fn as the CUDA kernel of the registered op `name` (skipped if the op does not exist). */
 void cuda_attach(const char *name, flow_kernel_fn fn);
 

@@ -89,7 +89,10 @@ static int conv_descs(ConvDescs &d, const flow_tensor *x, const flow_tensor *w, 
                                                   (int)s[5], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), what) != 0 ||
       cudnn_check(cudnnSetConvolutionGroupCount(d.conv, (int)a->k), what) != 0)
     return -1;
-  return cudnn_check(cudnnSetConvolutionMathType(d.conv, CUDNN_DEFAULT_MATH), what);
+  /* cuDNN's default math may use TF32 tensor cores for float32 on Ampere and later: only when
+   * flow.backends.allow_tf32 says so, as for matmul; else plain FMA, the CPU's precision. */
+  return cudnn_check(cudnnSetConvolutionMathType(d.conv, flow_cuda_allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
+                     what);
 }
 
 static FLOW_KERNEL(k_conv2d) {

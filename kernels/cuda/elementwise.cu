@@ -110,8 +110,9 @@ static int cuda_binary(flow_binary_code code, flow_tensor *out, const flow_tenso
 
 /* ---- unary and its gradient --------------------------------------------------------------------- */
 
-#define GELU_C 0.7978845608028654f
-#define GELU_A 0.044715f
+/* double literals: (C) rounds them to float for float types and keeps float64 exact */
+#define GELU_C 0.7978845608028654
+#define GELU_A 0.044715
 
 template <typename C> __device__ __forceinline__ C unop(int code, C v, C lo, C hi) {
   switch (code) {

@@ -3,6 +3,7 @@
  * tf32 (flow.backends.allow_tf32); bfloat16/float16 accumulate in float32. Under autocast, float32
  * inputs are cast to the autocast dtype and the float32 output is written by the same GEMM. */
 #include <cublas_v2.h>
+#include <limits.h>
 #include <time.h>
 
 #include "common.h"
@@ -46,15 +47,18 @@ typedef struct operand {
   const flow_tensor *t;
 } operand;
 
-/* t [..., r, c] used as op(t) (trans: the transpose); out_batch the broadcast batch shape. */
+/* t [..., r, c] used as op(t) (trans: the transpose); out_batch the broadcast batch shape. False
+ * when GEMM cannot read t's last two axes as they are: neither axis unit-stride, or rows (columns)
+ * closer than a row (column) is long, e.g. an expanded matrix with stride 0 (kernels/cpu/matmul.c's
+ * rule). */
 static bool describe(operand *o, const flow_tensor *t, bool trans, int nb, const int64_t *out_batch) {
   int n = t->ndim;
   int64_t r = t->shape[n - 2], c = t->shape[n - 1], rs = t->stride[n - 2], cs = t->stride[n - 1];
+  int64_t r_ld = r == 1 ? (c > 1 ? c : 1) : rs, c_ld = c == 1 ? (r > 1 ? r : 1) : cs;
   bool row_major;
-  if (c == 1 || cs == 1) { row_major = true; o->ld = r == 1 ? (c > 1 ? c : 1) : rs; if (o->ld < c) o->ld = c; }
-  else if (r == 1 || rs == 1) { row_major = false; o->ld = c == 1 ? (r > 1 ? r : 1) : cs; if (o->ld < r) o->ld = r; }
+  if ((c == 1 || cs == 1) && r_ld >= (c > 1 ? c : 1)) { row_major = true; o->ld = r_ld; }
+  else if ((r == 1 || rs == 1) && c_ld >= (r > 1 ? r : 1)) { row_major = false; o->ld = c_ld; }
   else return false;
-  if (o->ld < 1) o->ld = 1;
   /* cuBLAS needs op(t)^T. The column-major view of row-major memory already is t^T; of
    * column-major memory it is t itself. */
   o->op = row_major == trans ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -99,6 +103,10 @@ static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool
   int64_t batch = flow_shape_numel(nb, out_batch);
   operand a, b;
   if (m == 0 || n == 0 || batch == 0) return 0;
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
+    return flow_error_set("matmul: [%lld, %lld] x [%lld, %lld] (%lld batches) is too large for one cuBLAS call",
+                          (long long)m, (long long)k, (long long)k, (long long)n, (long long)batch);
+  if (k == 0) return flow_cuda_fill(y, 0);
   if (!describe(&a, A, ta, nb, out_batch)) {
     if (!(Ad = cuda_dense((flow_tensor *)A))) return -1;
     describe(&a, Ad, ta, nb, out_batch);
@@ -106,6 +114,10 @@ static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool
   if (!describe(&b, B, tb, nb, out_batch)) {
     if (!(Bd = cuda_dense((flow_tensor *)B))) goto done;
     describe(&b, Bd, tb, nb, out_batch);
+  }
+  if (a.ld > INT_MAX || b.ld > INT_MAX) {
+    flow_error_set("matmul: a leading dimension above %d does not fit cuBLAS", INT_MAX);
+    goto done;
   }
   {
     cublasHandle_t h = handle_for(y->device.index);
@@ -118,7 +130,6 @@ static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool
     double one_d = 1, zero_d = 0;
     const void *alpha = y->dtype == FLOW_F64 ? (const void *)&one_d : (const void *)&one_f;
     const void *beta = y->dtype == FLOW_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-    if (k == 0) { rc = flow_cuda_fill(y, 0); goto done; }
     size_t ea = flow_dtype_size(A->dtype);
     const char *pa = (const char *)flow_tensor_data(a.t), *pb = (const char *)flow_tensor_data(b.t);
     char *py = (char *)flow_tensor_data(y);

@@ -3,11 +3,12 @@
  * float32 and float64 (what the ops accept); float32 computes in float. Inputs are made dense. */
 #include "common.h"
 
+/* Sets rc on an unsupported dtype (no return: the callers release their dense copies first). */
 #define REAL_DISPATCH(d, WHAT, ...)                                                                \
   switch (d) {                                                                                    \
   case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
   case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
-  default: return flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
+  default: rc = flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
   }
 
 /* Block-wide sum and max in the accumulation type (blockDim.x a multiple of 32). */
@@ -124,7 +125,7 @@ static int softmax_forward(flow_tensor *y, flow_tensor *x0, int axis, bool log_)
     REAL_DISPATCH(x->dtype, "softmax",
       if (inner == 1) softmax_rows<T><<<(unsigned)outer, 256, 0, s>>>(data_of<T>(x), data_of<T>(y), n, log_);
       else softmax_cols<T><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<T>(x), data_of<T>(y), outer, n, inner, log_))
-    rc = launch_check("softmax_kernel");
+    if (rc == 0) rc = launch_check("softmax_kernel");
   }
   flow_tensor_decref(x);
   return rc;
@@ -139,17 +140,10 @@ static int softmax_backward(flow_tensor *dx, flow_tensor *y0, flow_tensor *dy0, 
     cudaStream_t s = stream_of(dx);
     rc = 0;
     if (outer * inner > 0 && n > 0) {
-      switch (dx->dtype) {
-      case FLOW_F32:
-        if (inner == 1) softmax_grad_rows<float><<<(unsigned)outer, 256, 0, s>>>(data_of<float>(d[0]), data_of<float>(d[1]), data_of<float>(dx), n, log_);
-        else softmax_grad_cols<float><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<float>(d[0]), data_of<float>(d[1]), data_of<float>(dx), outer, n, inner, log_);
-        break;
-      case FLOW_F64:
-        if (inner == 1) softmax_grad_rows<double><<<(unsigned)outer, 256, 0, s>>>(data_of<double>(d[0]), data_of<double>(d[1]), data_of<double>(dx), n, log_);
-        else softmax_grad_cols<double><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<double>(d[0]), data_of<double>(d[1]), data_of<double>(dx), outer, n, inner, log_);
-        break;
-      default: rc = flow_error_set("softmax_grad: dtype %s is not supported on cuda", flow_dtype_name(dx->dtype));
-      }
+      REAL_DISPATCH(dx->dtype, "softmax_grad",
+        if (inner == 1) softmax_grad_rows<T><<<(unsigned)outer, 256, 0, s>>>(data_of<T>(d[0]), data_of<T>(d[1]), data_of<T>(dx), n, log_);
+        else softmax_grad_cols<T><<<grid_for(outer * inner, 256), 256, 0, s>>>(data_of<T>(d[0]), data_of<T>(d[1]), data_of<T>(dx),
+                                                                             outer, n, inner, log_))
       if (rc == 0) rc = launch_check("softmax_grad_kernel");
     }
   }
@@ -264,7 +258,7 @@ static FLOW_KERNEL(k_layer_norm) {
       REAL_DISPATCH(in[0]->dtype, "layer_norm",
         layernorm_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), ptr<T>(d[1]), ptr<T>(d[2]), data_of<T>(out[0]),
                                                         data_of<T>(out[1]), data_of<T>(out[2]), C, a->eps))
-      rc = launch_check("layernorm_fwd");
+      if (rc == 0) rc = launch_check("layernorm_fwd");
     }
   }
   release(d, 3);
@@ -289,9 +283,10 @@ static FLOW_KERNEL(k_layer_norm_grad) {
 /* ---- cross-entropy ------------------------------------------------------------------------------ */
 
 /* Per row: lse = m + log sum exp(x - m), loss = lse - x[target] (0 if ignored; NaN for a target out
- * of range, which the GPU cannot report without a sync). stat[0] += loss, stat[1] += 1 if counted. */
+ * of range, which is reported at the next synchronisation). rowloss[r] = (loss, 1 if counted). */
 template <typename T>
-__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *rowloss, int64_t C, int64_t ignore) {
+__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *rowloss, int64_t C, int64_t ignore,
+                       BadIndex *bad) {
   int64_t r = blockIdx.x;
   const T *xr = x + r * C;
   T m = -INFINITY;
@@ -304,7 +299,7 @@ __global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *ro
     T l = m + log(s);
     lse[r] = l;
     int64_t tr = t[r];
-    T v = tr == ignore ? (T)0 : (tr < 0 || tr >= C ? (T)NAN : l - xr[tr]);
+    T v = tr == ignore ? (T)0 : index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore) ? l - xr[tr] : (T)NAN;
     if (loss) loss[r] = v;
     if (rowloss) { rowloss[2 * r] = (double)v; rowloss[2 * r + 1] = tr == ignore ? 0.0 : 1.0; }
   }
@@ -324,13 +319,14 @@ __global__ void ce_total(const double *rowloss, int64_t rows, T *loss, double *c
 }
 
 /* dlogits = (exp(x - lse) - onehot(target)) sr + exp(x - lse) glse, sr = g[r], or g / count (mean),
- * or g (sum); 0 for ignored rows. */
+ * or g (sum); 0 for ignored rows. A target out of range has no onehot (and is reported). */
 template <typename T>
 __global__ void ce_bwd(const T *x, const int64_t *t, const T *lse, const T *g, const T *glse, const double *count,
-                       T *dx, int64_t C, int64_t ignore, bool reduce) {
+                       T *dx, int64_t C, int64_t ignore, bool reduce, BadIndex *bad) {
   int64_t r = blockIdx.x;
   int64_t tr = t[r];
   bool ignored = tr == ignore;
+  if (threadIdx.x == 0 && !ignored) index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore);
   T sr = ignored ? (T)0 : reduce ? g[0] / (T)(count ? count[0] : 1.0) : g[r];
   T sp = sr + glse[r], l = lse[r];
   const T *xr = x + r * C;
@@ -347,14 +343,16 @@ static FLOW_KERNEL(k_cross_entropy) {
     cudaStream_t s = stream_of(out[0]);
     flow_tensor *scratch = NULL;
     int64_t sshape[1] = {2 * rows};
-    rc = 0;
-    if (reduce && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
+    BadIndex *bad = rows > 0 ? bad_index_record(out[0]) : NULL;
+    rc = rows > 0 && !bad ? -1 : 0;
+    if (rc == 0 && reduce && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
     if (rc == 0 && rows > 0) {
       REAL_DISPATCH(in[0]->dtype, "cross_entropy",
         ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), reduce ? NULL : data_of<T>(out[0]),
-                                                 data_of<T>(out[1]), scratch ? data_of<double>(scratch) : NULL, C, a->ignore_index);
+                                                 data_of<T>(out[1]), scratch ? data_of<double>(scratch) : NULL, C, a->ignore_index,
+                                                 bad);
         if (reduce) ce_total<T><<<1, 1024, 0, s>>>(data_of<double>(scratch), rows, data_of<T>(out[0]), NULL, mean))
-      rc = launch_check("cross_entropy_fwd");
+      if (rc == 0) rc = launch_check("cross_entropy_fwd");
     } else if (rc == 0 && reduce) {
       rc = flow_cuda_fill(out[0], mean ? NAN : 0);
     }
@@ -374,8 +372,9 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
     cudaStream_t s = stream_of(out[0]);
     flow_tensor *scratch = NULL;
     int64_t sshape[1] = {2 * rows + 1};
-    rc = 0;
-    if (rows > 0 && mean && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
+    BadIndex *bad = rows > 0 ? bad_index_record(out[0]) : NULL;
+    rc = rows > 0 && !bad ? -1 : 0;
+    if (rc == 0 && rows > 0 && mean && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
     if (rc == 0 && rows > 0) {
       REAL_DISPATCH(in[0]->dtype, "cross_entropy_grad",
         double *cnt = NULL;
@@ -384,13 +383,14 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
           flow_tensor *tmp_lse = flow_tensor_new(in[0]->dtype, in[0]->device, 1, &rows);
           if (!tmp_lse) { rc = -1; break; }
           ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), NULL, data_of<T>(tmp_lse), rl, C,
-                                                   a->ignore_index);
+                                                   a->ignore_index, bad);
           cnt = rl + 2 * rows;
           ce_total<T><<<1, 1024, 0, s>>>(rl, rows, NULL, cnt, true);
           flow_tensor_decref(tmp_lse);
         }
         ce_bwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), data_of<T>(d[2]), data_of<T>(d[3]),
-                                                 data_of<T>(d[4]), cnt, data_of<T>(out[0]), C, a->ignore_index, reduce))
+                                                 data_of<T>(d[4]), cnt, data_of<T>(out[0]), C, a->ignore_index, reduce,
+                                                 bad))
       if (rc == 0) rc = launch_check("cross_entropy_bwd");
     }
     if (scratch) flow_tensor_decref(scratch);
@@ -426,11 +426,12 @@ static FLOW_KERNEL(k_adamw) {
   double decay = 1 - a->lr * a->weight_decay, step = a->lr / (1 - pow(a->beta1, (double)a->k));
   double bc2 = sqrt(1 - pow(a->beta2, (double)a->k));
   cudaStream_t s = stream_of(in[0]);
+  int rc = 0;
   REAL_DISPATCH(in[0]->dtype, "adamw_",
     adamw_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<T>(in[0]), data_of<T>(in[1]), data_of<T>(in[2]),
                                                     data_of<T>(in[3]), (T)decay, (T)a->beta1, (T)a->beta2, (T)step,
                                                     (T)bc2, (T)a->eps))
-  if (launch_check("adamw_kernel") != 0) return -1;
+  if (rc != 0 || launch_check("adamw_kernel") != 0) return -1;
   in[2]->storage->version++; /* dispatch bumps param's version; the moments were written too */
   in[3]->storage->version++;
   return 0;

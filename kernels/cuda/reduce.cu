@@ -82,7 +82,8 @@ static int cuda_reduce(flow_tensor *out, const flow_tensor *x, const bool *mask,
   int64_t Onum, R;
   split_init(&s, x, mask, &Onum, &R);
   if (Onum == 0) return 0;
-  if (R == 0) return flow_cuda_fill(out, 0);
+  /* the empty sum times scale: 0 for sum, NaN for mean and var (scale inf or NaN), as on the CPU */
+  if (R == 0) return flow_cuda_fill(out, 0 * scale);
   if (Onum > 2147483647) return flow_error_set("reduce: too many outputs for one launch");
   /* A block per output when the reduced elements are adjacent (the innermost axis is reduced), or
    * when there are too few outputs for a thread each to fill the GPU (a bias gradient: 768 sums of
@@ -184,6 +185,7 @@ static int cuda_argreduce(flow_tensor *values, flow_tensor *indices, const flow_
   Split s;
   int64_t Onum, R;
   split_init(&s, x, mask, &Onum, &R);
+  if (R == 0) return flow_error_set("cannot take the max/min over an empty axis");
   if (Onum == 0) return 0;
   cudaStream_t st = stream_of(x);
   unsigned grid = (unsigned)((Onum * 32 + 255) / 256);

@@ -45,6 +45,7 @@ VIA_HOST(eye)
 VIA_HOST(randint)
 
 void flow_cuda_register_kernels(void) {
+  flow_cuda_set_sync_check(flow_cuda_raise_bad_index);
   static const struct { const char *name; flow_kernel_fn fn; } fallback[] = {
     {"arange", host_arange}, {"linspace", host_linspace}, {"eye", host_eye},
     {"randint", host_randint},

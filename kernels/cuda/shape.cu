@@ -42,26 +42,24 @@ __global__ void tri_kernel(int64_t n, T *o, const T *x, int64_t rows, int64_t co
   }
 }
 
+/* o = the kept triangle of x (both dense, any dtype: whole elements move, as on the CPU). */
+static int tri_launch(flow_tensor *o, const flow_tensor *x, int64_t k, bool upper) {
+  int64_t n = flow_tensor_numel(o), rows = o->shape[o->ndim - 2], cols = o->shape[o->ndim - 1];
+  cudaStream_t s = stream_of(o);
+  FLOW_CUDA_DISPATCH_ALL(o->dtype, "tril/triu",
+    tri_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<T>(o), data_of<T>(x), rows, cols, k, upper))
+  return launch_check("tri_kernel");
+}
+
 static int tri(flow_tensor *const *in, flow_tensor **out, const flow_attrs *a, bool upper) {
   flow_tensor *o = out[0];
-  int64_t n = flow_tensor_numel(o);
-  if (n == 0) return 0;
+  if (flow_tensor_numel(o) == 0) return 0;
   if (o->ndim < 2 || !flow_tensor_is_contiguous(o)) return flow_error_set("tril/triu: expected a contiguous output of at least 2-d");
-  int64_t rows = o->shape[o->ndim - 2], cols = o->shape[o->ndim - 1];
-  cudaStream_t s = stream_of(o);
   flow_tensor *x = cuda_dense(in[0]);
   if (!x) return -1;
-  int rc = 0;
-  switch (o->dtype) {
-  case FLOW_F32: tri_kernel<float><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<float>(o), data_of<float>(x), rows, cols, a->k, upper); break;
-  case FLOW_F64: tri_kernel<double><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<double>(o), data_of<double>(x), rows, cols, a->k, upper); break;
-  case FLOW_BF16: tri_kernel<bf16><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<bf16>(o), data_of<bf16>(x), rows, cols, a->k, upper); break;
-  case FLOW_I64: tri_kernel<int64_t><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<int64_t>(o), data_of<int64_t>(x), rows, cols, a->k, upper); break;
-  case FLOW_BOOL: tri_kernel<bool><<<grid_for(n, 256), 256, 0, s>>>(n, data_of<bool>(o), data_of<bool>(x), rows, cols, a->k, upper); break;
-  default: rc = flow_error_set("tril/triu: dtype %s is not supported on cuda", flow_dtype_name(o->dtype));
-  }
+  int rc = tri_launch(o, x, a->k, upper);
   flow_tensor_decref(x);
-  return rc ? rc : launch_check("tri_kernel");
+  return rc;
 }
 
 static FLOW_KERNEL(k_tril) { return tri(in, out, a, false); }
