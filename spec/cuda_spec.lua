@@ -470,3 +470,33 @@ describe("cuda caching allocator", function()
     assert.is_true(flow.cuda.memory_stats().reserved < s3.reserved)
   end)
 end)
+
+-- Dense, 16-byte aligned operands take the vectorised kernels (16 bytes per load); a tail that
+-- is not a whole vector, broadcasts and misaligned views take the strided ones. Both must agree
+-- with the CPU.
+describe("cuda elementwise: vectorised and strided paths", function()
+  local n = 4099 -- not a multiple of any vector width
+  git("add, mul and gelu (and its gradient) on dense float32 and bfloat16, with a tail", function()
+    local a, b = randt({ n }), randt({ n })
+    for _, dt in ipairs({ "float32", "bfloat16" }) do
+      local tol = dt == "float32" and 1e-5 or 2e-2
+      local ac, bc = cuda(a, dt), cuda(b, dt)
+      local ah, bh = ac:cpu():float(), bc:cpu():float()
+      close(ah + bh, (ac + bc):float(), tol, tol)
+      close(ah * bh, (ac * bc):float(), tol, tol)
+      close(flow.nn.functional.gelu(ah), flow.nn.functional.gelu(ac):float(), tol, tol)
+    end
+    local x, xc = a:detach():requires_grad_(), cuda(a):detach():requires_grad_()
+    flow.sum(flow.nn.functional.gelu(x) * b):backward()
+    flow.sum(flow.nn.functional.gelu(xc) * cuda(b)):backward()
+    close(x.grad, xc.grad, 1e-5, 1e-5)
+  end)
+  git("misaligned views and broadcasts give the same numbers", function()
+    local a, b = randt({ n }), randt({ 1 })
+    local ac = cuda(a)
+    local av, acv = a:narrow(0, 1, n - 1), ac:narrow(0, 1, n - 1) -- 4 bytes off: no vectors
+    close(av + av, acv + acv)
+    close(a + b, ac + cuda(b))
+    close(flow.exp(av), flow.exp(acv))
+  end)
+end)
