@@ -4,9 +4,11 @@
 #include <limits.h>
 #include <mpi.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "error.h"
 
 /* MPI keeps allocations until exit by design, in components it loads and unloads itself, where
@@ -109,21 +111,52 @@ static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
   return rc;
 }
 
+static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                       void *recv, const size_t *rcounts, const size_t *rdispls, flow_dtype dt);
+
+/* acc[i] += x[i] */
+#define ADD_INTO(T) do { T *a_ = acc; const T *x_ = x; for (size_t i = 0; i < n; i++) a_[i] += x_[i]; } while (0)
+static void add_into(void *acc, const void *x, size_t n, flow_dtype dt) {
+  switch (dt) {
+  case FLOW_F32: ADD_INTO(float); break;
+  case FLOW_F64: ADD_INTO(double); break;
+  case FLOW_I64: ADD_INTO(int64_t); break;
+  case FLOW_I32: ADD_INTO(int32_t); break;
+  default: ADD_INTO(uint8_t); break;
+  }
+}
+#undef ADD_INTO
+
+/* An all-to-all of the blocks, then a local sum of the p blocks this rank receives, in rank order.
+ * OpenMPI's MPI_Reduce_scatter(_block) was 20-40x slower than that here (90 ms against 2-4 ms for
+ * 16 MB on 2 ranks), because its algorithm for this size reduces the whole buffer first. */
 static int m_reduce_scatterv(flow_comm *c, const void *send, void *recv, const size_t *counts, flow_dtype dt) {
   if (sum_check("reduce-scatter", dt)) return -1;
-  MPI_Datatype t = mpi_type(dt);
-  if (equal_blocks(counts, NULL, c->size) && counts[0] <= INT_MAX) {
-    CHECK("reduce-scatter", MPI_Reduce_scatter_block(send, recv, (int)counts[0], t, MPI_SUM, mpi(c)));
-    return 0;
+  int n = c->size, me = c->rank;
+  size_t es = flow_dtype_size(dt), mine = counts[me];
+  size_t *cnt = malloc(4 * (size_t)n * sizeof *cnt);
+  const flow_device_impl *host = flow_device_get(FLOW_CPU);
+  char *parts = host->alloc(0, (size_t)n * mine * es + 1);
+  int rc = 0;
+  if (!cnt || !parts) {
+    rc = flow_error_set("reduce-scatter: out of memory");
+    goto done;
   }
-  int *ic = malloc((size_t)c->size * sizeof(int));
-  if (!ic) return flow_error_set("reduce-scatter: out of memory");
-  int rc = to_ints("reduce-scatter", counts, c->size, ic);
+  size_t off = 0;
+  for (int q = 0; q < n; off += counts[q], q++) {
+    cnt[q] = counts[q];                   /* send: block q to rank q */
+    cnt[n + q] = off;
+    cnt[2 * n + q] = mine;                /* receive: every rank's block for me, back to back */
+    cnt[3 * n + q] = (size_t)q * mine;
+  }
+  rc = m_alltoallv(c, send, cnt, cnt + n, parts, cnt + 2 * n, cnt + 3 * n, dt);
   if (rc == 0) {
-    int e = MPI_Reduce_scatter(send, recv, ic, t, MPI_SUM, mpi(c));
-    if (e != MPI_SUCCESS) rc = mpi_fail("reduce-scatter", e);
+    memcpy(recv, parts, mine * es);
+    for (int q = 1; q < n; q++) add_into(recv, parts + (size_t)q * mine * es, mine, dt);
   }
-  free(ic);
+done:
+  if (parts) host->free(0, parts, (size_t)n * mine * es + 1);
+  free(cnt);
   return rc;
 }
 
