@@ -92,9 +92,9 @@ static int64_t batch_offset(const flow_tensor *t, int64_t b, int nb, const int64
   return off;
 }
 
-/* Y (contiguous, [batch..., m, n]) = op(A) op(B). A and B share a dtype, or (autocast) both are
- * bf16/f16 while Y is float32. */
-static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool ta, bool tb) {
+/* Y (contiguous, [batch..., m, n]) = op(A) op(B), or Y += op(A) op(B) with accumulate. A and B
+ * share a dtype, or (autocast) both are bf16/f16 while Y is float32. */
+static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool ta, bool tb, bool accumulate) {
   flow_tensor *Ad = NULL, *Bd = NULL;
   int nb = y->ndim - 2, rc = -1;
   const int64_t *out_batch = y->shape;
@@ -106,7 +106,7 @@ static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
     return flow_error_set("matmul: [%lld, %lld] x [%lld, %lld] (%lld batches) is too large for one cuBLAS call",
                           (long long)m, (long long)k, (long long)k, (long long)n, (long long)batch);
-  if (k == 0) return flow_cuda_fill(y, 0);
+  if (k == 0) return accumulate ? 0 : flow_cuda_fill(y, 0);
   if (!describe(&a, A, ta, nb, out_batch)) {
     if (!(Ad = cuda_dense((flow_tensor *)A))) return -1;
     describe(&a, Ad, ta, nb, out_batch);
@@ -129,7 +129,8 @@ static int gemm(flow_tensor *y, const flow_tensor *A, const flow_tensor *B, bool
     float one_f = 1, zero_f = 0;
     double one_d = 1, zero_d = 0;
     const void *alpha = y->dtype == FLOW_F64 ? (const void *)&one_d : (const void *)&one_f;
-    const void *beta = y->dtype == FLOW_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+    const void *beta = y->dtype == FLOW_F64 ? (const void *)(accumulate ? &one_d : &zero_d)
+                                             : (const void *)(accumulate ? &one_f : &zero_f);
     size_t ea = flow_dtype_size(A->dtype);
     const char *pa = (const char *)flow_tensor_data(a.t), *pb = (const char *)flow_tensor_data(b.t);
     char *py = (char *)flow_tensor_data(y);
@@ -155,21 +156,38 @@ done:
   return rc;
 }
 
-/* The matmul op's kernel: autocast casts float32 inputs down; the output stays float32. */
-static FLOW_KERNEL(k_matmul) {
-  bool ta = a->flags & FLOW_ATTR_TRANS_A, tb = a->flags & FLOW_ATTR_TRANS_B;
+/* GEMM under autocast: float32 inputs are cast down (bf16/f16), the output stays float32. */
+static int autocast_gemm(flow_tensor *y, flow_tensor *A, flow_tensor *B, bool ta, bool tb, bool accumulate) {
   flow_dtype ac = flow_cuda_autocast_dtype();
-  if (ac != FLOW_F32 && in[0]->dtype == FLOW_F32) {
-    flow_tensor *x = cuda_cast(in[0], ac), *w = x ? cuda_cast(in[1], ac) : NULL;
-    int rc = w ? gemm(out[0], x, w, ta, tb) : -1;
-    if (x) flow_tensor_decref(x);
-    if (w) flow_tensor_decref(w);
-    return rc;
-  }
-  return gemm(out[0], in[0], in[1], ta, tb);
+  if (ac == FLOW_F32 || A->dtype != FLOW_F32) return gemm(y, A, B, ta, tb, accumulate);
+  flow_tensor *x = cuda_cast(A, ac), *w = x ? cuda_cast(B, ac) : NULL;
+  int rc = w ? gemm(y, x, w, ta, tb, accumulate) : -1;
+  if (x) flow_tensor_decref(x);
+  if (w) flow_tensor_decref(w);
+  return rc;
 }
 
-void flow_cuda_register_matmul(void) { cuda_attach("matmul", k_matmul); }
+static FLOW_KERNEL(k_matmul) {
+  return autocast_gemm(out[0], in[0], in[1], a->flags & FLOW_ATTR_TRANS_A, a->flags & FLOW_ATTR_TRANS_B, false);
+}
+
+/* linear: Y [N, out] = X W^T + b. The bias is written first (broadcast over the rows) and the
+ * GEMM adds onto it (beta = 1): no separate pass over Y for the bias. */
+static FLOW_KERNEL(k_linear) {
+  flow_tensor rows = *in[2]; /* the bias seen as [N, out] with stride 0 over the rows */
+  rows.ndim = 2;
+  rows.shape[0] = out[0]->shape[0];
+  rows.shape[1] = in[2]->shape[0];
+  rows.stride[0] = 0;
+  rows.stride[1] = in[2]->stride[0];
+  if (flow_cuda_copy(out[0], &rows) != 0) return -1;
+  return autocast_gemm(out[0], in[0], in[1], false, true, true);
+}
+
+void flow_cuda_register_matmul(void) {
+  cuda_attach("matmul", k_matmul);
+  cuda_attach("linear", k_linear);
+}
 
 int flow_cuda_bench_gemm(flow_tensor *c, const flow_tensor *a, const flow_tensor *b, int iters, double *secs) {
   const flow_tensor *ts[3] = {c, a, b};

@@ -10,11 +10,11 @@ nn.functional = F
 
 -- Inputs of rank > 2 are folded into one [N, in] matrix first: one GEMM each way, and the weight
 -- gradient comes out [out, in] directly instead of per batch and then summed.
--- With a bias on local CPU tensors, the fused "linear" op writes the bias and lets GEMM add onto
--- it (one pass over the output fewer).
+-- With a bias on local tensors of one device, the fused "linear" op writes the bias and lets GEMM
+-- add onto it (one pass over the output fewer).
 function F.linear(x, weight, bias)
   local s = x:shape()
-  local fused = bias ~= nil and #s >= 2 and x.device == "cpu" and weight.device == "cpu" and bias.device == "cpu"
+  local fused = bias ~= nil and #s >= 2 and x.device == weight.device and x.device == bias.device
     and not x.is_global and not weight.is_global and not bias.is_global
   local x2 = x
   if #s > 2 then x2 = flow.reshape(x, { x:numel() // s[#s], s[#s] }) end
