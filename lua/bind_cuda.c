@@ -263,6 +263,30 @@ static void mark_ops_unavailable(void) {
     if (!op->kernel[FLOW_CUDA]) ((flow_op *)op)->kernel[FLOW_CUDA] = no_gpu_kernel;
 }
 
+/* flow.cuda._kernels() -> {op name = true} for every op with a CUDA kernel of its own (compiled in
+ * this build, GPU or not), and the list of kernel names no op matches; nil in a build without CUDA. */
+static int f_kernels(lua_State *L) {
+#ifdef FLOW_HAVE_CUDA
+  lua_newtable(L);
+  for (const flow_op *op = flow_op_first(); op; op = op->next)
+    if (op->kernel[FLOW_CUDA] && op->kernel[FLOW_CUDA] != no_gpu_kernel) {
+      lua_pushboolean(L, 1);
+      lua_setfield(L, -2, op->name);
+    }
+  const char *const *names;
+  int n = flow_cuda_unmatched_kernels(&names);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushstring(L, names[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 2;
+#else
+  lua_pushnil(L);
+  return 1;
+#endif
+}
+
 void flow_lua_open_cuda(lua_State *L) {
   flow_cuda_init();
   if (flow_nccl_init() != 0) luaL_error(L, "%s", flow_error_get());
@@ -275,7 +299,7 @@ void flow_lua_open_cuda(lua_State *L) {
     {"is_available", f_is_available}, {"unavailable_reason", f_unavailable_reason},
     {"device_count", f_device_count}, {"synchronize", f_synchronize}, {"memory_stats", f_memory_stats},
     {"empty_cache", f_empty_cache}, {"_bench_gemm", f_bench_gemm}, {"_nccl_allreduce", f_nccl_allreduce},
-    {"nccl_usable", f_nccl_usable}, {"local_device", f_local_device}, {NULL, NULL}};
+    {"nccl_usable", f_nccl_usable}, {"local_device", f_local_device}, {"_kernels", f_kernels}, {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, cuda_fns, 0);
   lua_setfield(L, -2, "cuda");

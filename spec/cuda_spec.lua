@@ -73,6 +73,18 @@ describe("cuda availability", function()
     end
   end)
 
+  it("every op of the registry has a CUDA kernel in a CUDA build (GPU or not)", function()
+    local have, unmatched = flow.cuda._kernels()
+    if not have then return pending("this build has no CUDA support") end
+    local missing = {}
+    for _, op in ipairs(flow._ops()) do
+      if not have[op.name] then missing[#missing + 1] = op.name end
+    end
+    assert.same({}, missing)
+    assert.same({}, unmatched) -- kernels attached to names no op has
+    assert.is_true(have.matmul and have.linear and have.conv2d and have.adamw_ and have.to_global)
+  end)
+
   it("t:to parses dtypes, devices and option tables on the CPU", function()
     local t = flow.tensor({ 1.5, -2 })
     assert.equals(t, t:to("cpu"))

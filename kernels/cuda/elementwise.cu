@@ -45,9 +45,22 @@ void geo_init(Geo *g, const flow_tensor *const *ops, int nops) {
   g->small = flow_tensor_numel(o) < ((int64_t)1 << 31);
 }
 
+static const char *unmatched[32];
+static int nunmatched;
+
 void cuda_attach(const char *name, flow_kernel_fn fn) {
   flow_op *op = (flow_op *)flow_op_find(name);
   if (op) op->kernel[FLOW_CUDA] = fn;
+  else if (nunmatched < 32) {
+    for (int i = 0; i < nunmatched; i++)
+      if (unmatched[i] == name) return;
+    unmatched[nunmatched++] = name;
+  }
+}
+
+extern "C" int flow_cuda_unmatched_kernels(const char *const **names) {
+  *names = unmatched;
+  return nunmatched;
 }
 
 /* ---- the dense fast path -------------------------------------------------------------------------
@@ -497,25 +510,24 @@ static double hi_of(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MAX ?
 
 #define UNARY(NAME, CODE)                                                                         \
   static FLOW_KERNEL(k_##NAME) { return cuda_unary(CODE, out[0], in[0], lo_of(a), hi_of(a)); }
+/* NAME and its gradient op NAME_grad, which takes (s, g): see unop_grad */
+#define UNARY_AND_GRAD(NAME, CODE)                                                                \
+  UNARY(NAME, CODE)                                                                               \
+  static FLOW_KERNEL(k_##NAME##_grad) { return cuda_unary_backward(CODE, out[0], in[0], in[1], lo_of(a), hi_of(a)); }
 UNARY(neg, FLOW_UN_NEG)
-UNARY(abs, FLOW_UN_ABS)
-UNARY(exp, FLOW_UN_EXP)
-UNARY(log, FLOW_UN_LOG)
-UNARY(sqrt, FLOW_UN_SQRT)
-UNARY(rsqrt, FLOW_UN_RSQRT)
-UNARY(tanh, FLOW_UN_TANH)
-UNARY(sigmoid, FLOW_UN_SIGMOID)
-UNARY(relu, FLOW_UN_RELU)
-UNARY(gelu, FLOW_UN_GELU)
-UNARY(clamp, FLOW_UN_CLAMP)
+UNARY_AND_GRAD(abs, FLOW_UN_ABS)
+UNARY_AND_GRAD(exp, FLOW_UN_EXP)
+UNARY_AND_GRAD(log, FLOW_UN_LOG)
+UNARY_AND_GRAD(sqrt, FLOW_UN_SQRT)
+UNARY_AND_GRAD(rsqrt, FLOW_UN_RSQRT)
+UNARY_AND_GRAD(tanh, FLOW_UN_TANH)
+UNARY_AND_GRAD(sigmoid, FLOW_UN_SIGMOID)
+UNARY_AND_GRAD(relu, FLOW_UN_RELU)
+UNARY_AND_GRAD(gelu, FLOW_UN_GELU)
+UNARY_AND_GRAD(clamp, FLOW_UN_CLAMP)
 
 static FLOW_KERNEL(k_where) { return cuda_where(out[0], in[0], in[1], in[2]); }
 static FLOW_KERNEL(k_masked_fill) { return cuda_masked_fill(out[0], in[0], in[1], a->scalar); }
-
-/* unary gradient ops take (s, g) and carry the forward's code in attrs->k */
-static FLOW_KERNEL(k_unary_backward) {
-  return cuda_unary_backward((flow_unary_code)a->k, out[0], in[0], in[1], lo_of(a), hi_of(a));
-}
 
 void flow_cuda_register_elementwise(void) {
   static const struct { const char *name; flow_kernel_fn fn; } table[] = {
@@ -526,7 +538,9 @@ void flow_cuda_register_elementwise(void) {
     {"neg", k_neg}, {"abs", k_abs}, {"exp", k_exp}, {"log", k_log}, {"sqrt", k_sqrt},
     {"rsqrt", k_rsqrt}, {"tanh", k_tanh}, {"sigmoid", k_sigmoid}, {"relu", k_relu},
     {"gelu", k_gelu}, {"clamp", k_clamp}, {"where", k_where}, {"masked_fill", k_masked_fill},
-    {"unary_backward", k_unary_backward},
+    {"abs_grad", k_abs_grad}, {"exp_grad", k_exp_grad}, {"log_grad", k_log_grad}, {"sqrt_grad", k_sqrt_grad},
+    {"rsqrt_grad", k_rsqrt_grad}, {"tanh_grad", k_tanh_grad}, {"sigmoid_grad", k_sigmoid_grad},
+    {"relu_grad", k_relu_grad}, {"gelu_grad", k_gelu_grad}, {"clamp_grad", k_clamp_grad},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) cuda_attach(table[i].name, table[i].fn);
 }
