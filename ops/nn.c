@@ -28,8 +28,8 @@ static int check_real(const flow_op *op, const flow_tensor *t, const char *what)
   return flow_error_set("%s: %s must be float32 or float64 (got %s)", op->name, what, flow_dtype_name(t->dtype));
 }
 
-/* The dtype of the row statistics an op saves for its backward (layer_norm's mean and rstd,
- * cross_entropy's lse): float32 for float16/bfloat16 inputs, as the CUDA kernels compute
+/* The dtype of the row statistics an op saves for its backward (layer_norm's mean and rstd, the lse
+ * of cross_entropy and attention): float32 for float16/bfloat16 inputs, as the CUDA kernels compute
  * them, since rounding them to 8 or 11 bits would skew every gradient of the row. */
 static flow_dtype stat_dtype(const flow_tensor *x) {
   return x->dtype == FLOW_F16 || x->dtype == FLOW_BF16 ? FLOW_F32 : x->dtype;
@@ -313,7 +313,8 @@ flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_
 
 /* ---- scaled_dot_product_attention ------------------------------------------------------------
  * inputs: q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv]; attrs: scalar = scale, FLOW_ATTR_CAUSAL.
- * outputs: o [B,H,Tq,Dv], lse [B,H,Tq] (log-sum-exp of each score row, for the backward). */
+ * outputs: o [B,H,Tq,Dv], lse [B,H,Tq] (log-sum-exp of each score row in stat_dtype, for the
+ * backward). */
 
 static int infer_attention(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                            flow_meta *out) {
@@ -340,6 +341,7 @@ static int infer_attention(const flow_op *op, flow_tensor *const *in, int nin, c
   out[0].shape[3] = v->shape[3];
   flow_meta_from(&out[1], q);
   out[1].ndim = 3;
+  out[1].dtype = stat_dtype(q);
   return 0;
 }
 
