@@ -20,11 +20,19 @@ enum {
 extern flow_op flow_op_softmax_grad, flow_op_log_softmax_grad, flow_op_layer_norm_grad,
     flow_op_cross_entropy_grad, flow_op_scaled_dot_product_attention_grad;
 
-/* The fused kernels compute in float32 or float64 (and, on CUDA, float16/bfloat16). */
+/* The fused kernels compute in float32 or float64, and on CUDA also in float16/bfloat16 (which stay
+ * storage-only on the CPU). */
 static int check_real(const flow_op *op, const flow_tensor *t, const char *what) {
   if (t->dtype == FLOW_F32 || t->dtype == FLOW_F64) return 0;
-  if (t->device.type != FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16)) return 0;
+  if (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16) return flow_check_computable(op, t);
   return flow_error_set("%s: %s must be float32 or float64 (got %s)", op->name, what, flow_dtype_name(t->dtype));
+}
+
+/* The dtype of the row statistics an op saves for its backward (layer_norm's mean and rstd, the lse
+ * of cross_entropy and attention): float32 for float16/bfloat16 inputs, as the CUDA kernels compute
+ * them, since rounding them to 8 or 11 bits would skew every gradient of the row. */
+static flow_dtype stat_dtype(const flow_tensor *x) {
+  return x->dtype == FLOW_F16 || x->dtype == FLOW_BF16 ? FLOW_F32 : x->dtype;
 }
 
 static int check_same_dtype(const flow_op *op, const flow_tensor *t, const flow_tensor *like, const char *what) {
@@ -146,8 +154,8 @@ flow_tensor *flow_log_softmax(flow_tensor *t, int64_t axis) { return softmax_cal
 
 /* ---- layer_norm ------------------------------------------------------------------------------
  * inputs: x [..., C], then the weight [C] if LN_WEIGHT, then the bias [C] if LN_BIAS.
- * outputs: y, mean [...], rstd [...] (saved for the backward; Lua sees only y, but the gradient rule
- * also takes theirs, so every output of the op is differentiable). */
+ * outputs: y, mean [...], rstd [...] (in stat_dtype, saved for the backward; Lua sees only y, but the
+ * gradient rule also takes theirs, so every output of the op is differentiable). */
 
 static int check_affine(const flow_op *op, const flow_tensor *p, const flow_tensor *x, const char *what) {
   if (check_same_dtype(op, p, x, what) != 0) return -1;
@@ -173,6 +181,7 @@ static int infer_layer_norm(const flow_op *op, flow_tensor *const *in, int nin, 
   for (int j = 1; j < 3; j++) {
     flow_meta_from(&out[j], x);
     out[j].ndim--;
+    out[j].dtype = stat_dtype(x);
   }
   return 0;
 }
@@ -231,7 +240,7 @@ flow_tensor *flow_layer_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *b
 
 /* ---- cross_entropy ---------------------------------------------------------------------------
  * inputs: logits [..., C], target int64 [...]. outputs: loss ([] or [...] for reduction "none"),
- * lse [...] (log-sum-exp of each row, for the backward). */
+ * lse [...] (log-sum-exp of each row in stat_dtype, for the backward). */
 
 static int infer_cross_entropy(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                                flow_meta *out) {
@@ -247,8 +256,9 @@ static int infer_cross_entropy(const flow_op *op, flow_tensor *const *in, int ni
                           op->name, flow_shape_str(x->ndim, x->shape, sx, sizeof sx),
                           flow_shape_str(t->ndim, t->shape, st, sizeof st));
   flow_meta_from(&out[1], t);
-  out[1].dtype = x->dtype;
   out[0] = out[1];
+  out[0].dtype = x->dtype;
+  out[1].dtype = stat_dtype(x);
   if (a->flags & CE_REDUCE) out[0].ndim = 0;
   return 0;
 }
@@ -303,7 +313,8 @@ flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_
 
 /* ---- scaled_dot_product_attention ------------------------------------------------------------
  * inputs: q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv]; attrs: scalar = scale, FLOW_ATTR_CAUSAL.
- * outputs: o [B,H,Tq,Dv], lse [B,H,Tq] (log-sum-exp of each score row, for the backward). */
+ * outputs: o [B,H,Tq,Dv], lse [B,H,Tq] (log-sum-exp of each score row in stat_dtype, for the
+ * backward). */
 
 static int infer_attention(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                            flow_meta *out) {
@@ -330,6 +341,7 @@ static int infer_attention(const flow_op *op, flow_tensor *const *in, int nin, c
   out[0].shape[3] = v->shape[3];
   flow_meta_from(&out[1], q);
   out[1].ndim = 3;
+  out[1].dtype = stat_dtype(q);
   return 0;
 }
 

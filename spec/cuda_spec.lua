@@ -49,6 +49,14 @@ local function close(a, b, rtol, atol)
   end
 end
 
+-- close with the absolute tolerance rtol * max |a|: for results in half precision, whose rounding
+-- error follows the tensor's scale (a gradient that cancels to near 0 keeps the error of its terms).
+local function close_scaled(a, b, rtol)
+  local m = 0
+  for _, v in ipairs(flat(a:to("float64"):totable())) do m = math.max(m, math.abs(v)) end
+  close(a, b, rtol, rtol * m)
+end
+
 local function cuda(t, dtype) return t:to({ device = "cuda", dtype = dtype }) end
 
 describe("cuda availability", function()
@@ -298,22 +306,34 @@ describe("cuda matmul", function()
 end)
 
 describe("cuda fused nn ops match the CPU", function()
-  local function both(f, inputs)
-    -- run f on CPU leaves and CUDA leaves; compare outputs and every input's gradient
+  -- Run f on CPU leaves and CUDA leaves; compare outputs and every input's gradient. With dtype
+  -- (bfloat16, float16) the CUDA side computes in it and the CPU in float32 from the same rounded
+  -- inputs, so only the kernels' own error counts: within rtol of the tensor's scale.
+  local function both(f, inputs, dtype, rtol)
+    local function round(t) return dtype and t.dtype == "float32" and t:to(dtype):to("float32") or t end
+    local function same(a, b)
+      if dtype then close_scaled(a, b, rtol) else close(a, b, 1e-4, 1e-5) end
+    end
     local cl, gl = {}, {}
     for i, t in ipairs(inputs) do
+      t = round(t)
       cl[i] = t.dtype == "float32" and t:detach():requires_grad_() or t
-      gl[i] = t.dtype == "float32" and cuda(t):detach():requires_grad_() or cuda(t)
+      gl[i] = t.dtype == "float32" and cuda(t, dtype):detach():requires_grad_() or cuda(t)
     end
     local yc, yg = f(table.unpack(cl)), f(table.unpack(gl))
-    close(yc, yg, 1e-4, 1e-5)
-    local w = randt(yc:shape())
+    assert.equals(dtype or "float32", yg.dtype)
+    same(yc, yg)
+    local w = round(randt(yc:shape()))
     flow.sum(yc * w):backward()
-    flow.sum(yg * cuda(w)):backward()
+    flow.sum(yg * cuda(w, dtype)):backward()
     for i = 1, #inputs do
-      if cl[i].requires_grad then close(cl[i].grad, gl[i].grad, 1e-4, 1e-5) end
+      if cl[i].requires_grad then same(cl[i].grad, gl[i].grad) end
     end
   end
+
+  -- rtol per half dtype: about 4 roundings to its 8 or 11 significant bits (a list: a fixed order
+  -- keeps randt's values the same from run to run)
+  local halves = { { "bfloat16", 2e-2 }, { "float16", 2e-3 } }
 
   git("softmax and log_softmax on the last and a middle axis", function()
     both(function(x) return flow.softmax(x, -1) end, { randt({ 3, 4, 37 }, -3, 3) })
@@ -377,6 +397,66 @@ describe("cuda fused nn ops match the CPU", function()
     end)
     assert.equals("float32", y.dtype)
     close(ref, y, 3e-2, 3e-2)
+  end)
+
+  -- Rows of 1000 and 4097 elements: not a multiple of the 256-thread block, and longer than it.
+  for _, half in ipairs(halves) do
+    local dtype, rtol = half[1], half[2]
+    git("softmax and log_softmax forward and gradient in " .. dtype, function()
+      for _, op in ipairs({ "softmax", "log_softmax" }) do
+        both(function(x) return flow[op](x, -1) end, { randt({ 3, 1000 }, -3, 3) }, dtype, rtol)
+        both(function(x) return flow[op](x, -1) end, { randt({ 2, 4097 }, -3, 3) }, dtype, rtol)
+        both(function(x) return flow[op](x, 1) end, { randt({ 2, 1000, 3 }, -3, 3) }, dtype, rtol)
+      end
+    end)
+
+    git("layer_norm forward and gradients in " .. dtype, function()
+      for _, C in ipairs({ 1000, 4097 }) do
+        both(function(x, w, b) return flow.layer_norm(x, w, b, 1e-5) end,
+             { randt({ 3, C }, -2, 3), randt({ C }, 0.5, 1.5), randt({ C }) }, dtype, rtol)
+      end
+      both(function(x) return flow.layer_norm(x, nil, nil, 1e-5) end, { randt({ 5, 1000 }) }, dtype, rtol)
+    end)
+
+    git("cross_entropy forward and gradient in " .. dtype, function()
+      for _, C in ipairs({ 1000, 4097 }) do
+        local target = flow.tensor({ 0, C - 1, -100, 7, C // 2 })
+        for _, red in ipairs({ "mean", "none" }) do
+          both(function(x, t) return flow.cross_entropy(x, t, { reduction = red }) end,
+               { randt({ 5, C }, -3, 3), target }, dtype, rtol)
+        end
+      end
+    end)
+
+    git("scaled_dot_product_attention forward and gradients in " .. dtype, function()
+      both(function(q, k, v) return flow.scaled_dot_product_attention(q, k, v) end,
+           { randt({ 1, 2, 37, 64 }), randt({ 1, 2, 1000, 64 }), randt({ 1, 2, 1000, 64 }) }, dtype, rtol)
+      both(function(q, k, v) return flow.scaled_dot_product_attention(q, k, v, { causal = true }) end,
+           { randt({ 1, 2, 130, 40 }), randt({ 1, 2, 130, 40 }), randt({ 1, 2, 130, 24 }) }, dtype, rtol)
+    end)
+
+    git("adamw_ in " .. dtype .. " computes in float32", function()
+      local function r(t) return t:to(dtype):to("float32") end
+      local p, g = r(randt({ 7, 5 })), r(randt({ 7, 5 }))
+      local m, v = r(randt({ 7, 5 }, -0.1, 0.1)), r(randt({ 7, 5 }, 0, 0.1))
+      local pc, gc, mc, vc = cuda(p, dtype), cuda(g, dtype), cuda(m, dtype), cuda(v, dtype)
+      local opts = { lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, step = 3 }
+      flow.adamw_(p, g, m, v, opts)
+      flow.adamw_(pc, gc, mc, vc, opts)
+      close_scaled(p, pc, rtol)
+      close_scaled(m, mc, rtol)
+      close_scaled(v, vc, rtol)
+    end)
+  end
+
+  git("attention under f16 autocast stays float32 and close", function()
+    local q, k, v = randt({ 1, 2, 70, 64 }), randt({ 1, 2, 70, 64 }), randt({ 1, 2, 70, 64 })
+    local ref = flow.scaled_dot_product_attention(q, k, v, { causal = true })
+    local y = flow.autocast("float16", function()
+      return flow.scaled_dot_product_attention(cuda(q), cuda(k), cuda(v), { causal = true })
+    end)
+    assert.equals("float32", y.dtype)
+    close(ref, y, 5e-3, 5e-3)
   end)
 
   git("adamw_ updates in place like the CPU", function()

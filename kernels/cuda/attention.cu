@@ -2,8 +2,8 @@
  * k [B,H,Tk,D], v [B,H,Tk,Dv]; o = softmax(scale q k^T (+ causal mask)) v and lse per query row.
  * One thread owns one query row (forward, dq) or one key row (dk, dv), keeping it and its
  * accumulator in registers while tiles of the other side stream through shared memory with an
- * online softmax. Head sizes up to 128. Under autocast, float32 q/k/v are rounded to bf16/f16 first
- * (the math stays float32). */
+ * online softmax. Head sizes up to 128. float32, bfloat16 and float16; the math is float32 and lse
+ * stays float32. Under autocast, float32 q/k/v are rounded to bf16/f16 first. */
 #include "common.h"
 
 #define TILE 64      /* query (or key) rows per block: one per thread */
@@ -187,7 +187,7 @@ static int check_dims(const flow_tensor *q, const flow_tensor *k, const flow_ten
  * autocast dtype when it is on and the inputs are float32). */
 static bool prepare(flow_tensor *const *src, flow_tensor **dst, int n, unsigned stats, flow_dtype *compute) {
   flow_dtype ac = flow_cuda_autocast_dtype();
-  *compute = ac == FLOW_BF16 && src[0]->dtype == FLOW_F32 ? ac : src[0]->dtype; /* f16 autocast: stays f32 */
+  *compute = ac != FLOW_F32 && src[0]->dtype == FLOW_F32 ? ac : src[0]->dtype;
   bool ok = true;
   for (int i = 0; i < n; i++) {
     dst[i] = NULL;
@@ -219,6 +219,7 @@ static int finish(flow_tensor *out, flow_tensor *tmp, int rc) {
   switch (dt) {                                                                                   \
   case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                           \
   case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                           \
+  case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                             \
   default: rc = flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(dt)); \
   }
 

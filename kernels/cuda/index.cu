@@ -76,6 +76,7 @@ static int scatter_add(flow_tensor *out, const flow_tensor *idx, const flow_tens
   case FLOW_F32: scatter_add_kernel<float><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<int64_t>(idx), data_of<float>(src), data_of<float>(out), ostride, len, bad, axis); break;
   case FLOW_F64: scatter_add_kernel<double><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<int64_t>(idx), data_of<double>(src), data_of<double>(out), ostride, len, bad, axis); break;
   case FLOW_BF16: scatter_add_kernel<bf16><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<int64_t>(idx), data_of<bf16>(src), data_of<bf16>(out), ostride, len, bad, axis); break;
+  case FLOW_F16: scatter_add_kernel<f16><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<int64_t>(idx), data_of<f16>(src), data_of<f16>(out), ostride, len, bad, axis); break;
   case FLOW_I64: scatter_add_kernel<int64_t><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<int64_t>(idx), data_of<int64_t>(src), data_of<int64_t>(out), ostride, len, bad, axis); break;
   case FLOW_I32: scatter_add_kernel<int32_t><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<int64_t>(idx), data_of<int32_t>(src), data_of<int32_t>(out), ostride, len, bad, axis); break;
   default: return flow_error_set("scatter_add: dtype %s is not supported on cuda", flow_dtype_name(out->dtype));

@@ -1,6 +1,9 @@
 /* Fused neural-network kernels on CUDA, forward and backward, with the CPU kernels' math
  * (kernels/cpu/nn.h): softmax/log_softmax, layernorm, cross-entropy, and the AdamW update.
- * float32 and float64 (what the ops accept); float32 computes in float. Inputs are made dense. */
+ * float32, float64, float16 and bfloat16: a kernel loads T, computes and accumulates in acc_t<T>
+ * (float; double for float64) and stores T. The row statistics saved for the backward (layernorm's
+ * mean and rstd, cross-entropy's lse) stay in acc_t<T>, the dtype ops/nn.c declares for them.
+ * Inputs are made dense. */
 #include "common.h"
 
 /* Sets rc on an unsupported dtype (no return: the callers release their dense copies first). */
@@ -8,8 +11,18 @@
   switch (d) {                                                                                    \
   case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
   case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
+  case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                           \
+  case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                         \
   default: rc = flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
   }
+
+/* The type a kernel for storage type T computes in. */
+template <typename T> using acc_t = typename Acc<T>::type;
+
+/* p[i] in the compute type A, or dflt where the optional tensor is absent (no weight, no bias). */
+template <typename A, typename T> __device__ __forceinline__ A opt(const T *p, int64_t i, A dflt) {
+  return p ? load<A>(p + i) : dflt;
+}
 
 /* Block-wide sum and max in the accumulation type (blockDim.x a multiple of 32). */
 template <typename C> __device__ C bsum(C v) {
@@ -54,53 +67,75 @@ template <typename T> static T *ptr(flow_tensor *t) { return t ? data_of<T>(t) :
 /* x seen as [outer, n, inner]: softmax along n. inner == 1: a block per row; else a thread per
  * (outer, inner) column walking n (adjacent threads read adjacent memory). */
 
+/* y = x - m - log s (log_softmax) or exp(x - m) / s, with m the row's max and s = sum exp(x - m). */
+template <typename A> __device__ __forceinline__ A softmax_of(A x, A m, A s, A ls, bool log_) {
+  return log_ ? x - m - ls : exp(x - m) / s;
+}
+
 template <typename T>
 __global__ void softmax_rows(const T *x, T *y, int64_t n, bool log_) {
+  typedef acc_t<T> A;
   const T *xr = x + blockIdx.x * n;
   T *yr = y + blockIdx.x * n;
-  T m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max(m, xr[j]);
-  m = bmax<T>(m);
-  T s = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(xr[j] - m);
-  s = bsum<T>(s);
-  T ls = log(s);
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = log_ ? xr[j] - m - ls : exp(xr[j] - m) / s;
+  A m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max(m, load<A>(xr + j));
+  m = bmax<A>(m);
+  A s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(load<A>(xr + j) - m);
+  s = bsum<A>(s);
+  A ls = log(s);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    store<T, A>(yr + j, softmax_of<A>(load<A>(xr + j), m, s, ls, log_));
 }
 
 template <typename T>
 __global__ void softmax_cols(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, bool log_) {
+  typedef acc_t<T> A;
   CUDA_LOOP(c, outer * inner) {
     const T *xc = x + (c / inner) * n * inner + c % inner;
     T *yc = y + (c / inner) * n * inner + c % inner;
-    T m = -INFINITY, s = 0;
-    for (int64_t j = 0; j < n; j++) m = max(m, xc[j * inner]);
-    for (int64_t j = 0; j < n; j++) s += exp(xc[j * inner] - m);
-    T ls = log(s);
-    for (int64_t j = 0; j < n; j++) yc[j * inner] = log_ ? xc[j * inner] - m - ls : exp(xc[j * inner] - m) / s;
+    A m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < n; j++) m = max(m, load<A>(xc + j * inner));
+    for (int64_t j = 0; j < n; j++) s += exp(load<A>(xc + j * inner) - m);
+    A ls = log(s);
+    for (int64_t j = 0; j < n; j++) store<T, A>(yc + j * inner, softmax_of<A>(load<A>(xc + j * inner), m, s, ls, log_));
   }
 }
 
 /* softmax: dx = y (dy - sum dy y);  log_softmax: dx = dy - exp(y) sum dy. */
+template <typename A> __device__ __forceinline__ A softmax_grad_term(A y, A dy, bool log_) {
+  return log_ ? dy : dy * y;
+}
+template <typename A> __device__ __forceinline__ A softmax_grad_of(A y, A dy, A s, bool log_) {
+  return log_ ? dy - exp(y) * s : y * (dy - s);
+}
+
 template <typename T>
 __global__ void softmax_grad_rows(const T *y, const T *dy, T *dx, int64_t n, bool log_) {
+  typedef acc_t<T> A;
   const T *yr = y + blockIdx.x * n, *dr = dy + blockIdx.x * n;
   T *xr = dx + blockIdx.x * n;
-  T s = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += log_ ? dr[j] : dr[j] * yr[j];
-  s = bsum<T>(s);
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) xr[j] = log_ ? dr[j] - exp(yr[j]) * s : yr[j] * (dr[j] - s);
+  A s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    s += softmax_grad_term<A>(load<A>(yr + j), load<A>(dr + j), log_);
+  s = bsum<A>(s);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    store<T, A>(xr + j, softmax_grad_of<A>(load<A>(yr + j), load<A>(dr + j), s, log_));
 }
 
 template <typename T>
 __global__ void softmax_grad_cols(const T *y, const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, bool log_) {
+  typedef acc_t<T> A;
   CUDA_LOOP(c, outer * inner) {
     int64_t base = (c / inner) * n * inner + c % inner;
-    T s = 0;
-    for (int64_t j = 0; j < n; j++) s += log_ ? dy[base + j * inner] : dy[base + j * inner] * y[base + j * inner];
+    A s = 0;
     for (int64_t j = 0; j < n; j++) {
       int64_t k = base + j * inner;
-      dx[k] = log_ ? dy[k] - exp(y[k]) * s : y[k] * (dy[k] - s);
+      s += softmax_grad_term<A>(load<A>(y + k), load<A>(dy + k), log_);
+    }
+    for (int64_t j = 0; j < n; j++) {
+      int64_t k = base + j * inner;
+      store<T, A>(dx + k, softmax_grad_of<A>(load<A>(y + k), load<A>(dy + k), s, log_));
     }
   }
 }
@@ -161,54 +196,61 @@ static FLOW_KERNEL(k_log_softmax_grad) { return softmax_backward(out[0], in[0], 
 /* Per row: mean = sum x / C, var = sum (x - mean)^2 / C, rstd = 1/sqrt(var + eps),
  * y = (x - mean) rstd w + b. A block per row. */
 template <typename T>
-__global__ void layernorm_fwd(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd, int64_t C, double eps) {
+__global__ void layernorm_fwd(const T *x, const T *w, const T *b, T *y, acc_t<T> *mean, acc_t<T> *rstd, int64_t C,
+                              double eps) {
+  typedef acc_t<T> A;
   const T *xr = x + blockIdx.x * C;
   T *yr = y + blockIdx.x * C;
-  T s = 0;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += xr[i];
-  T m = bsum<T>(s) / (T)C;
-  T v = 0;
-  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) v += (xr[i] - m) * (xr[i] - m);
-  T r = (T)1 / sqrt(bsum<T>(v) / (T)C + (T)eps);
+  A s = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) s += load<A>(xr + i);
+  A m = bsum<A>(s) / (A)C;
+  A v = 0;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+    A d = load<A>(xr + i) - m;
+    v += d * d;
+  }
+  A r = (A)1 / sqrt(bsum<A>(v) / (A)C + (A)eps);
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-    yr[i] = (xr[i] - m) * r * (w ? w[i] : (T)1) + (b ? b[i] : (T)0);
+    store<T, A>(yr + i, (load<A>(xr + i) - m) * r * opt<A>(w, i, 1) + opt<A>(b, i, 0));
   if (threadIdx.x == 0) { mean[blockIdx.x] = m; rstd[blockIdx.x] = r; }
 }
 
 /* dx = (dn - mean(dn) - xhat mean(dn xhat)) rstd, dn = dy w, with the saved statistics' gradients
  * folded in: mean(dn) -= dmean / (rstd C) ... exactly as kernels/cpu/layernorm.c. */
 template <typename T>
-__global__ void layernorm_bwd_dx(const T *dy, const T *dmean, const T *drstd, const T *x, const T *w, const T *mean,
-                                 const T *rstd, T *dx, int64_t C) {
+__global__ void layernorm_bwd_dx(const T *dy, const acc_t<T> *dmean, const acc_t<T> *drstd, const T *x, const T *w,
+                                 const acc_t<T> *mean, const acc_t<T> *rstd, T *dx, int64_t C) {
+  typedef acc_t<T> A;
   int64_t r = blockIdx.x;
   const T *xr = x + r * C, *dyr = dy + r * C;
   T *dxr = dx + r * C;
-  T m = mean[r], s = rstd[r], a = 0, b = 0;
+  A m = mean[r], s = rstd[r], a = 0, b = 0;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-    T dn = dyr[i] * (w ? w[i] : (T)1);
+    A dn = load<A>(dyr + i) * opt<A>(w, i, 1);
     a += dn;
-    b += dn * (xr[i] - m) * s;
+    b += dn * (load<A>(xr + i) - m) * s;
   }
-  a = bsum<T>(a);
-  b = bsum<T>(b);
-  a = (a - (dmean ? dmean[r] : (T)0) / s) / (T)C;
-  b = (b + (drstd ? drstd[r] : (T)0) * s) / (T)C;
+  a = bsum<A>(a);
+  b = bsum<A>(b);
+  a = (a - opt<A>(dmean, r, 0) / s) / (A)C;
+  b = (b + opt<A>(drstd, r, 0) * s) / (A)C;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-    dxr[i] = (dyr[i] * (w ? w[i] : (T)1) - a - (xr[i] - m) * s * b) * s;
+    store<T, A>(dxr + i, (load<A>(dyr + i) * opt<A>(w, i, 1) - a - (load<A>(xr + i) - m) * s * b) * s);
 }
 
 /* dw[c] = sum_r dy xhat, db[c] = sum_r dy: partial sums over row chunks (grid.y), then a sum. */
 #define LN_CHUNKS 64
 template <typename T>
-__global__ void layernorm_bwd_dwdb(const T *dy, const T *x, const T *mean, const T *rstd, T *pw, T *pb, int64_t rows,
-                                   int64_t C) {
+__global__ void layernorm_bwd_dwdb(const T *dy, const T *x, const acc_t<T> *mean, const acc_t<T> *rstd, acc_t<T> *pw,
+                                   acc_t<T> *pb, int64_t rows, int64_t C) {
+  typedef acc_t<T> A;
   int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   int64_t per = (rows + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
-  T sw = 0, sb = 0;
+  A sw = 0, sb = 0;
   for (int64_t r = r0; r < r1; r++) {
-    T g = dy[r * C + c];
-    sw += g * (x[r * C + c] - mean[r]) * rstd[r];
+    A g = load<A>(dy + r * C + c);
+    sw += g * (load<A>(x + r * C + c) - mean[r]) * rstd[r];
     sb += g;
   }
   pw[blockIdx.y * C + c] = sw;
@@ -216,29 +258,30 @@ __global__ void layernorm_bwd_dwdb(const T *dy, const T *x, const T *mean, const
 }
 
 template <typename T>
-__global__ void sum_chunks(const T *p, T *out, int64_t chunks, int64_t C) {
+__global__ void sum_chunks(const acc_t<T> *p, T *out, int64_t chunks, int64_t C) {
   CUDA_LOOP(c, C) {
-    T s = 0;
+    acc_t<T> s = 0;
     for (int64_t k = 0; k < chunks; k++) s += p[k * C + c];
-    out[c] = s;
+    store<T, acc_t<T>>(out + c, s);
   }
 }
 
 template <typename T>
 static int layernorm_backward_t(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, flow_tensor **d, int64_t rows,
                                 int64_t C) {
+  typedef acc_t<T> A;
   cudaStream_t s = stream_of(dx);
-  /* d: dy, dmean, drstd, x, w, mean, rstd */
-  layernorm_bwd_dx<T><<<(unsigned)rows, 256, 0, s>>>(ptr<T>(d[0]), ptr<T>(d[1]), ptr<T>(d[2]), ptr<T>(d[3]),
-                                                     ptr<T>(d[4]), ptr<T>(d[5]), ptr<T>(d[6]), data_of<T>(dx), C);
+  /* d: dy, dmean, drstd, x, w, mean, rstd (the statistics and their gradients in A) */
+  layernorm_bwd_dx<T><<<(unsigned)rows, 256, 0, s>>>(ptr<T>(d[0]), ptr<A>(d[1]), ptr<A>(d[2]), ptr<T>(d[3]),
+                                                     ptr<T>(d[4]), ptr<A>(d[5]), ptr<A>(d[6]), data_of<T>(dx), C);
   if (launch_check("layernorm_bwd_dx") != 0) return -1;
   int64_t chunks = rows < LN_CHUNKS ? rows : LN_CHUNKS;
   int64_t pshape[1] = {2 * chunks * C};
-  flow_tensor *part = flow_tensor_new(dx->dtype, dx->device, 1, pshape);
+  flow_tensor *part = flow_tensor_new(d[5]->dtype, dx->device, 1, pshape); /* partial sums in A, as mean is */
   if (!part) return -1;
-  T *pw = data_of<T>(part), *pb = pw + chunks * C;
+  A *pw = data_of<A>(part), *pb = pw + chunks * C;
   dim3 grid((unsigned)((C + 127) / 128), (unsigned)chunks);
-  layernorm_bwd_dwdb<T><<<grid, 128, 0, s>>>(ptr<T>(d[0]), ptr<T>(d[3]), ptr<T>(d[5]), ptr<T>(d[6]), pw, pb, rows, C);
+  layernorm_bwd_dwdb<T><<<grid, 128, 0, s>>>(ptr<T>(d[0]), ptr<T>(d[3]), ptr<A>(d[5]), ptr<A>(d[6]), pw, pb, rows, C);
   sum_chunks<T><<<grid_for(C, 256), 256, 0, s>>>(pw, data_of<T>(dw), chunks, C);
   sum_chunks<T><<<grid_for(C, 256), 256, 0, s>>>(pb, data_of<T>(db), chunks, C);
   flow_tensor_decref(part);
@@ -257,7 +300,7 @@ static FLOW_KERNEL(k_layer_norm) {
     if (rows > 0) {
       REAL_DISPATCH(in[0]->dtype, "layer_norm",
         layernorm_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), ptr<T>(d[1]), ptr<T>(d[2]), data_of<T>(out[0]),
-                                                        data_of<T>(out[1]), data_of<T>(out[2]), C, a->eps))
+                                                        data_of<acc_t<T>>(out[1]), data_of<acc_t<T>>(out[2]), C, a->eps))
       if (rc == 0) rc = launch_check("layernorm_fwd");
     }
   }
@@ -272,9 +315,7 @@ static FLOW_KERNEL(k_layer_norm_grad) {
   if (densify(src, d, 7)) {
     int64_t C = in[3]->shape[in[3]->ndim - 1], rows = C ? flow_tensor_numel(in[3]) / C : 0;
     if (rows == 0 || C == 0) rc = flow_cuda_fill(out[1], 0) || flow_cuda_fill(out[2], 0) ? -1 : 0;
-    else if (in[3]->dtype == FLOW_F32) rc = layernorm_backward_t<float>(out[0], out[1], out[2], d, rows, C);
-    else if (in[3]->dtype == FLOW_F64) rc = layernorm_backward_t<double>(out[0], out[1], out[2], d, rows, C);
-    else rc = flow_error_set("layer_norm_grad: dtype %s is not supported on cuda", flow_dtype_name(in[3]->dtype));
+    else REAL_DISPATCH(in[3]->dtype, "layer_norm_grad", rc = layernorm_backward_t<T>(out[0], out[1], out[2], d, rows, C))
   }
   release(d, 7);
   return rc;
@@ -285,22 +326,23 @@ static FLOW_KERNEL(k_layer_norm_grad) {
 /* Per row: lse = m + log sum exp(x - m), loss = lse - x[target] (0 if ignored; NaN for a target out
  * of range, which is reported at the next synchronisation). rowloss[r] = (loss, 1 if counted). */
 template <typename T>
-__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, T *lse, double *rowloss, int64_t C, int64_t ignore,
+__global__ void ce_fwd(const T *x, const int64_t *t, T *loss, acc_t<T> *lse, double *rowloss, int64_t C, int64_t ignore,
                        BadIndex *bad) {
+  typedef acc_t<T> A;
   int64_t r = blockIdx.x;
   const T *xr = x + r * C;
-  T m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = max(m, xr[j]);
-  m = bmax<T>(m);
-  T s = 0;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += exp(xr[j] - m);
-  s = bsum<T>(s);
+  A m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = max(m, load<A>(xr + j));
+  m = bmax<A>(m);
+  A s = 0;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += exp(load<A>(xr + j) - m);
+  s = bsum<A>(s);
   if (threadIdx.x == 0) {
-    T l = m + log(s);
+    A l = m + log(s);
     lse[r] = l;
     int64_t tr = t[r];
-    T v = tr == ignore ? (T)0 : index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore) ? l - xr[tr] : (T)NAN;
-    if (loss) loss[r] = v;
+    A v = tr == ignore ? (A)0 : index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore) ? l - load<A>(xr + tr) : (A)NAN;
+    if (loss) store<T, A>(loss + r, v);
     if (rowloss) { rowloss[2 * r] = (double)v; rowloss[2 * r + 1] = tr == ignore ? 0.0 : 1.0; }
   }
 }
@@ -313,7 +355,7 @@ __global__ void ce_total(const double *rowloss, int64_t rows, T *loss, double *c
   s = bsum<double>(s);
   c = bsum<double>(c);
   if (threadIdx.x == 0) {
-    if (loss) loss[0] = (T)(mean ? s / c : s);
+    if (loss) store<T, double>(loss, mean ? s / c : s);
     if (count) count[0] = c;
   }
 }
@@ -321,17 +363,19 @@ __global__ void ce_total(const double *rowloss, int64_t rows, T *loss, double *c
 /* dlogits = (exp(x - lse) - onehot(target)) sr + exp(x - lse) glse, sr = g[r], or g / count (mean),
  * or g (sum); 0 for ignored rows. A target out of range has no onehot (and is reported). */
 template <typename T>
-__global__ void ce_bwd(const T *x, const int64_t *t, const T *lse, const T *g, const T *glse, const double *count,
-                       T *dx, int64_t C, int64_t ignore, bool reduce, BadIndex *bad) {
+__global__ void ce_bwd(const T *x, const int64_t *t, const acc_t<T> *lse, const T *g, const acc_t<T> *glse,
+                       const double *count, T *dx, int64_t C, int64_t ignore, bool reduce, BadIndex *bad) {
+  typedef acc_t<T> A;
   int64_t r = blockIdx.x;
   int64_t tr = t[r];
   bool ignored = tr == ignore;
   if (threadIdx.x == 0 && !ignored) index_ok(bad, BAD_CROSS_ENTROPY, tr, C, ignore);
-  T sr = ignored ? (T)0 : reduce ? g[0] / (T)(count ? count[0] : 1.0) : g[r];
-  T sp = sr + glse[r], l = lse[r];
+  A sr = ignored ? (A)0 : reduce ? load<A>(g) / (A)(count ? count[0] : 1.0) : load<A>(g + r);
+  A sp = sr + glse[r], l = lse[r];
   const T *xr = x + r * C;
   T *dr = dx + r * C;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) dr[j] = exp(xr[j] - l) * sp - (j == tr ? sr : (T)0);
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+    store<T, A>(dr + j, exp(load<A>(xr + j) - l) * sp - (j == tr ? sr : (A)0));
 }
 
 static FLOW_KERNEL(k_cross_entropy) {
@@ -349,8 +393,8 @@ static FLOW_KERNEL(k_cross_entropy) {
     if (rc == 0 && rows > 0) {
       REAL_DISPATCH(in[0]->dtype, "cross_entropy",
         ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), reduce ? NULL : data_of<T>(out[0]),
-                                                 data_of<T>(out[1]), scratch ? data_of<double>(scratch) : NULL, C, a->ignore_index,
-                                                 bad);
+                                                 data_of<acc_t<T>>(out[1]), scratch ? data_of<double>(scratch) : NULL, C,
+                                                 a->ignore_index, bad);
         if (reduce) ce_total<T><<<1, 1024, 0, s>>>(data_of<double>(scratch), rows, data_of<T>(out[0]), NULL, mean))
       if (rc == 0) rc = launch_check("cross_entropy_fwd");
     } else if (rc == 0 && reduce) {
@@ -362,7 +406,7 @@ static FLOW_KERNEL(k_cross_entropy) {
   return rc;
 }
 
-/* inputs: logits, target, lse, g, glse; output dlogits */
+/* inputs: logits, target, lse, g, glse (lse and glse in acc_t, as the forward's lse); output dlogits */
 static FLOW_KERNEL(k_cross_entropy_grad) {
   flow_tensor *src[5] = {in[0], in[1], in[2], in[3], in[4]}, *d[5];
   int rc = -1;
@@ -380,17 +424,17 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
         double *cnt = NULL;
         if (scratch) { /* the count of non-ignored targets, from a forward pass over the targets */
           double *rl = data_of<double>(scratch);
-          flow_tensor *tmp_lse = flow_tensor_new(in[0]->dtype, in[0]->device, 1, &rows);
+          flow_tensor *tmp_lse = flow_tensor_new(in[2]->dtype, in[0]->device, 1, &rows);
           if (!tmp_lse) { rc = -1; break; }
-          ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), NULL, data_of<T>(tmp_lse), rl, C,
-                                                   a->ignore_index, bad);
+          ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), NULL,
+                                                   data_of<acc_t<T>>(tmp_lse), rl, C, a->ignore_index, bad);
           cnt = rl + 2 * rows;
           ce_total<T><<<1, 1024, 0, s>>>(rl, rows, NULL, cnt, true);
           flow_tensor_decref(tmp_lse);
         }
-        ce_bwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), data_of<T>(d[2]), data_of<T>(d[3]),
-                                                 data_of<T>(d[4]), cnt, data_of<T>(out[0]), C, a->ignore_index, reduce,
-                                                 bad))
+        ce_bwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), data_of<acc_t<T>>(d[2]),
+                                                 data_of<T>(d[3]), data_of<acc_t<T>>(d[4]), cnt, data_of<T>(out[0]), C,
+                                                 a->ignore_index, reduce, bad))
       if (rc == 0) rc = launch_check("cross_entropy_bwd");
     }
     if (scratch) flow_tensor_decref(scratch);
@@ -402,18 +446,21 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
 /* ---- AdamW ---------------------------------------------------------------------------------------- */
 
 /* p *= 1 - lr wd;  m += (1 - b1)(g - m);  v = b2 v + (1 - b2) g^2;
- * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)  (PyTorch's AdamW). */
-template <typename T>
-__global__ void adamw_kernel(Geo g, int64_t n, T *p, const T *gr, T *m, T *v, T decay, T b1, T b2, T step, T bc2, T eps) {
+ * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)  (PyTorch's AdamW).
+ * float16/bfloat16 param, grad and moments compute in float but store rounded: with b2 near 1, v
+ * then decays in coarse steps (no float32 master copy, as with PyTorch's AdamW on a bf16 model). */
+template <typename T, typename A = acc_t<T>>
+__global__ void adamw_kernel(Geo g, int64_t n, T *p, const T *gr, T *m, T *v, A decay, A b1, A b2, A step, A bc2,
+                             A eps) {
   CUDA_LOOP(i, n) {
     int64_t off[4];
     geo_offsets<4>(g, i, off);
-    T gi = gr[off[1]];
-    T mi = m[off[2]] + (1 - b1) * (gi - m[off[2]]);
-    T vi = b2 * v[off[3]] + (1 - b2) * gi * gi;
-    m[off[2]] = mi;
-    v[off[3]] = vi;
-    p[off[0]] = p[off[0]] * decay - step * (mi / (sqrt(vi) / bc2 + eps));
+    A gi = load<A>(gr + off[1]), mi = load<A>(m + off[2]), vi = load<A>(v + off[3]);
+    mi += (1 - b1) * (gi - mi);
+    vi = b2 * vi + (1 - b2) * gi * gi;
+    store<T, A>(m + off[2], mi);
+    store<T, A>(v + off[3], vi);
+    store<T, A>(p + off[0], load<A>(p + off[0]) * decay - step * (mi / (sqrt(vi) / bc2 + eps)));
   }
 }
 
@@ -429,8 +476,8 @@ static FLOW_KERNEL(k_adamw) {
   int rc = 0;
   REAL_DISPATCH(in[0]->dtype, "adamw_",
     adamw_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(g, n, data_of<T>(in[0]), data_of<T>(in[1]), data_of<T>(in[2]),
-                                                    data_of<T>(in[3]), (T)decay, (T)a->beta1, (T)a->beta2, (T)step,
-                                                    (T)bc2, (T)a->eps))
+                                                    data_of<T>(in[3]), (acc_t<T>)decay, (acc_t<T>)a->beta1,
+                                                    (acc_t<T>)a->beta2, (acc_t<T>)step, (acc_t<T>)bc2, (acc_t<T>)a->eps))
   if (rc != 0 || launch_check("adamw_kernel") != 0) return -1;
   in[2]->storage->version++; /* dispatch bumps param's version; the moments were written too */
   in[3]->storage->version++;
