@@ -566,15 +566,25 @@ static int l_cross_entropy(lua_State *L) {
   lua_setfield(L, -2, "ignore_index");
   lua_call(L, 3, 1);
   flow_tensor *total = flow_lua_check(L, -1, "cross_entropy"), *target = flow_lua_check(L, 2, "cross_entropy");
+  /* half-precision losses divide in float32: a count above 256 is not exact in bfloat16 */
+  bool half = total->dtype == FLOW_BF16 || total->dtype == FLOW_F16;
+  flow_dtype acc = half ? FLOW_F32 : total->dtype;
   flow_tensor *skip = flow_scalar_tensor((double)ignore, target->dtype, target->device);
   flow_tensor *valid = skip ? flow_ne(target, skip) : NULL;
-  flow_tensor *w = valid ? flow_cast(valid, total->dtype) : NULL;
+  flow_tensor *w = valid ? flow_cast(valid, acc) : NULL;
   flow_tensor *count = w ? flow_sum(w, 0, NULL, false) : NULL;
-  flow_tensor *mean = count ? flow_div(total, count) : NULL;
+  flow_tensor *t32 = count ? (half ? flow_cast(total, acc) : (flow_tensor_incref(total), total)) : NULL;
+  flow_tensor *mean = t32 ? flow_div(t32, count) : NULL;
+  if (mean && half) {
+    flow_tensor *m = flow_cast(mean, total->dtype);
+    flow_tensor_decref(mean);
+    mean = m;
+  }
   flow_tensor_decref(skip);
   flow_tensor_decref(valid);
   flow_tensor_decref(w);
   flow_tensor_decref(count);
+  flow_tensor_decref(t32);
   return flow_lua_push(L, mean);
 }
 
