@@ -69,7 +69,6 @@ int flow_cuda_check(int status, const char *call) {
 
 #include <cuda_runtime_api.h>
 
-#define MAX_DEVICES 16
 /* Size classes: 512 bytes, then four per power of two (2^e * {1.25, 1.5, 1.75, 2}), so a block
  * wastes at most a fifth of itself. A freed block goes to its class's list and is reused as is. */
 #define NCLASSES 160
@@ -85,7 +84,7 @@ typedef struct cuda_dev {
   flow_cuda_memory_stats stats;
 } cuda_dev;
 
-static cuda_dev devs[MAX_DEVICES];
+static cuda_dev devs[FLOW_CUDA_MAX_DEVICES];
 static _Thread_local int current_device = -1;
 
 int flow_cuda_check(int status, const char *call) {
@@ -260,6 +259,7 @@ static void cuda_free(int index, void *p, size_t nbytes) {
     b->next = d->free_list[c];
     d->free_list[c] = b;
   } else { /* no host memory for the list node: hand the block back once the stream is done */
+    if (current_device != index && cudaSetDevice(index) == cudaSuccess) current_device = index;
     cudaStreamSynchronize(d->compute);
     cudaFree(p);
     d->stats.reserved -= sz;
@@ -319,7 +319,7 @@ void flow_cuda_init(void) {
     flow_device_register(FLOW_CUDA, &absent_impl);
     return;
   }
-  device_count = n < MAX_DEVICES ? n : MAX_DEVICES;
+  device_count = n < FLOW_CUDA_MAX_DEVICES ? n : FLOW_CUDA_MAX_DEVICES;
   for (int i = 0; i < device_count; i++) pthread_mutex_init(&devs[i].lock, NULL);
   flow_device_register(FLOW_CUDA, &cuda_impl);
 }

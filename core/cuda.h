@@ -14,6 +14,8 @@
  * this build) a stand-in backend is registered whose every call fails with the reason, so creating
  * a CUDA tensor reports "cuda is not available (...)" instead of a generic error. */
 void flow_cuda_init(void);
+/* GPUs per process that flowlua drives (a build-time bound for per-device tables). */
+#define FLOW_CUDA_MAX_DEVICES 16
 bool flow_cuda_is_available(void);
 /* Why CUDA is unavailable ("no GPU found", "this build has no CUDA support", a driver error). */
 const char *flow_cuda_unavailable_reason(void);

@@ -8,7 +8,6 @@
 
 enum { CONV_BIAS = 1 << 16, BN_TRAINING = 1 << 16 };  /* ops/conv.c */
 
-#define CUDNN_MAX_DEVICES 64
 
 static int cudnn_check(cudnnStatus_t s, const char *what) {
   if (s == CUDNN_STATUS_SUCCESS) return 0;
@@ -19,9 +18,9 @@ static int cudnn_check(cudnnStatus_t s, const char *what) {
 
 /* One cuDNN handle per device, bound to that device's compute stream. */
 static cudnnHandle_t handle_for(const flow_tensor *t, const char *what) {
-  static cudnnHandle_t handles[CUDNN_MAX_DEVICES];
+  static cudnnHandle_t handles[FLOW_CUDA_MAX_DEVICES];
   int d = t->device.index;
-  if (d < 0 || d >= CUDNN_MAX_DEVICES) { flow_error_set("%s: device index %d out of range", what, d); return NULL; }
+  if (d < 0 || d >= FLOW_CUDA_MAX_DEVICES) { flow_error_set("%s: device index %d out of range", what, d); return NULL; }
   cudaStream_t s = stream_of(t);
   if (!handles[d] && cudnn_check(cudnnCreate(&handles[d]), what) != 0) return NULL;
   if (cudnn_check(cudnnSetStream(handles[d], s), what) != 0) return NULL;

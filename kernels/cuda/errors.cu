@@ -6,15 +6,14 @@
 
 #include "common.h"
 
-#define MAX_DEVICES 16
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static BadIndex *host_rec[MAX_DEVICES], *dev_rec[MAX_DEVICES];
+static BadIndex *host_rec[FLOW_CUDA_MAX_DEVICES], *dev_rec[FLOW_CUDA_MAX_DEVICES];
 
 BadIndex *bad_index_record(const flow_tensor *t) {
   int d = t->device.index;
-  if (d < 0 || d >= MAX_DEVICES) {
-    flow_error_set("cuda:%d: no index error record beyond %d devices", d, MAX_DEVICES);
+  if (d < 0 || d >= FLOW_CUDA_MAX_DEVICES) {
+    flow_error_set("cuda:%d: no index error record beyond %d devices", d, FLOW_CUDA_MAX_DEVICES);
     return NULL;
   }
   if (!stream_of(t)) return NULL; /* makes d the current device, which cudaHostGetDevicePointer reads */
@@ -59,7 +58,7 @@ static void describe(const BadIndex &e, char *buf, size_t n) {
  * A kernel of another thread running meanwhile may claim the record as it is cleared: its event is
  * then reported at a later synchronisation, or lost, never misreported. */
 int flow_cuda_raise_bad_index(int device) {
-  if (device < 0 || device >= MAX_DEVICES) return 0;
+  if (device < 0 || device >= FLOW_CUDA_MAX_DEVICES) return 0;
   volatile BadIndex *r = host_rec[device];
   if (!r || !r->claimed) return 0;
   BadIndex e;

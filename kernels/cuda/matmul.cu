@@ -9,9 +9,8 @@
 #include "common.h"
 #include "kernels.h"
 
-#define MAX_DEVICES 16
 
-static cublasHandle_t handles[MAX_DEVICES];
+static cublasHandle_t handles[FLOW_CUDA_MAX_DEVICES];
 
 static int cublas_check(cublasStatus_t st, const char *call) {
   if (st == CUBLAS_STATUS_SUCCESS) return 0;
@@ -20,7 +19,7 @@ static int cublas_check(cublasStatus_t st, const char *call) {
 
 /* The device's handle, bound to its compute stream. */
 static cublasHandle_t handle_for(int index) {
-  if (index < 0 || index >= MAX_DEVICES) { flow_error_set("matmul: bad cuda device %d", index); return NULL; }
+  if (index < 0 || index >= FLOW_CUDA_MAX_DEVICES) { flow_error_set("matmul: bad cuda device %d", index); return NULL; }
   cudaStream_t s = (cudaStream_t)flow_cuda_stream(index);
   if (!s) return NULL;
   if (!handles[index] && cublas_check(cublasCreate(&handles[index]), "cublasCreate") != 0) return NULL;
