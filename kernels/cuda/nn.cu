@@ -72,17 +72,24 @@ template <typename A> __device__ __forceinline__ A softmax_of(A x, A m, A s, A l
   return log_ ? x - m - ls : exp(x - m) / s;
 }
 
+/* The row's max m and sum of exp(x - m) (one block per row; every thread gets both). */
+template <typename A, typename T>
+__device__ __forceinline__ void row_max_sumexp(const T *xr, int64_t n, A *m, A *s) {
+  A mx = -INFINITY, sum = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = max(mx, load<A>(xr + j));
+  mx = bmax<A>(mx);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += exp(load<A>(xr + j) - mx);
+  *m = mx;
+  *s = bsum<A>(sum);
+}
+
 template <typename T>
 __global__ void softmax_rows(const T *x, T *y, int64_t n, bool log_) {
   typedef acc_t<T> A;
   const T *xr = x + blockIdx.x * n;
   T *yr = y + blockIdx.x * n;
-  A m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max(m, load<A>(xr + j));
-  m = bmax<A>(m);
-  A s = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(load<A>(xr + j) - m);
-  s = bsum<A>(s);
+  A m, s;
+  row_max_sumexp<A>(xr, n, &m, &s);
   A ls = log(s);
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
     store<T, A>(yr + j, softmax_of<A>(load<A>(xr + j), m, s, ls, log_));
@@ -331,12 +338,8 @@ __global__ void ce_fwd(const T *x, const int64_t *t, T *loss, acc_t<T> *lse, dou
   typedef acc_t<T> A;
   int64_t r = blockIdx.x;
   const T *xr = x + r * C;
-  A m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = max(m, load<A>(xr + j));
-  m = bmax<A>(m);
-  A s = 0;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += exp(load<A>(xr + j) - m);
-  s = bsum<A>(s);
+  A m, s;
+  row_max_sumexp<A>(xr, C, &m, &s);
   if (threadIdx.x == 0) {
     A l = m + log(s);
     lse[r] = l;

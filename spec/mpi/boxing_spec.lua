@@ -6,19 +6,10 @@ local S, B, PS = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
 local ws, me = flow.world_size(), flow.rank()
 flow.set_check_consistency(true)
 
-local function all_ranks()
-  local r = {}
-  for i = 0, ws - 1 do r[#r + 1] = i end
-  return r
-end
+local all_ranks, full_of = GL.all_ranks, GL.full_of
 local P = flow.placement("cpu", all_ranks())
 
 local global, whole = GL.global, GL.whole
-local function full_of(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return flow.arange(0, n):float():view(shape)
-end
 -- first n % p parts get one more
 local function range(n, p, i)
   local base, extra = n // p, n % p

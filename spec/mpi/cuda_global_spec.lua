@@ -13,16 +13,9 @@ local function git(name, fn)
   if gpu then it(name, fn) else it(name, function() pending(reason) end) end
 end
 
-local ranks = {}
-for i = 0, ws - 1 do ranks[#ranks + 1] = i end
+local ranks = GL.all_ranks()
 local PC = flow.placement("cuda", ranks)
-local global, whole = GL.global, GL.whole
-
-local function full_of(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return flow.arange(0, n):float():view(shape)
-end
+local global, whole, full_of = GL.global, GL.whole, GL.full_of
 local function host(t) return t:to_local():cpu() end
 
 describe("boxing on CUDA placements", function()

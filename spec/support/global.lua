@@ -18,6 +18,20 @@ function M.global(full, place, sbp)
   return full:to_global(place, all_broadcast(place)):to_global(place, sbp)
 end
 
+-- the ranks 0 .. world_size - 1
+function M.all_ranks()
+  local r = {}
+  for i = 0, flow.world_size() - 1 do r[#r + 1] = i end
+  return r
+end
+
+-- 0, 1, 2, ... as a float32 tensor of this shape (every element tells where it came from)
+function M.full_of(shape)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return flow.arange(0, n):float():view(shape)
+end
+
 function M.whole(g)
   return g:to_global(g.placement, all_broadcast(g.placement)):to_local()
 end
