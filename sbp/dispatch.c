@@ -363,10 +363,19 @@ static int infer_same(const flow_op *op, flow_tensor *const *in, int nin, const 
  * summed from the shards along split axes (innermost first), every rank checks its shard is the
  * one the SBP gives it (and all agree on the outcome), and broadcast axes take coordinate 0's copy
  * so the ranks hold the same values. */
+/* When the placement leaves ranks out, its first rank tells them the outcome over the world: the
+ * logical rank, dtype and shape, or -1 when the members found the shards inconsistent (so every rank
+ * raises instead of the outsiders waiting). Members and outsiders call this at the same point. */
+static int tell_outsiders(const flow_placement *p, int64_t *msg) {
+  if (p->nranks == flow_comm_size()) return 0;
+  flow_comm *w = flow_comm_world();
+  return w->ops->broadcast(w, msg, 2 + FLOW_MAX_DIMS, FLOW_I64, p->ranks[0]);
+}
+
 static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
-  if (p->me < 0) return rank_error("to_global: this rank is not in the placement (not supported yet)");
+  if (p->me < 0) return rank_error("to_global: this rank is not in the placement"); /* see local_to_global_outside */
   /* out[0] := in[0], densely */
   flow_device dev = in[0]->device;
   flow_tensor *d = flow_boxing_dense(in[0]);
@@ -389,6 +398,9 @@ static FLOW_KERNEL(kernel_local_to_global) {
   long long lo, hi, fit = flow_shape_eq(nd, box, nd, in[0]->shape);
   uint64_t h = fnv(fnv(1469598103934665603ull, shape, (size_t)nd * sizeof(int64_t)), &in[0]->dtype, sizeof in[0]->dtype);
   if (!all || all->ops->minmax(all, fit ? (long long)(h >> 2) : -1, &lo, &hi) != 0) return -1;
+  int64_t msg[2 + FLOW_MAX_DIMS] = {lo != hi || lo < 0 ? -1 : nd, in[0]->dtype};
+  memcpy(msg + 2, shape, (size_t)nd * sizeof(int64_t));
+  if (tell_outsiders(p, msg) != 0) return -1;
   if (lo != hi || lo < 0) {
     char s[96], l[96];
     return rank_error("to_global: the local shards do not form one tensor split as asked (this rank holds %s of a "
@@ -527,11 +539,27 @@ static int grad_to_local(const flow_grad_ctx *c, flow_tensor **gin) {
 FLOW_OP(to_local) {.name = "to_local", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_same,
                    .kernel = {[FLOW_CPU] = kernel_to_local, [FLOW_CUDA] = kernel_to_local}, .grad = grad_to_local};
 
+/* A local tensor on a rank outside the placement: that rank holds nothing of the new tensor. It
+ * learns the logical shape and dtype from the members (tell_outsiders) and gets an empty shard. */
+static flow_tensor *local_to_global_outside(flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp) {
+  int64_t msg[2 + FLOW_MAX_DIMS];
+  flow_tensor *out = NULL;
+  if (tell_outsiders(p, msg) != 0) { rank_prefix(); return NULL; }
+  if (msg[0] < 0) {
+    rank_error("to_global: the placement's ranks found their local shards inconsistent (see their error)");
+    return NULL;
+  }
+  if (empty_outputs(&flow_op_to_global, p, sbp, (int)msg[0], msg + 2, (flow_dtype)msg[1], t->device, &out) != 0)
+    return NULL;
+  return out;
+}
+
 flow_tensor *flow_to_global(flow_tensor *t, const flow_placement *p, const flow_nd_sbp *sbp) {
   int nd;
   int64_t shape[FLOW_MAX_DIMS];
   logical_of(t, &nd, shape);
   if (flow_global_check("to_global", p, sbp, nd) != 0) return NULL;
+  if (!t->global && p->me < 0) return local_to_global_outside(t, p, sbp);
   flow_attrs at;
   flow_attrs_init(&at);
   at.start = -1;

@@ -81,6 +81,35 @@ describe("1-D boxing", function()
     assert.matches("to_global: the local shards do not form one tensor", err)
   end)
 
+  it("a local tensor on a placement that leaves ranks out: the outsiders get an empty shard", function()
+    local P0 = flow.placement("cpu", { 0 })
+    local full = full_of({ 3, 4 })
+    local g = (me == 0 and full or flow.zeros({ 1 }, { dtype = "int64" })):to_global(P0, B)
+    assert.same({ 3, 4 }, g:shape())
+    assert.equal("float32", g.dtype) -- the members' dtype
+    assert.same(me == 0 and { 3, 4 } or { 0, 0 }, g:to_local():shape())
+    assert.same(full:totable(), whole(g:to_global(P, B)):totable())
+    if ws >= 2 then -- a split over ranks {ws-1, 0}: each gives its rows, the others nothing
+      local P2 = flow.placement("cpu", { ws - 1, 0 })
+      local mine = me == ws - 1 and full:narrow(0, 0, 2) or me == 0 and full:narrow(0, 2, 1) or flow.zeros({ 7 })
+      local y = mine:to_global(P2, S(0))
+      assert.same({ 3, 4 }, y:shape())
+      assert.same(full:totable(), whole(y:to_global(P, B)):totable())
+    end
+  end)
+
+  it("members that disagree make every rank raise, outsiders included (no hang)", function()
+    if ws < 2 then return end
+    local P1 = flow.placement("cpu", { 1 % ws, 0 })
+    local ok, err = pcall(function() return flow.ones({ 2, me + 1 }):to_global(P1, S(0)) end)
+    assert.is_false(ok)
+    if ws > 2 and me >= 2 then
+      assert.matches("placement's ranks found their local shards inconsistent", err)
+    else
+      assert.matches("the local shards do not form one tensor", err)
+    end
+  end)
+
   it("broadcast from local takes rank 0's copy", function()
     local g = flow.full({ 2 }, me + 10):to_global(P, B)
     assert.same({ 10, 10 }, g:to_local():totable())
