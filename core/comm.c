@@ -1,8 +1,8 @@
-/* Rank bootstrap with MPI and the MPI backend of the communicator interface (comm.h). */
+/* Rank bootstrap with MPI and the MPI backend of the communicator interface (comm.h). A build
+ * without MPI (FLOW_MPI=OFF) is a world of one on comm_self.c's backend. */
 #include "comm.h"
 
 #include <limits.h>
-#include <mpi.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,6 +10,30 @@
 
 #include "device.h"
 #include "error.h"
+
+static flow_comm *world;
+
+/* Communicators made for rank lists, kept for the life of the process (a handful exist). */
+typedef struct cached {
+  int n;
+  int *ranks;
+  flow_comm *comm;
+  struct cached *next;
+} cached;
+static cached *cache;
+
+static void free_cached(void) {
+  while (cache) {
+    cached *c = cache;
+    cache = c->next;
+    c->comm->ops->free(c->comm);
+    free(c->ranks);
+    free(c);
+  }
+}
+
+#ifdef FLOW_HAVE_MPI
+#include <mpi.h>
 
 /* MPI keeps allocations until exit by design, in components it loads and unloads itself, where
  * LeakSanitizer's fast unwinder cannot see whose they are: its set-up and tear-down are not ours
@@ -28,16 +52,6 @@ static void lsan_check_now(void) {}
 #endif
 
 static bool we_started;
-static flow_comm *world;
-
-/* Communicators made for rank lists, kept for the life of the process (a handful exist). */
-typedef struct cached {
-  int n;
-  int *ranks;
-  flow_comm *comm;
-  struct cached *next;
-} cached;
-static cached *cache;
 
 /* ---- MPI backend ------------------------------------------------------------------------------ */
 
@@ -333,13 +347,7 @@ int flow_comm_init(void) {
 }
 
 void flow_comm_finalize(void) {
-  while (cache) {
-    cached *c = cache;
-    cache = c->next;
-    c->comm->ops->free(c->comm);
-    free(c->ranks);
-    free(c);
-  }
+  free_cached();
   if (world) world->ops->free(world);
   world = NULL;
   int fin = 0;
@@ -353,10 +361,6 @@ void flow_comm_finalize(void) {
   we_started = false;
 }
 
-int flow_comm_rank(void) { return world ? world->rank : 0; }
-int flow_comm_size(void) { return world ? world->size : 1; }
-flow_comm *flow_comm_world(void) { return world; }
-
 int flow_comm_node_local(int *rank, int *size) {
   *rank = 0;
   *size = 1;
@@ -369,6 +373,31 @@ int flow_comm_node_local(int *rank, int *size) {
   MPI_Comm_free(&node);
   return 0;
 }
+
+#else /* no MPI: a world of one */
+
+int flow_comm_init(void) {
+  if (!world) world = flow_comm_self_new();
+  return world ? 0 : -1;
+}
+
+void flow_comm_finalize(void) {
+  free_cached();
+  if (world) world->ops->free(world);
+  world = NULL;
+}
+
+int flow_comm_node_local(int *rank, int *size) {
+  *rank = 0;
+  *size = 1;
+  return 0;
+}
+
+#endif
+
+int flow_comm_rank(void) { return world ? world->rank : 0; }
+int flow_comm_size(void) { return world ? world->size : 1; }
+flow_comm *flow_comm_world(void) { return world; }
 
 flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   if (!world && flow_comm_init() != 0) return NULL;

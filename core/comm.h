@@ -72,6 +72,9 @@ flow_comm *flow_comm_world(void);
 /* This rank's index among the ranks on its node, and their number (collective over the world). */
 int flow_comm_node_local(int *rank, int *size);
 
+/* A communicator of one rank (the world of a build without MPI). */
+flow_comm *flow_comm_self_new(void);
+
 /* The cached communicator over these world ranks (in this order), made on first use.
  * Only members may ask; NULL + error otherwise. */
 flow_comm *flow_comm_for_ranks(const int *ranks, int n);

@@ -2,7 +2,9 @@
  * SBP values, to_global/to_local, explain, global creation and the registry hooks the tensor
  * bindings call for a global tensor's shape, fields and printing. MPI starts when the module
  * opens and finalises when the Lua state closes. */
+#ifdef FLOW_HAVE_MPI
 #include <mpi.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -458,6 +460,7 @@ static int r_global_create(lua_State *L) {
   return flow_lua_push(L, t);
 }
 
+#ifdef FLOW_HAVE_MPI
 /* flow._mpi(name, send, recv): the raw MPI collective on two float32 tensors' memory over the
  * world (the reference the boxing benchmark measures against). */
 static int l_raw_mpi(lua_State *L) {
@@ -500,6 +503,9 @@ static int l_raw_mpi(lua_State *L) {
   if (rc != MPI_SUCCESS) return luaL_error(L, "_mpi: %s failed", name);
   return 0;
 }
+#else
+static int l_raw_mpi(lua_State *L) { return luaL_error(L, "_mpi: this build has no MPI (FLOW_MPI=OFF)"); }
+#endif
 
 /* zeros_like/ones_like/full_like of a global tensor: a global tensor on the same placement with
  * the same SBP (a nonzero fill of a partial tensor is broadcast), so optimizer state lives where
@@ -657,6 +663,12 @@ void flow_lua_open_global(lua_State *L) {
                                  {"_signatures", l_signatures}, {"_pack_blocks", l_pack_blocks}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
+#ifdef FLOW_HAVE_MPI
+  lua_pushboolean(L, 1);
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "_has_mpi"); /* false: a build without MPI, a world of one */
 
   static const char *likes[] = {"zeros_like", "ones_like", "full_like"};
   for (int k = 0; k < 3; k++) {

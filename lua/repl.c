@@ -5,7 +5,9 @@
 
 #include <errno.h>
 #include <lauxlib.h>
+#ifdef FLOW_HAVE_MPI
 #include <mpi.h>
+#endif
 #include <readline/history.h>
 #include <readline/readline.h>
 #include <signal.h>
@@ -257,12 +259,14 @@ static int next_line(int tty, const char *prompt, char **line) {
   *line = NULL;
   if (rank == 0) kind = tty ? read_tty(prompt, line) : read_pipe(line);
   if (nranks == 1) return kind;
+#ifdef FLOW_HAVE_MPI
   long len = kind == LINE_EOF ? -1 : kind == LINE_CANCEL ? -2 : rank == 0 ? (long)strlen(*line) : 0;
   MPI_Bcast(&len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   if (len < 0) return len == -1 ? LINE_EOF : LINE_CANCEL;
   if (rank != 0 && !(*line = malloc((size_t)len + 1))) abort();
   MPI_Bcast(*line, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD);
   (*line)[len] = 0;
+#endif
   return LINE_OK;
 }
 
@@ -314,6 +318,7 @@ static void report(lua_State *L, const char *msg) {
     if (msg) flow_repl_print_error(L, "flowlua", msg);
     return;
   }
+#ifdef FLOW_HAVE_MPI
   int len = msg ? (int)strlen(msg) + 1 : 0;
   int *lens = rank == 0 ? calloc((size_t)nranks, sizeof *lens) : NULL, *displs = NULL;
   char *all = NULL;
@@ -350,6 +355,7 @@ static void report(lua_State *L, const char *msg) {
   free(lens);
   free(displs);
   free(all);
+#endif
 }
 
 /* Run the compiled chunk on top; print its values (rank 0) or the error (see report). */
@@ -384,6 +390,7 @@ static void history_start(char *path, size_t n) {
 }
 
 void flow_repl_run(lua_State *L) {
+#ifdef FLOW_HAVE_MPI
   int mpi_on = 0, mpi_done = 0;
   MPI_Initialized(&mpi_on);
   MPI_Finalized(&mpi_done);
@@ -391,6 +398,7 @@ void flow_repl_run(lua_State *L) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   }
+#endif
   repl_L = L;
   int tty = rank == 0 && isatty(0);
   char history[4096] = "";

@@ -30,7 +30,9 @@ run() { # label, command...
 }
 
 run ranks1 "$BUILD/flowlua" spec/run.lua spec
-if ls spec/mpi/*_spec.lua >/dev/null 2>&1; then
+if grep -q '^FLOW_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  echo "== ranks2, ranks4: skipped (this build has no MPI: FLOW_MPI=OFF)"
+elif ls spec/mpi/*_spec.lua >/dev/null 2>&1; then
   for np in 2 4; do
     run "ranks$np" timeout 600 mpirun "${mpirun_args[@]}" -np "$np" "$BUILD/flowlua" spec/run.lua spec/mpi
   done
