@@ -350,17 +350,22 @@ __global__ void ce_fwd(const T *x, const int64_t *t, T *loss, acc_t<T> *lse, dou
   }
 }
 
-/* total = sum of row losses (/ count when mean); also leaves count in stat[0]. */
+/* loss = the sum of the row losses, divided by the count of rows not ignored when mean. */
 template <typename T>
-__global__ void ce_total(const double *rowloss, int64_t rows, T *loss, double *count, bool mean) {
+__global__ void ce_total(const double *rowloss, int64_t rows, T *loss, bool mean) {
   double s = 0, c = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) { s += rowloss[2 * r]; c += rowloss[2 * r + 1]; }
   s = bsum<double>(s);
   c = bsum<double>(c);
-  if (threadIdx.x == 0) {
-    if (loss) store<T, double>(loss, mean ? s / c : s);
-    if (count) count[0] = c;
-  }
+  if (threadIdx.x == 0) store<T, double>(loss, mean ? s / c : s);
+}
+
+/* count[0] = the number of targets that are not ignore_index (the mean's divisor). */
+__global__ void ce_count(const int64_t *t, int64_t rows, int64_t ignore, double *count) {
+  double c = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) c += t[r] != ignore;
+  c = bsum<double>(c);
+  if (threadIdx.x == 0) count[0] = c;
 }
 
 /* dlogits = (exp(x - lse) - onehot(target)) sr + exp(x - lse) glse, sr = g[r], or g / count (mean),
@@ -398,7 +403,7 @@ static FLOW_KERNEL(k_cross_entropy) {
         ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), reduce ? NULL : data_of<T>(out[0]),
                                                  data_of<acc_t<T>>(out[1]), scratch ? data_of<double>(scratch) : NULL, C,
                                                  a->ignore_index, bad);
-        if (reduce) ce_total<T><<<1, 1024, 0, s>>>(data_of<double>(scratch), rows, data_of<T>(out[0]), NULL, mean))
+        if (reduce) ce_total<T><<<1, 1024, 0, s>>>(data_of<double>(scratch), rows, data_of<T>(out[0]), mean))
       if (rc == 0) rc = launch_check("cross_entropy_fwd");
     } else if (rc == 0 && reduce) {
       rc = flow_cuda_fill(out[0], mean ? NAN : 0);
@@ -418,23 +423,14 @@ static FLOW_KERNEL(k_cross_entropy_grad) {
     int64_t C = in[0]->shape[in[0]->ndim - 1], rows = flow_tensor_numel(in[1]);
     cudaStream_t s = stream_of(out[0]);
     flow_tensor *scratch = NULL;
-    int64_t sshape[1] = {2 * rows + 1};
+    int64_t sshape[1] = {1};
     BadIndex *bad = rows > 0 ? bad_index_record(out[0]) : NULL;
     rc = rows > 0 && !bad ? -1 : 0;
     if (rc == 0 && rows > 0 && mean && !(scratch = flow_tensor_new(FLOW_F64, out[0]->device, 1, sshape))) rc = -1;
     if (rc == 0 && rows > 0) {
+      double *cnt = scratch ? data_of<double>(scratch) : NULL;
+      if (cnt) ce_count<<<1, 1024, 0, s>>>(data_of<int64_t>(d[1]), rows, a->ignore_index, cnt);
       REAL_DISPATCH(in[0]->dtype, "cross_entropy_grad",
-        double *cnt = NULL;
-        if (scratch) { /* the count of non-ignored targets, from a forward pass over the targets */
-          double *rl = data_of<double>(scratch);
-          flow_tensor *tmp_lse = flow_tensor_new(in[2]->dtype, in[0]->device, 1, &rows);
-          if (!tmp_lse) { rc = -1; break; }
-          ce_fwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), NULL,
-                                                   data_of<acc_t<T>>(tmp_lse), rl, C, a->ignore_index, bad);
-          cnt = rl + 2 * rows;
-          ce_total<T><<<1, 1024, 0, s>>>(rl, rows, NULL, cnt, true);
-          flow_tensor_decref(tmp_lse);
-        }
         ce_bwd<T><<<(unsigned)rows, 256, 0, s>>>(data_of<T>(d[0]), data_of<int64_t>(d[1]), data_of<acc_t<T>>(d[2]),
                                                  data_of<T>(d[3]), data_of<acc_t<T>>(d[4]), cnt, data_of<T>(out[0]), C,
                                                  a->ignore_index, reduce, bad))
