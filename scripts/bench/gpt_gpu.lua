@@ -17,31 +17,8 @@ local cfg = { vocab_size = args.vocab, block_size = args.seq, n_layer = args.lay
               n_embd = args.dim, dropout = 0 }
 local model = gpt.GPT(cfg)
 
--- Move every parameter to the GPU as a leaf (float32 master weights), keeping tied tensors tied.
-local moved = {}
-local function to_cuda(m)
-  for _, k in ipairs(m._order) do
-    local v = rawget(m, k)
-    if flow.is_tensor(v) then
-      moved[v] = moved[v] or v:to({ device = "cuda", requires_grad = true })
-      rawset(m, k, moved[v])
-    elseif type(v) == "table" and v._order then
-      to_cuda(v)
-    end
-  end
-end
-to_cuda(model)
-
--- GPT:forward builds its position ids on the CPU; this copy builds them on the GPU.
-function model:forward(idx, targets)
-  local T = idx:shape()[2]
-  local pos = flow.arange(0, T, 1, { dtype = "int64", device = "cuda" })
-  local x = self.drop(self.wte(idx) + self.wpe(pos))
-  for i = 1, #self.h do x = self.h[i](x) end
-  x = self.ln_f(x)
-  local logits = flow.nn.functional.linear(x, self.wte.weight)
-  return logits, flow.nn.functional.cross_entropy(logits, targets)
-end
+-- float32 master weights on the GPU (GPT:forward builds its position ids on the ids' device)
+model:to("cuda")
 
 local opt = model:configure_optimizer({ lr = 6e-4, weight_decay = 0.1 })
 local x = flow.randint(0, args.vocab, { args.batch, args.seq }):cuda()
