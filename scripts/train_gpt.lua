@@ -128,9 +128,8 @@ print(("data: %s: %d train / %d val tokens; unigram baseline %.3f nats; uniform 
 local function save_checkpoint(path, next_step)
   local ck = { step = next_step, layers = args.layers, dim = args.dim, heads = args.heads, seq = args.seq,
                vocab = cfg.vocab_size }
-  local function host(v) return flow.is_tensor(v) and v:cpu() or v end
-  for k, v in pairs(model:state_dict()) do ck["model." .. k] = host(v) end
-  for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = host(v) end
+  for k, v in pairs(model:state_dict()) do ck["model." .. k] = v end -- flow.save reads device tensors too
+  for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = v end
   local s = flow.get_rng_state() -- batches and dropout draw from it
   ck.rng_seed, ck.rng_offset = s.seed, s.offset
   flow.save(ck, path)
