@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${FLOW_BUILD:-build-gpu}
 LOG=${OUT:+$OUT/gpu-check.log}
-LOG=${LOG:-/dev/null}
+LOG=${LOG:-$(mktemp /tmp/gpu-check.XXXXXX.log)}
 export OPENBLAS_NUM_THREADS=1
 status=0
 
@@ -105,8 +105,18 @@ fi
 run gpu_matmul 90 "$BUILD/flowlua" scripts/bench/gpu_matmul.lua 8192 20
 run gpt_gpu_small 60 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --layers 2 --dim 128 --heads 4 --seq 128 --batch 4 \
   --vocab 256 --steps 3 --warmup 1
+# tokens/s printed in the log after line $1
+tps() { tail -n +"$(($1 + 1))" "$LOG" | grep -Eo 'gpt_gpu: .*tokens/s [0-9]+' | grep -Eo '[0-9]+$' | tail -1; }
+mark=$(wc -l < "$LOG")
 run gpt_gpu 150 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --steps 5 --warmup 1
-flow_tps=$(grep -Eo 'gpt_gpu: .*tokens/s [0-9]+' "$LOG" | grep -Eo '[0-9]+$' | tail -1)
+fused_tps=$(tps "$mark")
+# the same step with attention as cuBLAS matmuls + softmax (flow.backends.attention = "math")
+mark=$(wc -l < "$LOG")
+run gpt_gpu_math 120 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --steps 5 --warmup 1 --attention math
+math_tps=$(tps "$mark")
+flow_tps=$(printf '%s\n%s\n' "${fused_tps:-0}" "${math_tps:-0}" | sort -n | tail -1)
+[ "${flow_tps:-0}" = 0 ] && flow_tps=
+say "gpt tokens/s: fused attention ${fused_tps:-?}, math attention ${math_tps:-?}"
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   run gpt_torch_ref 120 python3 scripts/bench/gpt_torch_ref.py --steps 5 --warmup 2
   ref_tps=$(grep -Eo 'gpt_torch_ref: .*tokens/s [0-9]+' "$LOG" | grep -Eo '[0-9]+$' | tail -1)

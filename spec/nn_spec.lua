@@ -212,6 +212,29 @@ describe("nn layers", function()
     assert(math.abs(y1[5][1] - y2[5][1]) > 1e-6)
   end)
 
+  it("the \"math\" attention backend (matmuls + softmax) equals the fused op, values and gradients", function()
+    local F = flow.nn.functional
+    local q0, k0, v0 = flow.randn({ 2, 3, 6, 8 }), flow.randn({ 2, 3, 6, 8 }), flow.randn({ 2, 3, 6, 5 })
+    local function run(causal, Tk, backend)
+      local q = q0:detach():requires_grad_()
+      local k = k0:narrow(2, 0, Tk):detach():requires_grad_()
+      local v = v0:narrow(2, 0, Tk):detach():requires_grad_()
+      flow.backends.attention = backend
+      local ok, y = pcall(F.scaled_dot_product_attention, q, k, v, { causal = causal, scale = 0.3 })
+      flow.backends.attention = nil
+      assert(ok, y)
+      flow.sum(y * y):backward()
+      return y, q.grad, k.grad, v.grad
+    end
+    for _, c in ipairs({ { false, 6 }, { true, 6 }, { false, 4 } }) do
+      local a, b = { run(c[1], c[2], nil) }, { run(c[1], c[2], "math") }
+      for i = 1, 4 do
+        local d = (a[i] - b[i]):abs():max():item()
+        assert(d < 1e-5, ("causal=%s Tk=%d output %d differs by %g"):format(tostring(c[1]), c[2], i, d))
+      end
+    end
+  end)
+
   it("CausalSelfAttention matches softmax(QK^T/sqrt(D)) V computed by hand", function()
     local attn = nn.CausalSelfAttention(4, 1)
     local x = flow.randn({ 1, 3, 4 })

@@ -45,7 +45,26 @@ function F.dropout(x, p, training)
   return flow.dropout(x, p or 0.5, true)
 end
 function F.embedding(ids, weight) return flow.embedding(ids, weight) end
-function F.scaled_dot_product_attention(q, k, v, opts) return flow.scaled_dot_product_attention(q, k, v, opts) end
+-- softmax(q k^T scale, keys after the query masked when causal) v from two matmuls and a softmax:
+-- the [Tq, Tk] scores are materialised, but the matmuls run on cuBLAS (tensor cores under autocast)
+-- where the fused kernel runs on CUDA cores. flow.backends.attention = "math" selects it.
+local function attention_math(q, k, v, opts)
+  local s = q:shape()
+  local Tq, Tk, D = s[#s - 1], k:shape()[#s - 1], s[#s]
+  local scale = opts and opts.scale or 1 / math.sqrt(D)
+  local scores = flow.matmul(q, k, { transpose_b = true }) * scale
+  if opts and opts.causal then
+    local i = flow.arange(0, Tq, 1, { dtype = "int64", device = q.device }):view({ Tq, 1 })
+    local j = flow.arange(0, Tk, 1, { dtype = "int64", device = q.device }):view({ 1, Tk })
+    scores = flow.masked_fill(scores, flow.gt(j, i), -math.huge)
+  end
+  return flow.matmul(flow.softmax(scores, -1), v)
+end
+
+function F.scaled_dot_product_attention(q, k, v, opts)
+  if flow.backends and flow.backends.attention == "math" then return attention_math(q, k, v, opts) end
+  return flow.scaled_dot_product_attention(q, k, v, opts)
+end
 
 -------------------------------------------------------------------------------- Module
 

@@ -11,7 +11,10 @@ if not flow.cuda.is_available() then
 end
 
 local args = utils.parse_args(arg, { layers = 12, dim = 768, heads = 12, seq = 1024, batch = 8, vocab = 50257,
-                                     steps = 10, warmup = 2, peak_tflops = 989 })
+                                     steps = 10, warmup = 2, peak_tflops = 989, attention = "fused" })
+if args.attention ~= "fused" and args.attention ~= "math" then error("--attention: fused or math") end
+-- "math": attention as cuBLAS matmuls and a softmax (scores materialised), against the fused kernel
+flow.backends.attention = args.attention == "math" and "math" or nil
 flow.manual_seed(0)
 local cfg = { vocab_size = args.vocab, block_size = args.seq, n_layer = args.layers, n_head = args.heads,
               n_embd = args.dim, dropout = 0 }
@@ -50,7 +53,7 @@ local nparams = model:num_parameters()
 local flops_per_token = 6 * nparams + 12 * args.layers * args.seq * args.dim
 local mfu = tokens / dt * flops_per_token / (args.peak_tflops * 1e12)
 local stats = flow.cuda.memory_stats()
-print(("gpt_gpu: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.1fM params, bf16 autocast"):format(args.layers, args.dim,
-  args.heads, args.seq, args.batch, args.vocab, nparams / 1e6))
+print(("gpt_gpu: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.1fM params, bf16 autocast, %s attention"):format(args.layers,
+  args.dim, args.heads, args.seq, args.batch, args.vocab, nparams / 1e6, args.attention))
 print(("gpt_gpu: %.1f ms/step, tokens/s %.0f, MFU %.1f%% (of %d TFLOP/s), loss %.3f, peak memory %.2f GiB"):format(
   dt * 1e3, tokens / dt, mfu * 100, args.peak_tflops, loss, stats.peak / 2 ^ 30))
