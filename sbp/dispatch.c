@@ -161,7 +161,6 @@ static void trace_plan(const char *indent, const flow_boxing_plan *plan, flow_de
  * CUDA shards are boxed in device memory over NCCL. When NCCL cannot carry the job (ranks share a
  * GPU, FLOW_NCCL=0: see flow_nccl_init) they go through the host and back over MPI instead. */
 
-
 static flow_tensor *to_host(flow_tensor *t) {
   flow_tensor *plain = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
   flow_tensor *c = plain ? flow_contiguous(plain) : NULL; /* on the device */
@@ -359,10 +358,6 @@ static int infer_same(const flow_op *op, flow_tensor *const *in, int nin, const 
   return 0;
 }
 
-/* A local tensor becomes this rank's shard. Collective over the placement: the logical shape is
- * summed from the shards along split axes (innermost first), every rank checks its shard is the
- * one the SBP gives it (and all agree on the outcome), and broadcast axes take coordinate 0's copy
- * so the ranks hold the same values. */
 /* When the placement leaves ranks out, its first rank tells them the outcome over the world: the
  * logical rank, dtype and shape, or -1 when the members found the shards inconsistent (so every rank
  * raises instead of the outsiders waiting). Members and outsiders call this at the same point. */
@@ -372,6 +367,10 @@ static int tell_outsiders(const flow_placement *p, int64_t *msg) {
   return w->ops->broadcast(w, msg, 2 + FLOW_MAX_DIMS, FLOW_I64, p->ranks[0]);
 }
 
+/* A local tensor becomes this rank's shard. Collective over the placement: the logical shape is
+ * summed from the shards along split axes (innermost first), every rank checks its shard is the
+ * one the SBP gives it (and all agree on the outcome), and broadcast axes take coordinate 0's copy
+ * so the ranks hold the same values. */
 static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
