@@ -226,8 +226,11 @@ describe("nn layers", function()
       flow.sum(y * y):backward()
       return y, q.grad, k.grad, v.grad
     end
+    local ok, err = pcall(run, false, 6, "flash")
+    assert.is_false(ok)
+    assert.matches('flow.backends.attention is "flash"; expected "fused" or "math"', err, 1, true)
     for _, c in ipairs({ { false, 6 }, { true, 6 }, { false, 4 } }) do
-      local a, b = { run(c[1], c[2], nil) }, { run(c[1], c[2], "math") }
+      local a, b = { run(c[1], c[2], "fused") }, { run(c[1], c[2], "math") }
       for i = 1, 4 do
         local d = (a[i] - b[i]):abs():max():item()
         assert(d < 1e-5, ("causal=%s Tk=%d output %d differs by %g"):format(tostring(c[1]), c[2], i, d))

@@ -62,7 +62,12 @@ local function attention_math(q, k, v, opts)
 end
 
 function F.scaled_dot_product_attention(q, k, v, opts)
-  if flow.backends and flow.backends.attention == "math" then return attention_math(q, k, v, opts) end
+  local backend = flow.backends and flow.backends.attention
+  if backend == "math" then return attention_math(q, k, v, opts) end
+  if backend ~= nil and backend ~= "fused" then
+    error(("scaled_dot_product_attention: flow.backends.attention is %q; expected \"fused\" or \"math\""):format(
+      tostring(backend)), 2)
+  end
   return flow.scaled_dot_product_attention(q, k, v, opts)
 end
 
