@@ -220,7 +220,7 @@ static int finish(flow_tensor *out, flow_tensor *tmp, int rc) {
   case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                           \
   case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                           \
   case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                             \
-  default: rc = flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(dt)); \
+  default: rc = FLOW_CUDA_UNSUPPORTED(dt, WHAT);                                                    \
   }
 
 /* D picks the register row size: 64 covers GPT-2's heads, 128 the rest. */

@@ -55,26 +55,28 @@ template <> __device__ __forceinline__ void store<float, double>(float *p, doubl
 template <> __device__ __forceinline__ void store<bf16, double>(bf16 *p, double v) { *p = __float2bfloat16((float)v); }
 template <> __device__ __forceinline__ void store<f16, double>(f16 *p, double v) { *p = __float2half((float)v); }
 
-/* Call F.template operator()<T>() with T the storage type of dtype d; -1 + error if unsupported. */
-#define FLOW_CUDA_DISPATCH_FLOAT(d, WHAT, ...)                                                      \
+/* The error for a dtype a CUDA kernel does not take. */
+#define FLOW_CUDA_UNSUPPORTED(d, WHAT) flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d))
+
+/* Run the body with T the storage type of float dtype d; `otherwise` (a statement) for any other. */
+#define FLOW_CUDA_FLOAT_CASES(d, otherwise, ...)                                                   \
   switch (d) {                                                                                    \
   case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
   case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
   case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                           \
   case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                         \
-  default: return flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
+  default: otherwise;                                                                             \
   }
+/* ... returning -1 + error for other dtypes. */
+#define FLOW_CUDA_DISPATCH_FLOAT(d, WHAT, ...) FLOW_CUDA_FLOAT_CASES(d, return FLOW_CUDA_UNSUPPORTED(d, WHAT), __VA_ARGS__)
+/* Every dtype: the float ones, then the integer ones. */
 #define FLOW_CUDA_DISPATCH_ALL(d, WHAT, ...)                                                        \
   switch (d) {                                                                                    \
-  case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
-  case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
-  case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                           \
-  case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                         \
   case FLOW_I64: { typedef int64_t T; __VA_ARGS__; break; }                                       \
   case FLOW_I32: { typedef int32_t T; __VA_ARGS__; break; }                                       \
   case FLOW_U8: { typedef uint8_t T; __VA_ARGS__; break; }                                        \
   case FLOW_BOOL: { typedef bool T; __VA_ARGS__; break; }                                         \
-  default: return flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
+  default: FLOW_CUDA_DISPATCH_FLOAT(d, WHAT, __VA_ARGS__)                                         \
   }
 
 /* ---- strided geometry ------------------------------------------------------------------------ */

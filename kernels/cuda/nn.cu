@@ -7,14 +7,7 @@
 #include "common.h"
 
 /* Sets rc on an unsupported dtype (no return: the callers release their dense copies first). */
-#define REAL_DISPATCH(d, WHAT, ...)                                                                \
-  switch (d) {                                                                                    \
-  case FLOW_F32: { typedef float T; __VA_ARGS__; break; }                                         \
-  case FLOW_F64: { typedef double T; __VA_ARGS__; break; }                                        \
-  case FLOW_F16: { typedef f16 T; __VA_ARGS__; break; }                                           \
-  case FLOW_BF16: { typedef bf16 T; __VA_ARGS__; break; }                                         \
-  default: rc = flow_error_set("%s: dtype %s is not supported on cuda", WHAT, flow_dtype_name(d)); \
-  }
+#define REAL_DISPATCH(d, WHAT, ...) FLOW_CUDA_FLOAT_CASES(d, rc = FLOW_CUDA_UNSUPPORTED(d, WHAT), __VA_ARGS__)
 
 /* The type a kernel for storage type T computes in. */
 template <typename T> using acc_t = typename Acc<T>::type;
