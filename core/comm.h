@@ -75,8 +75,8 @@ int flow_comm_node_local(int *rank, int *size);
 /* A communicator of one rank (the world of a build without MPI). */
 flow_comm *flow_comm_self_new(void);
 
-/* The cached communicator over these world ranks (in this order), made on first use.
- * Only members may ask; NULL + error otherwise. */
+/* The cached communicator over these world ranks (in this order), made on first use; the world
+ * itself for 0 .. size-1. Only members may ask; NULL + error otherwise. */
 flow_comm *flow_comm_for_ranks(const int *ranks, int n);
 
 #endif
