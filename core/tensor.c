@@ -57,7 +57,7 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
 }
 
 void flow_storage_decref(flow_storage *s) {
-  if (!s || --s->refcount > 0) return;
+  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   flow_device_get(s->device.type)->free(s->device.index, s->data, s->nbytes);
   cache_put(&storage_cache, s);
 }
@@ -123,7 +123,16 @@ flow_tensor *flow_tensor_view_of(const flow_tensor *src, int ndim, const int64_t
   if (ndim) memcpy(t->stride, stride, (size_t)ndim * sizeof *stride);
   t->offset = offset;
   t->storage = src->storage;
-  t->storage->refcount++;
+  t->lazy = src->lazy;
+  if (t->storage) __atomic_fetch_add(&t->storage->refcount, 1, __ATOMIC_RELAXED);
+  return t;
+}
+
+flow_tensor *flow_tensor_new_lazy(flow_dtype dtype, flow_device dev, int ndim, const int64_t *shape, uint64_t handle) {
+  flow_tensor *t = header(dtype, dev, ndim, shape);
+  if (!t) return NULL;
+  flow_contiguous_strides(ndim, shape, t->stride);
+  t->lazy = handle;
   return t;
 }
 
@@ -138,10 +147,12 @@ flow_tensor *flow_tensor_alias(const flow_tensor *t) {
   return a;
 }
 
+static flow_tensor_release_fn release_hook;
+void flow_tensor_set_release_hook(flow_tensor_release_fn fn) { release_hook = fn; }
+
 void flow_tensor_decref(flow_tensor *t) {
-  if (!t || --t->refcount > 0) return;
-  extern void flow_autograd_release(flow_tensor *t); /* ops/autograd.c */
-  flow_autograd_release(t);
+  if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  if (release_hook) release_hook(t);
   if (t->global && t->global_free) t->global_free(t->global);
   flow_storage_decref(t->storage);
   cache_put(&tensor_cache, t);

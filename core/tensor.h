@@ -41,6 +41,9 @@ typedef struct flow_tensor {
   void *global;
   void (*global_retain)(void *global);
   void (*global_free)(void *global);
+  /* lazy tensors (actor/trace.c): a value of a graph being traced, no storage yet. 0 for real
+   * tensors; otherwise the tracer's handle (graph id and value id). Views carry it along. */
+  uint64_t lazy;
 } flow_tensor;
 
 /* A global tensor's metadata (sbp/global.h) starts with its logical shape laid out like this, so
@@ -104,12 +107,23 @@ flow_tensor *flow_tensor_new(flow_dtype dtype, flow_device dev, int ndim, const 
 /* A new tensor header viewing t's storage with the given geometry (no autograd, no global). */
 flow_tensor *flow_tensor_view_of(const flow_tensor *t, int ndim, const int64_t *shape,
                                  const int64_t *stride, int64_t offset);
+/* A lazy tensor: metadata and the tracer's handle, no storage (actor/trace.c makes these). */
+flow_tensor *flow_tensor_new_lazy(flow_dtype dtype, flow_device dev, int ndim, const int64_t *shape, uint64_t handle);
 /* Same view as t, sharing storage and global metadata, without autograd state: what autograd
  * saves and what detach returns. */
 flow_tensor *flow_tensor_alias(const flow_tensor *t);
 
-static inline void flow_tensor_incref(flow_tensor *t) { t->refcount++; }
+/* Refcounts are atomic: the actor runtime's threads share register tensors and their storage. */
+static inline void flow_tensor_incref(flow_tensor *t) { __atomic_fetch_add(&t->refcount, 1, __ATOMIC_RELAXED); }
 void flow_tensor_decref(flow_tensor *t);
+
+/* Higher layers that hang state off tensors (autograd's grad_fn and grad) install a hook that
+ * releases it when the last reference goes: core never calls up into them. */
+typedef void (*flow_tensor_release_fn)(flow_tensor *t);
+void flow_tensor_set_release_hook(flow_tensor_release_fn fn);
+static inline bool flow_tensor_is_lazy(const flow_tensor *t) { return t->lazy != 0; }
+/* The storage's write count (0 for a lazy tensor, which has none yet). */
+static inline uint64_t flow_tensor_version(const flow_tensor *t) { return t->storage ? t->storage->version : 0; }
 
 int64_t flow_shape_numel(int ndim, const int64_t *shape);
 static inline int64_t flow_tensor_numel(const flow_tensor *t) { return flow_shape_numel(t->ndim, t->shape); }

@@ -67,5 +67,7 @@ void flow_lua_open_global(lua_State *L);
 void flow_lua_open_cuda(lua_State *L);
 void flow_lua_open_bench(lua_State *L);
 void flow_lua_open_conv(lua_State *L);
+void flow_lua_open_actor(lua_State *L);
+void flow_lua_open_graph(lua_State *L);
 
 #endif

@@ -13,7 +13,7 @@
 #include "../ops/create.h"
 #include "../ops/elementwise.h"
 #include "../ops/reduce.h"
-#include "../sbp/dispatch.h"
+#include "../ops/eager_global.h"
 #include "../sbp/signature.h"
 #include "bind.h"
 

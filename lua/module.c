@@ -72,6 +72,8 @@ int luaopen_flow(lua_State *L) {
   flow_lua_open_cuda(L);
   flow_lua_open_bench(L);
   flow_lua_open_conv(L);
+  flow_lua_open_actor(L);
+  flow_lua_open_graph(L);
   preload(L);
   /* lua/flow/init.lua finishes the module (pure-Lua parts) */
   for (const flow_lua_source *s = flow_lua_sources; s->name; s++) {

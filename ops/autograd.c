@@ -68,6 +68,9 @@ void flow_autograd_release(flow_tensor *t) {
   t->grad = NULL;
 }
 
+/* core/tensor.c releases grad_fn and grad through this hook when a tensor's last reference goes */
+__attribute__((constructor)) static void install_release_hook(void) { flow_tensor_set_release_hook(flow_autograd_release); }
+
 int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                          flow_tensor *const *out, int nout) {
   bool any = false;
@@ -103,7 +106,7 @@ int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, con
     n->need[i] = in[i]->requires_grad && !((op->nondiff_in >> i) & 1);
     if ((op->save_in >> i) & 1) {
       n->saved_in[i] = flow_tensor_alias(in[i]);
-      n->in_version[i] = in[i]->storage->version;
+      n->in_version[i] = flow_tensor_version(in[i]);
     }
     if (!n->need[i]) continue;
     if (in[i]->grad_fn) {
@@ -119,7 +122,7 @@ int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, con
     flow_meta_from(&n->out_meta[j], out[j]);
     if ((op->save_out >> j) & 1) {
       n->saved_out[j] = flow_tensor_alias(out[j]);
-      n->out_version[j] = out[j]->storage->version;
+      n->out_version[j] = flow_tensor_version(out[j]);
     }
     /* every output holds the node; for integer outputs (indices) no gradient flows */
     if (!flow_dtype_is_float(out[j]->dtype)) continue;
@@ -176,11 +179,11 @@ static int check_versions(flow_node *n) {
     return flow_error_set("backward: trying to backward through %s a second time; its saved tensors "
                           "were freed (pass retain_graph = true to the first backward)", n->op->name);
   for (int i = 0; i < n->nin; i++)
-    if (n->saved_in[i] && n->saved_in[i]->storage->version != n->in_version[i])
+    if (n->saved_in[i] && flow_tensor_version(n->saved_in[i]) != n->in_version[i])
       return flow_error_set("backward: input %d of %s, needed for its gradient, was modified by an "
                             "in-place operation", i + 1, n->op->name);
   for (int j = 0; j < n->nout; j++)
-    if (n->saved_out[j] && n->saved_out[j]->storage->version != n->out_version[j])
+    if (n->saved_out[j] && flow_tensor_version(n->saved_out[j]) != n->out_version[j])
       return flow_error_set("backward: output %d of %s, needed for its gradient, was modified by an "
                             "in-place operation", j + 1, n->op->name);
   return 0;

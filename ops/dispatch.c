@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "autograd.h"
+#include "lazy.h"
 #include "op.h"
 
 static flow_op *registry_head;
@@ -68,19 +69,41 @@ static int check_inputs(const flow_op *op, flow_tensor *const *in, int nin) {
   return 0;
 }
 
+/* ---- the lazy seam (lazy.h) ------------------------------------------------------------------ */
+
+static const flow_lazy_interp *lazy;
+static _Thread_local bool tracing;
+
+void flow_lazy_install(const flow_lazy_interp *li) { lazy = li; }
+void flow_lazy_set_tracing(bool on) { tracing = on && lazy; }
+bool flow_lazy_tracing(void) { return tracing; }
+flow_tensor *flow_lazy_box(const flow_box_desc *d, flow_tensor *t) { return lazy->record_box(d, t); }
+
+int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
+  flow_device dev = op->kind == FLOW_OP_SOURCE ? out[0]->device : in[0]->device;
+  flow_kernel_fn k = op->kernel[dev.type];
+  if (!k) {
+    char name[32];
+    flow_device_name(dev, name, sizeof name);
+    return flow_error_set("%s: no kernel for device %s", op->name, name);
+  }
+  if (k(in, nin, out, op->nout, a) != 0) {
+    if (strncmp(flow_error_get(), op->name, strlen(op->name)) != 0) flow_error_prefix("%s", op->name);
+    return -1;
+  }
+  if (op->kind == FLOW_OP_INPLACE) in[0]->storage->version++;
+  return 0;
+}
+
+/* ---- eager local --------------------------------------------------------------------------- */
+
 int flow_op_call_local(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                        flow_tensor **out) {
   flow_meta meta[8];
   int nout = op->nout;
   for (int j = 0; j < nout; j++) out[j] = NULL;
   if (op->infer(op, in, nin, a, meta) != 0) return -1;
-  flow_devtype dt = op->kind == FLOW_OP_SOURCE ? meta[0].device.type : in[0]->device.type;
-  flow_kernel_fn k = op->kernel[dt];
-  if (!k) {
-    char dev[32];
-    flow_device_name(op->kind == FLOW_OP_SOURCE ? meta[0].device : in[0]->device, dev, sizeof dev);
-    return flow_error_set("%s: no kernel for device %s", op->name, dev);
-  }
+  if (tracing) return lazy->record_op(op, in, nin, a, meta, out);
   if (op->kind == FLOW_OP_COMPUTE || op->kind == FLOW_OP_SOURCE) {
     for (int j = 0; j < nout; j++) {
       out[j] = flow_tensor_new(meta[j].dtype, meta[j].device, meta[j].ndim, meta[j].shape);
@@ -90,11 +113,7 @@ int flow_op_call_local(const flow_op *op, flow_tensor *const *in, int nin, const
     out[0] = in[0];
     flow_tensor_incref(in[0]);
   }
-  if (k(in, nin, out, nout, a) != 0) {
-    if (strncmp(flow_error_get(), op->name, strlen(op->name)) != 0) flow_error_prefix("%s", op->name);
-    goto fail;
-  }
-  if (op->kind == FLOW_OP_INPLACE) in[0]->storage->version++;
+  if (flow_op_run_kernel(op, in, nin, a, out) != 0) goto fail;
   return 0;
 fail:
   for (int j = 0; j < nout; j++) {

@@ -1,10 +1,10 @@
 /* Eager global execution (DESIGN.md section 5): the dispatcher ops hand global calls to, the
  * boxing ops (to_global / to_local, differentiable), the autograd leaf hook, the cross-rank
  * agreement check and the explain trace. */
-#ifndef FLOW_SBP_DISPATCH_H
-#define FLOW_SBP_DISPATCH_H
+#ifndef FLOW_OPS_GLOBAL_H
+#define FLOW_OPS_GLOBAL_H
 
-#include "boxing.h"
+#include "../sbp/boxing.h"
 
 /* Register the dispatcher and the leaf hook with ops/ (idempotent). */
 void flow_global_install(void);

@@ -1,7 +1,7 @@
-/* Eager global execution (dispatch.h): for an op with a global input, infer the logical result,
+/* Eager global execution (eager_global.h): the interpreter ops hand global calls to: infer the logical result,
  * pick the cheapest SBP signature per mesh axis, box the inputs, run the local kernel on shards
  * and wrap the outputs. Boxing itself is the to_global op, whose gradient is the reverse boxing. */
-#include "dispatch.h"
+#include "eager_global.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,11 +9,12 @@
 #include <string.h>
 
 #include "../core/nccl.h"
-#include "../ops/autograd.h"
-#include "../ops/elementwise.h"
-#include "../ops/op.h"
-#include "cost.h"
-#include "signature.h"
+#include "autograd.h"
+#include "elementwise.h"
+#include "lazy.h"
+#include "op.h"
+#include "../sbp/cost.h"
+#include "../sbp/signature.h"
 
 /* ---- targets: (placement, nd-SBP, logical shape) interned so attrs can carry them as an id ---- */
 
@@ -212,7 +213,24 @@ static flow_tensor *box_shard(const char *what, flow_tensor *t, const flow_place
     tracef("  %s: %s -> %s\n", what, flow_nd_sbp_str(&src, a, sizeof a), flow_nd_sbp_str(dst, b, sizeof b));
     trace_plan("    ", &plan, t->device);
   }
+  if (flow_lazy_tracing()) {
+    flow_box_desc d = {.src_p = p, .dst_p = p, .src = src, .dst = *dst, .ndim = ndim, .dtype = t->dtype};
+    memcpy(d.shape, shape, (size_t)ndim * sizeof(int64_t));
+    return flow_lazy_box(&d, t);
+  }
   return run_plan(&plan, p, &src, ndim, shape, t);
+}
+
+flow_tensor *flow_box_run(const flow_box_desc *d, flow_tensor *t) {
+  if (d->src_p == d->dst_p) {
+    flow_boxing_plan plan;
+    if (flow_boxing_plan_make(d->src_p, &d->src, &d->dst, d->ndim, d->shape, d->dtype, &plan) != 0) return NULL;
+    return run_plan(&plan, d->src_p, &d->src, d->ndim, d->shape, t);
+  }
+  flow_tensor *h = !staged(t->device) ? (flow_tensor_incref(t), t) : to_host(t);
+  flow_tensor *y = h ? flow_boxing_between(d->src_p, &d->src, d->dst_p, &d->dst, d->ndim, d->shape, h) : NULL;
+  flow_tensor_decref(h);
+  return staged(t->device) ? to_device(y, t->device) : y;
 }
 
 /* ---- agreement check --------------------------------------------------------------------------- */
@@ -440,10 +458,12 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
   const target *tg = &targets[a->k];
   const flow_global *g = flow_global_of(in);
   if (g->placement != tg->placement) {
-    flow_tensor *h = !staged(in->device) ? (flow_tensor_incref(in), in) : to_host(in);
-    flow_tensor *y = h ? flow_boxing_between(g->placement, &g->sbp, tg->placement, &tg->sbp, g->ndim, g->shape, h) : NULL;
-    flow_tensor_decref(h);
-    if (staged(in->device)) y = to_device(y, in->device);
+    flow_box_desc d = {.src_p = g->placement, .dst_p = tg->placement, .src = g->sbp, .dst = tg->sbp,
+                       .ndim = g->ndim, .dtype = in->dtype};
+    memcpy(d.shape, g->shape, (size_t)g->ndim * sizeof(int64_t));
+    flow_tensor *plain = flow_tensor_view_of(in, in->ndim, in->shape, in->stride, in->offset);
+    flow_tensor *y = !plain ? NULL : flow_lazy_tracing() ? flow_lazy_box(&d, plain) : flow_box_run(&d, plain);
+    flow_tensor_decref(plain);
     if (!y) return rank_prefix();
     if (wrap(y, tg->placement, &tg->sbp, g->ndim, g->shape) != 0) { flow_tensor_decref(y); return -1; }
     out[0] = y;
@@ -701,7 +721,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
     flow_tensor *x = written(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
     if (x && reshape) { /* a shard of a strided tensor may not be viewable as the new shape */
-      flow_tensor *d = flow_boxing_dense(x);
+      flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_boxing_dense(x);
       flow_tensor_decref(x);
       x = d;
     }
