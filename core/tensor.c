@@ -37,6 +37,24 @@ static const flow_attrs default_attrs = {.ignore_index = -100};
 
 const flow_attrs *flow_attrs_default(void) { return &default_attrs; }
 
+/* Bytes held by live storages per device type, and the high-water mark since the last reset. */
+static int64_t mem_in_use[FLOW_NDEVTYPES], mem_peak[FLOW_NDEVTYPES];
+
+static void mem_count(flow_devtype d, int64_t delta) {
+  int64_t now = __atomic_add_fetch(&mem_in_use[d], delta, __ATOMIC_RELAXED);
+  int64_t peak = __atomic_load_n(&mem_peak[d], __ATOMIC_RELAXED);
+  while (now > peak && !__atomic_compare_exchange_n(&mem_peak[d], &peak, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+
+void flow_mem_stats(flow_devtype d, int64_t *in_use, int64_t *peak) {
+  *in_use = __atomic_load_n(&mem_in_use[d], __ATOMIC_RELAXED);
+  *peak = __atomic_load_n(&mem_peak[d], __ATOMIC_RELAXED);
+}
+
+void flow_mem_reset_peak(flow_devtype d) {
+  __atomic_store_n(&mem_peak[d], __atomic_load_n(&mem_in_use[d], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+
 flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
   const flow_device_impl *impl = flow_device_get(dev.type);
   if (!impl) {
@@ -52,6 +70,7 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
   s->refcount = 1;
   s->device = dev;
   s->nbytes = nbytes;
+  mem_count(dev.type, (int64_t)nbytes);
   s->version = 0;
   return s;
 }
@@ -59,6 +78,7 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
 void flow_storage_decref(flow_storage *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   flow_device_get(s->device.type)->free(s->device.index, s->data, s->nbytes);
+  mem_count(s->device.type, -(int64_t)s->nbytes);
   cache_put(&storage_cache, s);
 }
 

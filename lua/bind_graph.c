@@ -1,4 +1,231 @@
-/* Lua bindings for the graph layer (filled in by the graph work). */
+/* Lua bindings for lazy mode (flow._graph): a traced graph and its compiled plan as one userdata,
+ * driven by flow.nn.Graph (lua/flow/graph.lua). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../actor/plan.h"
+#include "../core/comm.h"
 #include "bind.h"
 
-void flow_lua_open_graph(lua_State *L) { (void)L; }
+#define GRAPH_MT "flow.LazyGraph"
+
+typedef struct lgraph {
+  flow_graph *g;
+  flow_plan *plan;
+  bool tracing;
+} lgraph;
+
+static lgraph *check(lua_State *L, const char *fn) {
+  lgraph *x = luaL_checkudata(L, 1, GRAPH_MT);
+  if (!x->g) luaL_error(L, "%s: the graph was freed", fn);
+  return x;
+}
+
+static int g_gc(lua_State *L) {
+  lgraph *x = luaL_checkudata(L, 1, GRAPH_MT);
+  flow_plan_free(x->plan);
+  if (x->g) flow_graph_end(x->g);
+  flow_graph_free(x->g);
+  x->plan = NULL;
+  x->g = NULL;
+  return 0;
+}
+
+static int l_new(lua_State *L) {
+  lgraph *x = lua_newuserdatauv(L, sizeof *x, 0);
+  memset(x, 0, sizeof *x);
+  luaL_setmetatable(L, GRAPH_MT);
+  if (!(x->g = flow_graph_new())) return flow_lua_error(L);
+  return 1;
+}
+
+static int g_begin(lua_State *L) {
+  lgraph *x = check(L, "graph:begin");
+  if (x->plan) return luaL_error(L, "graph:begin: the graph is already compiled");
+  if (flow_graph_begin(x->g) != 0) return flow_lua_error(L);
+  x->tracing = true;
+  return 0;
+}
+
+static int g_finish(lua_State *L) {
+  lgraph *x = check(L, "graph:finish");
+  flow_graph_end(x->g);
+  x->tracing = false;
+  return 0;
+}
+
+static int g_input(lua_State *L) {
+  lgraph *x = check(L, "graph:input");
+  return flow_lua_push(L, flow_graph_input(x->g, flow_lua_check(L, 2, "graph:input")));
+}
+
+static int g_output(lua_State *L) {
+  lgraph *x = check(L, "graph:output");
+  if (flow_graph_output(x->g, flow_lua_check(L, 2, "graph:output")) != 0) return flow_lua_error(L);
+  return 0;
+}
+
+static int g_tag(lua_State *L) {
+  lgraph *x = check(L, "graph:tag");
+  x->g->tag = (int)luaL_checkinteger(L, 2);
+  return 0;
+}
+
+static int g_compile(lua_State *L) {
+  lgraph *x = check(L, "graph:compile");
+  if (x->tracing) return luaL_error(L, "graph:compile: the graph is still being traced");
+  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1)};
+  if (o.register_num < 1) return luaL_error(L, "graph:compile: register_num must be at least 1 (got %d)", o.register_num);
+  if (!(x->plan = flow_plan_build(x->g, &o))) return flow_lua_error(L);
+  return 0;
+}
+
+static flow_plan *plan_of(lua_State *L, const char *fn) {
+  lgraph *x = check(L, fn);
+  if (!x->plan) luaL_error(L, "%s: the graph is not compiled", fn);
+  return x->plan;
+}
+
+static int g_feed(lua_State *L) {
+  flow_plan *p = plan_of(L, "graph:feed");
+  flow_plan_set_feed(p, (int)luaL_checkinteger(L, 2), luaL_checknumber(L, 3), luaL_checkinteger(L, 4));
+  return 0;
+}
+
+/* graph:run({inputs...}) -> {outputs...} */
+static int g_run(lua_State *L) {
+  lgraph *x = check(L, "graph:run");
+  flow_plan *p = plan_of(L, "graph:run");
+  luaL_checktype(L, 2, LUA_TTABLE);
+  int nin = x->g->ninputs, nout = x->g->noutputs;
+  if ((int)luaL_len(L, 2) != nin) return luaL_error(L, "graph:run: expected %d inputs, got %d", nin, (int)luaL_len(L, 2));
+  flow_tensor **in = lua_newuserdatauv(L, sizeof(flow_tensor *) * (size_t)(nin + nout + 1), 0);
+  for (int i = 0; i < nin; i++) {
+    lua_geti(L, 2, i + 1);
+    in[i] = flow_lua_check(L, -1, "graph:run");
+    lua_pop(L, 1);
+  }
+  flow_tensor **out = in + nin;
+  if (flow_plan_run(p, in, out) != 0) return flow_lua_error(L);
+  lua_createtable(L, nout, 0);
+  for (int i = 0; i < nout; i++) {
+    flow_lua_push(L, out[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int g_dot(lua_State *L) {
+  char *s = flow_plan_dot(plan_of(L, "graph:dot"));
+  lua_pushstring(L, s ? s : "");
+  free(s);
+  return 1;
+}
+
+static int g_trace(lua_State *L) {
+  flow_plan_trace(plan_of(L, "graph:trace"), lua_toboolean(L, 2));
+  return 0;
+}
+
+static int g_events(lua_State *L) {
+  char *s = flow_plan_trace_events(plan_of(L, "graph:events"), flow_comm_rank());
+  lua_pushstring(L, s ? s : "");
+  free(s);
+  return 1;
+}
+
+static int g_memory(lua_State *L) {
+  flow_plan_memory m;
+  flow_plan_memory_of(plan_of(L, "graph:memory"), &m);
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, m.arena_bytes); lua_setfield(L, -2, "arena");
+  lua_pushinteger(L, m.unpacked_bytes); lua_setfield(L, -2, "unpacked");
+  lua_pushinteger(L, m.dedicated_bytes); lua_setfield(L, -2, "dedicated");
+  lua_pushinteger(L, m.captured_bytes); lua_setfield(L, -2, "captured");
+  lua_pushinteger(L, m.arena_bytes + m.dedicated_bytes + m.captured_bytes); lua_setfield(L, -2, "planned");
+  lua_pushinteger(L, m.measured_peak); lua_setfield(L, -2, "measured_peak");
+  return 1;
+}
+
+/* graph:stats() -> {nodes, live, boxings, tasks = {compute, collective, copy}} */
+static int g_stats(lua_State *L) {
+  lgraph *x = check(L, "graph:stats");
+  int boxes = 0, live = 0;
+  for (int n = 0; n < x->g->nnodes; n++) {
+    live += x->g->nodes[n].live;
+    boxes += x->g->nodes[n].live && x->g->nodes[n].kind == FLOW_GNODE_BOX;
+  }
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, x->g->nnodes); lua_setfield(L, -2, "nodes");
+  lua_pushinteger(L, live); lua_setfield(L, -2, "live");
+  lua_pushinteger(L, boxes); lua_setfield(L, -2, "boxings");
+  if (x->plan) {
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE)); lua_setfield(L, -2, "compute");
+    lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM)); lua_setfield(L, -2, "collective");
+    lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COPY)); lua_setfield(L, -2, "copy");
+    lua_setfield(L, -2, "tasks");
+  }
+  return 1;
+}
+
+/* Bytes held by live storages of the cpu (and the high-water mark), for eager-vs-graph measures. */
+static int l_memory(lua_State *L) {
+  int64_t use = 0, peak = 0;
+  for (int d = 0; d < FLOW_NDEVTYPES; d++) {
+    int64_t u, p;
+    flow_mem_stats((flow_devtype)d, &u, &p);
+    use += u;
+    peak += p;
+  }
+  if (lua_toboolean(L, 1))
+    for (int d = 0; d < FLOW_NDEVTYPES; d++) flow_mem_reset_peak((flow_devtype)d);
+  lua_pushinteger(L, use);
+  lua_pushinteger(L, peak);
+  return 2;
+}
+
+/* flow._allgather_strings(s) -> {rank 0's s, rank 1's, ...} over the world (trace merging). */
+static int l_allgather_strings(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  flow_comm *c = flow_comm_world();
+  int size = c->size;
+  int64_t mine = (int64_t)n, *lens = lua_newuserdatauv(L, sizeof(int64_t) * (size_t)size, 0);
+  size_t *counts = lua_newuserdatauv(L, sizeof(size_t) * 2 * (size_t)size, 0), *displs = counts + size;
+  for (int q = 0; q < size; q++) { counts[q] = 1; displs[q] = (size_t)q; }
+  if (c->ops->allgatherv(c, &mine, 1, lens, counts, displs, FLOW_I64) != 0) return flow_lua_error(L);
+  size_t total = 0;
+  for (int q = 0; q < size; q++) { counts[q] = (size_t)lens[q]; displs[q] = total; total += (size_t)lens[q]; }
+  char *all = lua_newuserdatauv(L, total ? total : 1, 0);
+  if (c->ops->allgatherv(c, s, n, all, counts, displs, FLOW_U8) != 0) return flow_lua_error(L);
+  lua_createtable(L, size, 0);
+  for (int q = 0; q < size; q++) {
+    lua_pushlstring(L, all + displs[q], counts[q]);
+    lua_rawseti(L, -2, q + 1);
+  }
+  return 1;
+}
+
+void flow_lua_open_graph(lua_State *L) {
+  static const luaL_Reg methods[] = {{"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output},
+                                     {"tag", g_tag}, {"compile", g_compile}, {"feed", g_feed}, {"run", g_run},
+                                     {"dot", g_dot}, {"trace", g_trace}, {"events", g_events}, {"memory", g_memory},
+                                     {"stats", g_stats}, {"free", g_gc}, {NULL, NULL}};
+  luaL_newmetatable(L, GRAPH_MT);
+  lua_pushcfunction(L, g_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, g_gc);
+  lua_setfield(L, -2, "__close");
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, l_new);
+  lua_setfield(L, -2, "new");
+  lua_pushcfunction(L, l_memory);
+  lua_setfield(L, -2, "memory");
+  lua_setfield(L, -2, "_graph");
+  lua_pushcfunction(L, l_allgather_strings);
+  lua_setfield(L, -2, "_allgather_strings");
+}

@@ -28,6 +28,10 @@ static int t_free(lua_State *L) {
 
 /* A tensor on the host with the same values (new reference): t itself when already there. */
 static flow_tensor *host_copy(lua_State *L, flow_tensor *t) {
+  if (t->lazy)
+    luaL_error(L, "this tensor is lazy: it is a value inside nn.Graph's build, which is traced once and has no data "
+                  "yet, so data-dependent control flow (such as `if loss:item() > x`) cannot be part of a graph; "
+                  "return the tensor from build and read it after the call");
   if (t->device.type == FLOW_CPU) { flow_tensor_incref(t); return t; }
   lua_getfield(L, LUA_REGISTRYINDEX, "flow.to_host"); /* set by the CUDA binding */
   if (lua_isnil(L, -1)) luaL_error(L, "tensor is on a device this build cannot read");
@@ -249,13 +253,18 @@ static int t_newindex(lua_State *L) {
 static int t_tostring(lua_State *L) {
   flow_lua_box *b = box(L);
   if (!b->t) { lua_pushstring(L, "tensor(freed)"); return 1; }
+  char s[128];
+  if (b->t->lazy) {
+    lua_pushfstring(L, "tensor(lazy, shape=%s, dtype=%s)", flow_shape_str(b->t->ndim, b->t->shape, s, sizeof s),
+                    flow_dtype_name(b->t->dtype));
+    return 1;
+  }
   lua_getfield(L, LUA_REGISTRYINDEX, "flow.tostring");
   if (!lua_isnil(L, -1)) {
     lua_pushvalue(L, 1);
     lua_call(L, 1, 1);
     return 1;
   }
-  char s[128];
   lua_pushfstring(L, "tensor(shape=%s, dtype=%s)", flow_shape_str(b->t->ndim, b->t->shape, s, sizeof s),
                   flow_dtype_name(b->t->dtype));
   return 1;
@@ -273,6 +282,13 @@ static int f_is_tensor(lua_State *L) {
   return 1;
 }
 
+/* flow.is_lazy(t): t is a value of a graph being traced (no data yet). */
+static int f_is_lazy(lua_State *L) {
+  flow_tensor *t = flow_lua_test(L, 1);
+  lua_pushboolean(L, t && t->lazy);
+  return 1;
+}
+
 void flow_lua_open_tensor(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"free", t_free}, {"item", t_item}, {"totable", t_totable}, {"shape", t_shape}, {"size", t_size},
@@ -280,7 +296,7 @@ void flow_lua_open_tensor(lua_State *L) {
     {"storage_offset", t_storage_offset}, {"data_ptr", t_data_ptr}, {"contiguous", t_contiguous},
     {"clone", t_clone}, {"detach", t_detach}, {"requires_grad_", t_requires_grad_}, {"backward", t_backward},
     {NULL, NULL}};
-  static const luaL_Reg funcs[] = {{"is_tensor", f_is_tensor}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"is_tensor", f_is_tensor}, {"is_lazy", f_is_lazy}, {NULL, NULL}};
   flow_lua_register(L, funcs, methods);
   luaL_getmetatable(L, FLOW_TENSOR_MT);
   static const luaL_Reg meta[] = {{"__gc", t_gc}, {"__close", t_free}, {"__index", t_index},

@@ -759,6 +759,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);
   if (rc != 0) return rank_prefix();
   if (op->kind == FLOW_OP_INPLACE) { /* out[0] is (a view of) in[0]: hand back in[0] itself */
+    in[0]->lazy = out[0]->lazy; /* traced: in[0] now stands for the written value, as its shard does */
     flow_tensor_decref(out[0]);
     flow_tensor_incref(in[0]);
     out[0] = in[0];

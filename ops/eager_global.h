@@ -5,6 +5,11 @@
 #define FLOW_OPS_GLOBAL_H
 
 #include "../sbp/boxing.h"
+#include "op.h"
+
+/* The boxing op (to_global): a traced local -> global conversion communicates, so the plan puts it
+ * on the collective stream. */
+extern flow_op flow_op_to_global;
 
 /* Register the dispatcher and the leaf hook with ops/ (idempotent). */
 void flow_global_install(void);

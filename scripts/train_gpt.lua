@@ -29,9 +29,9 @@ local function fail(msg)
   os.exit(2)
 end
 
-if args.pp ~= 1 or args.mode ~= "eager" then
-  fail(("--pp %d --mode %s: pipeline stages and graph mode need the lazy graph and actor engine, which are "
-    .. "not built yet (use --pp 1 --mode eager)"):format(args.pp, args.mode))
+if args.mode ~= "eager" and args.mode ~= "graph" then fail(("--mode %s: expected eager or graph"):format(args.mode)) end
+if args.pp ~= 1 then
+  fail(("--pp %d: pipeline stages are not built yet (use --pp 1)"):format(args.pp))
 end
 if args.dp < 1 or args.tp < 1 or args.dp * args.tp ~= flow.world_size() then
   fail(("--dp %d x --tp %d must equal the number of ranks (%d): run under mpirun -np %d"):format(
@@ -169,6 +169,22 @@ local function amp(fn, ...)
   return fn(...)
 end
 
+-- --mode graph: the step (forward, backward, clipping, AdamW) traced once and run by the actor
+-- engine; it shares the model's parameters and the optimizer's state with eager code
+-- (evaluation, sampling and checkpoints below).
+local step_graph
+if args.mode == "graph" then
+  step_graph = flow.nn.Graph {
+    model = model, optimizer = opt, clip_grad_norm = args.grad_clip > 0 and args.grad_clip or nil,
+    config = { amp = args.amp },
+    build = function(self, x, y)
+      local _, l = self.model(x, y)
+      l:backward()
+      return l
+    end,
+  }
+end
+
 -- Mean loss over eval_iters batches of the val split: always the same batches (drawn at a fixed
 -- RNG state), and the training run's RNG state is put back afterwards.
 local function evaluate()
@@ -199,14 +215,19 @@ for step = start, last_step - 1 do
   local lr = lr_at(step)
   opt:set_lr(lr)
   local x, y = get_batch("train")
-  local loss = amp(function()
-    local _, l = model(x, y)
-    l:backward()
-    return l
-  end)
-  if args.grad_clip > 0 then flow.optim.clip_grad_norm(model:parameters(), args.grad_clip) end
-  opt:step()
-  opt:zero_grad()
+  local loss
+  if step_graph then
+    loss = step_graph(x, y)
+  else
+    loss = amp(function()
+      local _, l = model(x, y)
+      l:backward()
+      return l
+    end)
+    if args.grad_clip > 0 then flow.optim.clip_grad_norm(model:parameters(), args.grad_clip) end
+    opt:step()
+    opt:zero_grad()
+  end
   local l = loss:item()
   -- free this step's tensors now, so the next step reuses their memory (Lua's GC does not see
   -- tensor sizes and would let dead activations pile up)

@@ -473,4 +473,7 @@ function BatchNorm2d:forward(x)
 end
 function BatchNorm2d:__repr() return ("BatchNorm2d(%d, eps=%g)"):format(self.num_features, self.eps) end
 
+-- Lazy mode: flow.nn.Graph {model=, optimizer=, build=, config=} (lua/flow/graph.lua)
+function nn.Graph(opts) return require("flow.graph").new(opts) end
+
 return nn

@@ -19,7 +19,7 @@ local function new_optimizer(cls, name, params, opts, defaults)
   local groups = flow.is_tensor(params[1]) and { { params = params } } or params
   local index = 0
   for gi, g in ipairs(groups) do
-    local group = { params = {}, first = index + 1 }
+    local group = { params = {}, first = index + 1, index = gi }
     for k, v in pairs(defaults) do group[k] = v end
     for k, v in pairs(opts or {}) do group[k] = v end
     for k, v in pairs(g) do if k ~= "params" then group[k] = v end end
@@ -58,13 +58,30 @@ end
 
 function Optimizer:step()
   self.step_count = self.step_count + 1
+  self:apply()
+end
+
+-- The updates of one step, with step_count already advanced. on_group(gi), when given, is told
+-- whose updates follow: nn.Graph tags them so that their lr and step are fed at each run.
+function Optimizer:apply(on_group)
   flow.no_grad(function()
     for i, p, g in self:each() do
+      if on_group then on_group(g.index) end
       local grad = p.grad
       if grad then self:update(i, p, grad, g) end
     end
   end)
 end
+
+-- Create every state buffer now (zeros), as a graph needs: it reads and writes the optimizer's
+-- state in place, so the state must exist before the trace.
+function Optimizer:init_state()
+  for i, p, g in self:each() do
+    for _, key in ipairs(self:state_keys(g)) do self:buffer(i, key, p) end
+  end
+end
+
+function Optimizer:state_keys() return {} end
 
 -- A state tensor for parameter i, zeros of p's shape on first use.
 function Optimizer:buffer(i, key, p)
@@ -120,6 +137,8 @@ function optim.SGD(params, opts)
   return self
 end
 
+function SGD:state_keys(g) return g.momentum ~= 0 and { "momentum_buffer" } or {} end
+
 function SGD:update(i, p, grad, g)
   if g.weight_decay ~= 0 then grad = grad + p * g.weight_decay end
   if g.momentum ~= 0 then
@@ -172,29 +191,36 @@ end
 
 function Adam:update(i, p, grad, g) adam_update(self, i, p, grad, g, false) end
 function AdamW:update(i, p, grad, g) adam_update(self, i, p, grad, g, true) end
+-- adamw_ reads lr and step from its attrs: a graph feeds them at each run
+Adam.fed_lr, AdamW.fed_lr = true, true
+function Adam:state_keys() return { "m", "v" } end
+AdamW.state_keys = Adam.state_keys
 
 -------------------------------------------------------------------------------- clipping, schedules
 
--- Scale all gradients so their global L2 norm is at most max_norm; returns the norm before.
+-- Scale all gradients so their global L2 norm is at most max_norm; returns the norm before. The
+-- norm stays a tensor until the end (in a graph it is one: the scale is min(1, max_norm / norm)
+-- computed on the device, never read back), and is returned as a number for real tensors.
 function optim.clip_grad_norm(params, max_norm)
-  local sq = 0
-  local grads = {}
+  local total
   flow.no_grad(function()
+    local grads = {}
     for _, p in ipairs(params) do
       local g = p.grad
       if g then
         grads[#grads + 1] = g
         local gf = g.dtype == "float64" and g or g:cast("float64")
-        sq = sq + flow.sum(gf * gf):item()
+        local sq = flow.sum(gf * gf)
+        total = total and total + sq or sq
       end
     end
-    local norm = math.sqrt(sq)
-    local coef = max_norm / (norm + 1e-6)
-    if coef < 1 then
-      for _, g in ipairs(grads) do g:mul_(coef) end
-    end
+    if not total then return end
+    total = flow.sqrt(total)
+    local coef = flow.clamp(max_norm / (total + 1e-6), nil, 1)
+    for _, g in ipairs(grads) do g:mul_(g.dtype == "float64" and coef or coef:cast(g.dtype)) end
   end)
-  return math.sqrt(sq)
+  if not total then return 0 end
+  return flow.is_lazy(total) and total or total:item()
 end
 
 -- Linear warmup over `warmup` steps to lr, then cosine decay to min_lr at `steps` (llm.c's

@@ -1,0 +1,80 @@
+/* The graph IR of lazy mode (DESIGN.md section 6) and the tracer that builds it. A graph is what
+ * one rank runs: every rank traces the same build function (SPMD), and the eager-global
+ * interpreter has already chosen each op's SBP signature and inserted the boxings, so the nodes
+ * are this rank's physical ops on shards: ops (with shard attrs), boxings (collectives or
+ * send/recv), graph inputs and captured tensors (parameters, optimizer state, constants). */
+#ifndef FLOW_ACTOR_GRAPH_H
+#define FLOW_ACTOR_GRAPH_H
+
+#include "../ops/lazy.h"
+#include "../sbp/global.h"
+
+enum flow_gnode_kind {
+  FLOW_GNODE_INPUT,    /* graph input k, fed at each run */
+  FLOW_GNODE_CAPTURE,  /* a real tensor read (and maybe written) in place: parameters, state */
+  FLOW_GNODE_OP,       /* an op on shards */
+  FLOW_GNODE_BOX,      /* a boxing of one shard */
+};
+
+typedef struct flow_gnode {
+  enum flow_gnode_kind kind;
+  const flow_op *op;         /* OP */
+  flow_attrs attrs;          /* OP: this rank's shard attrs */
+  flow_box_desc box;         /* BOX */
+  flow_tensor *captured;     /* CAPTURE: a reference held by the graph */
+  int input;                 /* INPUT: its index */
+  int nin, *in;              /* value ids read, in op order */
+  int nout, out0;            /* values out0 .. out0 + nout - 1 */
+  int nctrl, *ctrl;          /* nodes that must act before this one (readers before an in-place write) */
+  int tag;                   /* optimizer group (1-based) whose lr and step feed attrs.lr / attrs.k; 0: none */
+  bool live;                 /* set by the dead-node pass */
+} flow_gnode;
+
+typedef struct flow_gvalue {
+  int node, index;           /* producer and which of its outputs */
+  flow_dtype dtype;
+  flow_device device;
+  int ndim;
+  int64_t shape[FLOW_MAX_DIMS];   /* this rank's shard, as kernels see it */
+  int alias;                 /* value whose memory this one is (views, in-place writes), or -1 */
+  /* a global tensor's metadata (graph inputs and global results): placement NULL for local */
+  const flow_placement *placement;
+  flow_nd_sbp sbp;
+  int lndim;
+  int64_t lshape[FLOW_MAX_DIMS];
+} flow_gvalue;
+
+typedef struct flow_graph {
+  int id;
+  int nnodes, capnodes;
+  flow_gnode *nodes;
+  int nvalues, capvalues;
+  flow_gvalue *values;
+  int ninputs;
+  int noutputs, *outputs;    /* value ids */
+  int tag;                   /* the tag new nodes get */
+} flow_graph;
+
+flow_graph *flow_graph_new(void);
+void flow_graph_free(flow_graph *g);
+
+/* Tracing: begin makes g the thread's current graph and turns the lazy interpreter on; end turns
+ * it off. Ops called in between append nodes to g. */
+int flow_graph_begin(flow_graph *g);
+void flow_graph_end(flow_graph *g);
+
+/* A lazy tensor standing for graph input `t` (same shard metadata, and t's global metadata). */
+flow_tensor *flow_graph_input(flow_graph *g, const flow_tensor *t);
+/* Mark lazy tensor t (of g) as the next output; its value is returned by each run. */
+int flow_graph_output(flow_graph *g, const flow_tensor *t);
+/* The value a lazy tensor of g stands for, or -1 + error naming `what`. */
+int flow_graph_value_of(const flow_graph *g, const flow_tensor *t, const char *what);
+
+/* The dead-node pass: nodes that reach no output and write no captured tensor are dropped
+ * (their `live` flag stays false). Returns the number of live nodes. */
+int flow_graph_prune(flow_graph *g);
+
+/* The value whose memory v is (follows views and in-place writes to the root). */
+int flow_graph_root(const flow_graph *g, int v);
+
+#endif

@@ -1,0 +1,291 @@
+/* The lazy interpreter (ops/lazy.h) and the graph it builds (graph.h). While a graph traces, an
+ * op call appends a node instead of running: its inputs are values of the graph (lazy tensors) or
+ * real tensors, which become captured values read in place at each run (parameters, optimizer
+ * state, constants). Views run their kernel on the headers at trace time, so a lazy view has the
+ * strides the real one will have. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+
+static _Thread_local flow_graph *current;
+static int next_graph_id = 1;
+
+static uint64_t handle(const flow_graph *g, int v) { return ((uint64_t)(uint32_t)g->id << 32) | (uint32_t)(v + 1); }
+
+flow_graph *flow_graph_new(void) {
+  flow_graph *g = calloc(1, sizeof *g);
+  if (!g) { flow_error_set("nn.Graph: out of memory"); return NULL; }
+  g->id = __atomic_fetch_add(&next_graph_id, 1, __ATOMIC_RELAXED);
+  return g;
+}
+
+void flow_graph_free(flow_graph *g) {
+  if (!g) return;
+  if (current == g) flow_graph_end(g);
+  for (int n = 0; n < g->nnodes; n++) {
+    flow_tensor_decref(g->nodes[n].captured);
+    free(g->nodes[n].in);
+    free(g->nodes[n].ctrl);
+  }
+  free(g->nodes);
+  free(g->values);
+  free(g->outputs);
+  free(g);
+}
+
+int flow_graph_begin(flow_graph *g) {
+  if (current) return flow_error_set("nn.Graph: a graph is already being traced on this thread (build calls a graph?)");
+  current = g;
+  flow_lazy_set_tracing(true);
+  return 0;
+}
+
+void flow_graph_end(flow_graph *g) {
+  if (current != g) return;
+  current = NULL;
+  flow_lazy_set_tracing(false);
+}
+
+/* ---- nodes and values ------------------------------------------------------------------------ */
+
+static int new_node(flow_graph *g, enum flow_gnode_kind kind) {
+  if (g->nnodes == g->capnodes) {
+    int cap = g->capnodes ? 2 * g->capnodes : 256;
+    flow_gnode *n = realloc(g->nodes, (size_t)cap * sizeof *n);
+    if (!n) return flow_error_set("nn.Graph: out of memory");
+    g->nodes = n;
+    g->capnodes = cap;
+  }
+  flow_gnode *n = &g->nodes[g->nnodes];
+  memset(n, 0, sizeof *n);
+  n->kind = kind;
+  n->out0 = g->nvalues;
+  n->tag = g->tag;
+  return g->nnodes++;
+}
+
+static int new_value(flow_graph *g, int node, flow_dtype dt, flow_device dev, int ndim, const int64_t *shape) {
+  if (g->nvalues == g->capvalues) {
+    int cap = g->capvalues ? 2 * g->capvalues : 256;
+    flow_gvalue *v = realloc(g->values, (size_t)cap * sizeof *v);
+    if (!v) return flow_error_set("nn.Graph: out of memory");
+    g->values = v;
+    g->capvalues = cap;
+  }
+  flow_gvalue *v = &g->values[g->nvalues];
+  memset(v, 0, sizeof *v);
+  v->node = node;
+  v->index = g->nodes[node].nout++;
+  v->dtype = dt;
+  v->device = dev;
+  v->ndim = ndim;
+  memcpy(v->shape, shape, (size_t)ndim * sizeof(int64_t));
+  v->alias = -1;
+  return g->nvalues++;
+}
+
+static flow_tensor *lazy_tensor(const flow_graph *g, int v) {
+  const flow_gvalue *x = &g->values[v];
+  return flow_tensor_new_lazy(x->dtype, x->device, x->ndim, x->shape, handle(g, v));
+}
+
+static bool same_view(const flow_tensor *a, const flow_tensor *b) {
+  return a->storage == b->storage && a->offset == b->offset && a->dtype == b->dtype &&
+         flow_shape_eq(a->ndim, a->shape, b->ndim, b->shape) &&
+         (a->ndim == 0 || memcmp(a->stride, b->stride, (size_t)a->ndim * sizeof(int64_t)) == 0);
+}
+
+/* A real tensor read by the graph: one captured value per distinct view. */
+static int capture(flow_graph *g, flow_tensor *t) {
+  for (int n = 0; n < g->nnodes; n++)
+    if (g->nodes[n].kind == FLOW_GNODE_CAPTURE && same_view(g->nodes[n].captured, t)) return g->nodes[n].out0;
+  int n = new_node(g, FLOW_GNODE_CAPTURE);
+  if (n < 0) return -1;
+  flow_tensor *c = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
+  if (!c) return -1;
+  g->nodes[n].captured = c;
+  return new_value(g, n, t->dtype, t->device, t->ndim, t->shape);
+}
+
+int flow_graph_value_of(const flow_graph *g, const flow_tensor *t, const char *what) {
+  if (!t->lazy) return flow_error_set("%s: the tensor is not a value of this graph", what);
+  if ((int)(t->lazy >> 32) != g->id)
+    return flow_error_set("%s: a lazy tensor of another graph's trace was used (lazy tensors live only inside the "
+                          "build function that made them)", what);
+  int v = (int)(uint32_t)t->lazy - 1;
+  if (v < 0 || v >= g->nvalues) return flow_error_set("%s: a stale lazy tensor", what);
+  return v;
+}
+
+static int value_of(flow_graph *g, flow_tensor *t, const char *what) {
+  return t->lazy ? flow_graph_value_of(g, t, what) : capture(g, t);
+}
+
+int flow_graph_root(const flow_graph *g, int v) {
+  while (g->values[v].alias >= 0) v = g->values[v].alias;
+  return v;
+}
+
+static int add_ctrl(flow_gnode *n, int before) {
+  for (int i = 0; i < n->nctrl; i++)
+    if (n->ctrl[i] == before) return 0;
+  int *c = realloc(n->ctrl, (size_t)(n->nctrl + 1) * sizeof *c);
+  if (!c) return flow_error_set("nn.Graph: out of memory");
+  c[n->nctrl++] = before;
+  n->ctrl = c;
+  return 0;
+}
+
+/* Node `w` writes the memory of value v in place: every earlier reader of that memory acts first. */
+static int order_readers_before(flow_graph *g, int w, int v) {
+  int root = flow_graph_root(g, v);
+  for (int k = 0; k < w; k++) {
+    const flow_gnode *r = &g->nodes[k];
+    for (int i = 0; i < r->nin; i++)
+      if (flow_graph_root(g, r->in[i]) == root) {
+        if (add_ctrl(&g->nodes[w], k) != 0) return -1;
+        break;
+      }
+  }
+  return 0;
+}
+
+/* ---- the lazy interpreter ------------------------------------------------------------------------ */
+
+static int record_op(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, const flow_meta *meta,
+                     flow_tensor **out) {
+  flow_graph *g = current;
+  int *ids = malloc((size_t)(nin ? nin : 1) * sizeof(int));
+  if (!ids) return flow_error_set("nn.Graph: out of memory");
+  for (int i = 0; i < nin; i++)
+    if ((ids[i] = value_of(g, in[i], op->name)) < 0) { free(ids); return -1; }
+  int n = new_node(g, FLOW_GNODE_OP); /* after the captures: they may move g->nodes */
+  if (n < 0) { free(ids); return -1; }
+  flow_gnode *node = &g->nodes[n];
+  node->op = op;
+  node->attrs = *a;
+  node->in = ids;
+  node->nin = nin;
+  if (op->kind == FLOW_OP_VIEW) {
+    /* the view kernel only computes geometry: run it on the headers to learn the real strides */
+    flow_tensor *tmp[8] = {0};
+    if (flow_op_run_kernel(op, in, nin, a, tmp) != 0) return -1;
+    int rc = 0;
+    for (int j = 0; j < op->nout; j++) {
+      int v = rc ? -1 : new_value(g, n, tmp[j]->dtype, tmp[j]->device, tmp[j]->ndim, tmp[j]->shape);
+      if (v < 0) rc = -1;
+      else {
+        g->values[v].alias = ids[0];
+        out[j] = lazy_tensor(g, v);
+        if (!out[j]) rc = -1;
+        else {
+          memcpy(out[j]->stride, tmp[j]->stride, sizeof out[j]->stride);
+          out[j]->offset = tmp[j]->offset;
+        }
+      }
+      flow_tensor_decref(tmp[j]);
+    }
+    return rc;
+  }
+  if (op->kind == FLOW_OP_INPLACE) {
+    if (order_readers_before(g, n, ids[0]) != 0) return -1;
+    int v = new_value(g, n, meta[0].dtype, meta[0].device, in[0]->ndim, in[0]->shape);
+    if (v < 0) return -1;
+    g->values[v].alias = ids[0];
+    if (in[0]->lazy) in[0]->lazy = handle(g, v); /* later readers see the written value */
+    flow_tensor_incref(in[0]);
+    out[0] = in[0];
+    return 0;
+  }
+  for (int j = 0; j < op->nout; j++) {
+    int v = new_value(g, n, meta[j].dtype, meta[j].device, meta[j].ndim, meta[j].shape);
+    if (v < 0 || !(out[j] = lazy_tensor(g, v))) return -1;
+  }
+  return 0;
+}
+
+static flow_tensor *record_box(const flow_box_desc *d, flow_tensor *t) {
+  flow_graph *g = current;
+  int src = value_of(g, t, "to_global");
+  if (src < 0) return NULL;
+  int n = new_node(g, FLOW_GNODE_BOX);
+  if (n < 0) return NULL;
+  flow_gnode *node = &g->nodes[n];
+  node->box = *d;
+  node->in = malloc(sizeof(int));
+  if (!node->in) { flow_error_set("nn.Graph: out of memory"); return NULL; }
+  node->in[0] = src;
+  node->nin = 1;
+  int64_t local[FLOW_MAX_DIMS];
+  flow_global_local_shape(d->dst_p, &d->dst, d->ndim, d->shape, local);
+  int v = new_value(g, n, d->dtype, t->device, d->ndim, local);
+  return v < 0 ? NULL : lazy_tensor(g, v);
+}
+
+static const flow_lazy_interp tracer = {.record_op = record_op, .record_box = record_box};
+
+__attribute__((constructor)) static void install(void) { flow_lazy_install(&tracer); }
+
+/* ---- inputs, outputs, pruning ---------------------------------------------------------------------- */
+
+flow_tensor *flow_graph_input(flow_graph *g, const flow_tensor *t) {
+  int n = new_node(g, FLOW_GNODE_INPUT);
+  if (n < 0) return NULL;
+  g->nodes[n].input = g->ninputs++;
+  int v = new_value(g, n, t->dtype, t->device, t->ndim, t->shape);
+  if (v < 0) return NULL;
+  flow_tensor *x = lazy_tensor(g, v);
+  const flow_global *gl = flow_global_of(t);
+  if (x && gl) {
+    flow_gvalue *val = &g->values[v];
+    val->placement = gl->placement;
+    val->sbp = gl->sbp;
+    val->lndim = gl->ndim;
+    memcpy(val->lshape, gl->shape, sizeof val->lshape);
+    flow_global *copy = flow_global_new(gl->placement, &gl->sbp, gl->ndim, gl->shape);
+    if (!copy) { flow_tensor_decref(x); return NULL; }
+    flow_global_attach(x, copy);
+  }
+  return x;
+}
+
+int flow_graph_output(flow_graph *g, const flow_tensor *t) {
+  int v = t->lazy ? flow_graph_value_of(g, t, "nn.Graph output") : capture(g, (flow_tensor *)t);
+  if (v < 0) return -1;
+  int *o = realloc(g->outputs, (size_t)(g->noutputs + 1) * sizeof *o);
+  if (!o) return flow_error_set("nn.Graph: out of memory");
+  g->outputs = o;
+  g->outputs[g->noutputs++] = v;
+  const flow_global *gl = flow_global_of(t);
+  if (gl) {
+    flow_gvalue *val = &g->values[v];
+    val->placement = gl->placement;
+    val->sbp = gl->sbp;
+    val->lndim = gl->ndim;
+    memcpy(val->lshape, gl->shape, sizeof val->lshape);
+  }
+  return 0;
+}
+
+/* Creation order is a topological order, so one backward sweep marks everything an output or a
+ * write of captured state (an optimizer update) needs. */
+int flow_graph_prune(flow_graph *g) {
+  for (int n = 0; n < g->nnodes; n++) {
+    flow_gnode *x = &g->nodes[n];
+    x->live = x->kind == FLOW_GNODE_INPUT;
+    if (x->kind == FLOW_GNODE_OP && x->op->kind == FLOW_OP_INPLACE) {
+      int root = flow_graph_root(g, x->in[0]);
+      x->live = g->nodes[g->values[root].node].kind == FLOW_GNODE_CAPTURE;
+    }
+  }
+  for (int i = 0; i < g->noutputs; i++) g->nodes[g->values[g->outputs[i]].node].live = true;
+  int live = 0;
+  for (int n = g->nnodes - 1; n >= 0; n--) {
+    flow_gnode *x = &g->nodes[n];
+    if (!x->live) continue;
+    live++;
+    for (int i = 0; i < x->nin; i++) g->nodes[g->values[x->in[i]].node].live = true;
+  }
+  return live;
+}

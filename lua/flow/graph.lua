@@ -1,0 +1,212 @@
+-- flow.nn.Graph: lazy mode (DESIGN.md section 6). The first call of a graph traces `build` with
+-- lazy tensors: every op appends a node instead of running (the eager-global interpreter has
+-- already chosen SBP signatures and inserted boxings, so the graph is this rank's physical
+-- program). loss:backward() inside build runs the registered gradient rules on lazy tensors
+-- (the autograd pass), then the optimizer's updates are traced (the optimizer pass: lr and step
+-- are fed at each run), the dead-node pass prunes, and the plan is compiled: tasks on compute,
+-- collective and copy streams, registers with register_num credits, memory packed by lifetime.
+-- Later calls with the same input signature only run the plan on the actor runtime.
+--
+--   local G = flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0,
+--     build = function(self, x, y) local _, loss = self.model(x, y); loss:backward(); return loss end }
+--   local loss = G(x, y)          -- forward, backward and update, in one step
+--
+-- Parameters and optimizer state are the eager module's and optimizer's own tensors (read and
+-- written in place), so eager code sees what the graph trained, and the reverse.
+local flow = require "flow"
+
+local M = {}
+local Graph = {}
+Graph.__index = Graph
+
+local options = { model = "table", optimizer = "table", lr_scheduler = "function", clip_grad_norm = "number",
+                  build = "function", config = "table" }
+local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string" }
+
+local function check_options(t, known, what)
+  for k, v in pairs(t) do
+    local want = known[k]
+    if not want then
+      local names = {}
+      for name in pairs(known) do names[#names + 1] = name end
+      table.sort(names)
+      error(("%s: unknown option '%s' (expected one of: %s)"):format(what, tostring(k), table.concat(names, ", ")), 3)
+    end
+    if type(v) ~= want then error(("%s: option '%s' must be a %s (got %s)"):format(what, k, want, type(v)), 3) end
+  end
+end
+
+function M.new(opts)
+  if type(opts) ~= "table" then error("nn.Graph: expected an options table {model=, optimizer=, build=, config=}", 2) end
+  check_options(opts, options, "nn.Graph")
+  if not opts.build then error("nn.Graph: needs build = function(self, ...) ... end (the step to trace)", 2) end
+  local config = opts.config or {}
+  check_options(config, config_options, "nn.Graph config")
+  local rn = config.register_num or 1
+  if rn < 1 or math.type(rn) ~= "integer" then error(("nn.Graph config: register_num must be an integer >= 1 (got %s)"):format(rn), 2) end
+  local acc = config.grad_accumulation_steps or 1
+  if acc ~= 1 then
+    error(("nn.Graph config: grad_accumulation_steps = %s: micro-batches (the unpack/repeat/acc actors) are not built "
+      .. "yet; only 1 is supported"):format(tostring(acc)), 2)
+  end
+  if config.amp and config.amp ~= "bf16" and config.amp ~= "off" then
+    error(("nn.Graph config: amp must be \"bf16\" or \"off\" (got %q)"):format(config.amp), 2)
+  end
+  local self = setmetatable({
+    model = opts.model, optimizer = opts.optimizer, lr_scheduler = opts.lr_scheduler, clip = opts.clip_grad_norm,
+    build = opts.build, config = config, register_num = rn, plans = {}, compiles = 0, last = nil,
+  }, Graph)
+  return self
+end
+
+-- The input signature a plan is compiled for: shapes, dtypes, devices, placements and SBP. An
+-- optimizer whose lr is not fed (SGD folds it into its arithmetic) adds its lrs.
+local function signature(self, args)
+  local parts = {}
+  for i = 1, args.n do
+    local a = args[i]
+    if flow.is_tensor(a) then
+      local s = ("%s:%s:%s"):format(table.concat(a:shape(), "x"), a.dtype, a.device)
+      if a.is_global then s = s .. ":" .. tostring(a.placement) .. ":" .. tostring(a.sbp) end
+      parts[i] = s
+    else
+      parts[i] = type(a) .. ":" .. tostring(a)
+    end
+  end
+  local opt = self.optimizer
+  if opt and not opt.fed_lr then
+    for _, g in ipairs(opt.groups) do parts[#parts + 1] = "lr=" .. tostring(g.lr) end
+  end
+  return table.concat(parts, "|")
+end
+
+local function params_of(self)
+  if self.model then return self.model:parameters() end
+  local out = {}
+  if self.optimizer then for _, p in self.optimizer:each() do out[#out + 1] = p end end
+  return out
+end
+
+function Graph:_compile(args)
+  local g = flow._graph.new()
+  local opt = self.optimizer
+  local params = params_of(self)
+  if opt then opt:init_state() end
+  local saved = {}
+  for i, p in ipairs(params) do saved[i] = p.grad; p.grad = nil end
+  g:begin()
+  local ok, err = pcall(function()
+    local lazy = {}
+    for i = 1, args.n do
+      local a = args[i]
+      lazy[i] = flow.is_tensor(a) and g:input(a) or a
+    end
+    local function run_build() return table.pack(self.build(self, table.unpack(lazy, 1, args.n))) end
+    local outs = self.config.amp == "bf16" and flow.autocast("bfloat16", run_build) or run_build()
+    if opt then
+      if self.clip then flow.optim.clip_grad_norm(params, self.clip) end
+      opt:apply(function(gi) g:tag(gi) end)
+      g:tag(0)
+    end
+    for i = 1, outs.n do
+      if not flow.is_tensor(outs[i]) then
+        error(("nn.Graph: build must return tensors; result %d is a %s"):format(i, type(outs[i])), 0)
+      end
+      g:output(outs[i])
+    end
+  end)
+  g:finish()
+  for i, p in ipairs(params) do p.grad = saved[i] end
+  if not ok then error(err, 0) end
+  g:compile(self.register_num)
+  self.compiles = self.compiles + 1
+  if (self.config.debug or 0) > 0 then
+    local st = g:stats()
+    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings; tasks %d compute, %d collective, %d copy"):format(
+      self.compiles, st.nodes, st.live, st.boxings, st.tasks.compute, st.tasks.collective, st.tasks.copy))
+  end
+  return g
+end
+
+function Graph:__call(...)
+  local args = table.pack(...)
+  local opt = self.optimizer
+  if opt then -- the step being taken (1-based, as the optimizer's updates read it)
+    opt.step_count = opt.step_count + 1
+    if self.lr_scheduler then opt:set_lr(self.lr_scheduler(opt.step_count - 1)) end
+  end
+  local key = signature(self, args)
+  local g = self.plans[key]
+  if not g then
+    local ok, res = pcall(self._compile, self, args)
+    if not ok then
+      if opt then opt.step_count = opt.step_count - 1 end
+      error(res, 2)
+    end
+    g = res
+    self.plans[key] = g
+  end
+  self.last = g
+  if opt and opt.fed_lr then
+    for _, grp in ipairs(opt.groups) do g:feed(grp.index, grp.lr, opt.step_count) end
+  end
+  local inputs = {}
+  for i = 1, args.n do
+    local a = args[i]
+    if flow.is_tensor(a) then inputs[#inputs + 1] = a:is_contiguous() and a or a:contiguous() end
+  end
+  local ok, outs = pcall(g.run, g, inputs)
+  if not ok then
+    if opt then opt.step_count = opt.step_count - 1 end
+    error(outs, 2)
+  end
+  return table.unpack(outs)
+end
+
+local function last_plan(self, what)
+  if not self.last then error(("nn.Graph:%s: the graph has not run yet (call it first)"):format(what), 3) end
+  return self.last
+end
+
+-- The plan as Graphviz: tasks coloured by stream (compute, collective, copy), registers and
+-- their register_num on the edges, control edges dotted. Returns the text; writes it to path.
+function Graph:dot(path)
+  local s = last_plan(self, "dot"):dot()
+  if path then
+    local f = assert(io.open(path, "w"))
+    f:write(s)
+    f:close()
+  end
+  return s
+end
+
+-- Run the graph once more with the same inputs... no: record the acts of the next `steps` calls
+-- of fn (default: the next call) as a Chrome/Perfetto trace, every rank merged into one file.
+-- G:trace(path, function() G(x, y) end)
+function Graph:trace(path, fn)
+  local g = last_plan(self, "trace")
+  g:trace(true)
+  local ok, err = pcall(fn)
+  g:trace(false)
+  if not ok then error(err, 2) end
+  local mine = g:events()
+  local all = flow.world_size() > 1 and flow._allgather_strings(mine) or { mine }
+  if flow.rank() == 0 and path then
+    local parts = {}
+    for _, s in ipairs(all) do if #s > 0 then parts[#parts + 1] = s end end
+    local f = assert(io.open(path, "w"))
+    f:write("{\"traceEvents\":[\n", table.concat(parts, ",\n"), "\n],\"displayTimeUnit\":\"ms\"}\n")
+    f:close()
+  end
+  return all
+end
+
+-- Planned and measured bytes of the last plan on this rank: arena (packed by lifetime), what the
+-- same registers take unpacked, dedicated buffers, captured tensors (parameters, state), and the
+-- storage high-water mark of the last run.
+function Graph:memory() return last_plan(self, "memory"):memory() end
+
+function Graph:stats() return last_plan(self, "stats"):stats() end
+
+Graph.__name = "nn.Graph"
+return M
