@@ -27,7 +27,7 @@ typedef struct chain chain;
 typedef struct chain_task {
   chain *c;
   int id;
-  int64_t work_ns;
+  int64_t work_ns, sleep_ns; /* busy-wait, then sleep, per act */
   /* Written by the task's own stream thread only; read after the run. */
   int64_t acts, next_piece;
   bool in_order, data_ok;
@@ -58,6 +58,7 @@ static int chain_act(void *ctx, int64_t piece, const int *in_slot, const int *ou
   if (t->work_ns)
     for (int64_t t0 = now_ns(); now_ns() - t0 < t->work_ns;) {
     }
+  if (t->sleep_ns) nanosleep(&(struct timespec){t->sleep_ns / 1000000000, t->sleep_ns % 1000000000}, NULL);
   if (t->id + 1 < c->ntasks) c->slot[(int64_t)t->id * c->register_num + out_slot[0]] = piece;
   return 0;
 }
@@ -72,7 +73,7 @@ typedef struct chain_opts {
 } chain_opts;
 
 static const char *const chain_keys[] = {"tasks", "streams", "layout", "register_num", "pieces",
-                                         "work_us", "fail_at", "trace", "runs", NULL};
+                                         "work_us", "sleep_us", "fail_at", "trace", "runs", NULL};
 
 /* opts[key] at table idx as an integer in [lo, hi], or def when absent. */
 static lua_Integer opt_int(lua_State *L, int idx, const char *key, lua_Integer def, lua_Integer lo, lua_Integer hi) {
@@ -101,22 +102,24 @@ static void check_keys(lua_State *L, int idx, const char *const *keys, const cha
   }
 }
 
-/* work_us: one number for every task, or a list with one per task; into ns per task. */
-static void opt_work(lua_State *L, int idx, chain_task *tasks, int ntasks) {
-  lua_getfield(L, idx, "work_us");
+/* work_us (busy-wait) or sleep_us: one number for every task, or a list with one per task. */
+static void opt_us(lua_State *L, int idx, bool sleep, chain_task *tasks, int ntasks) {
+  const char *key = sleep ? "sleep_us" : "work_us";
+  lua_getfield(L, idx, key);
   int w = lua_gettop(L);
   for (int i = 0; i < ntasks; i++) {
     if (lua_istable(L, w)) {
       if (lua_rawlen(L, w) != (size_t)ntasks)
-        luaL_error(L, CHAIN_FN ": work_us as a list needs one entry per task (%d, got %d)", ntasks,
+        luaL_error(L, CHAIN_FN ": %s as a list needs one entry per task (%d, got %d)", key, ntasks,
                    (int)lua_rawlen(L, w));
       lua_rawgeti(L, w, i + 1);
     } else {
       lua_pushvalue(L, w);
     }
     if (!lua_isnil(L, -1) && (!lua_isnumber(L, -1) || lua_tonumber(L, -1) < 0))
-      luaL_error(L, CHAIN_FN ": work_us must be a number >= 0 or a list of them (got %s)", luaL_tolstring(L, -1, NULL));
-    tasks[i].work_ns = (int64_t)(lua_tonumber(L, -1) * 1e3);
+      luaL_error(L, CHAIN_FN ": %s must be a number >= 0 or a list of them (got %s)", key, luaL_tolstring(L, -1, NULL));
+    int64_t ns = (int64_t)(lua_tonumber(L, -1) * 1e3);
+    *(sleep ? &tasks[i].sleep_ns : &tasks[i].work_ns) = ns;
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
@@ -237,7 +240,8 @@ static int l_actor_chain(lua_State *L) {
   c.tasks = lua_newuserdatauv(L, (size_t)o.tasks * sizeof *c.tasks, 0);
   memset(c.tasks, 0, (size_t)o.tasks * sizeof *c.tasks);
   for (int i = 0; i < c.ntasks; i++) c.tasks[i] = (chain_task){.c = &c, .id = i};
-  opt_work(L, 1, c.tasks, c.ntasks);
+  opt_us(L, 1, false, c.tasks, c.ntasks);
+  opt_us(L, 1, true, c.tasks, c.ntasks);
   c.slot = lua_newuserdatauv(L, (size_t)(o.tasks * o.register_num) * sizeof *c.slot, 0);
   if (o.fail_task >= 0) {
     c.saw = lua_newuserdatauv(L, (size_t)(o.tasks * o.pieces), 0);
@@ -256,7 +260,7 @@ static int l_actor_chain(lua_State *L) {
   }
   const flow_rt_event *rev;
   int nev = flow_rt_events(rt, &rev);
-  memcpy(ev, rev, (size_t)nev * sizeof *ev);
+  if (nev) memcpy(ev, rev, (size_t)nev * sizeof *ev);
   flow_rt_free(rt);
 
   lua_createtable(L, 0, 10);
