@@ -45,7 +45,7 @@ struct flow_plan {
   pvalue *v;
   flow_tensor *const *feed;  /* this run's inputs */
   flow_tensor *arena[FLOW_NDEVTYPES];
-  int64_t arena_bytes, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
+  int64_t arena_bytes, arena_bound, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
   const flow_placement *placement; /* the ranks that must agree on the outcome of a run, or NULL */
 };
 
@@ -189,6 +189,18 @@ static int pack(flow_plan *p, int *cand, int ncand, flow_devtype dt) {
     p->unpacked_bytes += need;
   }
   free(busy);
+  /* the bound no packing beats: the most bytes alive at one position */
+  int64_t bound = 0;
+  for (int i = 0; i < ncand; i++) {
+    int64_t at = 0;
+    const pvalue *a = &p->v[cand[i]];
+    for (int j = 0; j < ncand; j++) {
+      const pvalue *b = &p->v[cand[j]];
+      if (b->first_use <= a->first_use && a->first_use <= b->last_use) at += (b->bytes + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    if (at > bound) bound = at;
+  }
+  p->arena_bound += bound;
   if (ncand == 0) return 0;
   const flow_gvalue *first = &p->g->values[cand[0]];
   int64_t shape[1] = {total};
@@ -458,6 +470,7 @@ int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **output
 
 void flow_plan_memory_of(const flow_plan *p, flow_plan_memory *m) {
   m->arena_bytes = p->arena_bytes;
+  m->arena_bound = p->arena_bound;
   m->unpacked_bytes = p->unpacked_bytes;
   m->dedicated_bytes = p->dedicated_bytes;
   m->captured_bytes = p->captured_bytes;

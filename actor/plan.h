@@ -29,6 +29,7 @@ int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **output
 
 typedef struct flow_plan_memory {
   int64_t arena_bytes;       /* packed by lifetime */
+  int64_t arena_bound;       /* the most bytes alive at once: no packing can beat it */
   int64_t unpacked_bytes;    /* what the same registers take without packing */
   int64_t dedicated_bytes;   /* registers outside the arena (crossing streams, outputs, several slots) */
   int64_t captured_bytes;    /* parameters, optimizer state and constants the graph reads */

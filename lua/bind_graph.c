@@ -140,6 +140,7 @@ static int g_memory(lua_State *L) {
   lua_createtable(L, 0, 5);
   lua_pushinteger(L, m.arena_bytes); lua_setfield(L, -2, "arena");
   lua_pushinteger(L, m.unpacked_bytes); lua_setfield(L, -2, "unpacked");
+  lua_pushinteger(L, m.arena_bound); lua_setfield(L, -2, "bound");
   lua_pushinteger(L, m.dedicated_bytes); lua_setfield(L, -2, "dedicated");
   lua_pushinteger(L, m.captured_bytes); lua_setfield(L, -2, "captured");
   lua_pushinteger(L, m.arena_bytes + m.dedicated_bytes + m.captured_bytes); lua_setfield(L, -2, "planned");

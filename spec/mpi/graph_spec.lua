@@ -1,0 +1,133 @@
+-- flow.nn.Graph on global tensors: every rank traces the same step, the eager-global interpreter's
+-- SBP choice inserts the boxings, and the plans run on each rank's actor engine. Losses equal
+-- the 1-rank eager run under data, tensor and 2-D layouts; a failure on one rank is an error on
+-- every rank.
+local flow = require "flow"
+local gpt = require "flow.gpt"
+local S, B = flow.sbp.split, flow.sbp.broadcast
+local ws, me = flow.world_size(), flow.rank()
+
+local cfg = { vocab_size = 32, block_size = 8, n_layer = 2, n_head = 4, n_embd = 16 }
+local STEPS = 10
+
+local function ranks()
+  local r = {}
+  for i = 0, ws - 1 do r[#r + 1] = i end
+  return r
+end
+
+-- STEPS losses of AdamW + clipping, eager or through a graph; layout(model) returns the
+-- placement, batch SBP and all-broadcast SBP, or nothing (one rank, local tensors).
+local function train(layout, graph)
+  flow.manual_seed(0)
+  local model = gpt.GPT(cfg)
+  local place, batch_sbp, whole
+  if layout then place, batch_sbp, whole = layout(model) end
+  local opt = model:configure_optimizer({ lr = 1e-2, weight_decay = 0.1 })
+  flow.manual_seed(1)
+  local idx, tgt = flow.randint(0, 32, { 4, 8 }), flow.randint(0, 32, { 4, 8 })
+  if place then
+    idx = idx:to_global(place, whole):to_global(place, batch_sbp)
+    tgt = tgt:to_global(place, whole):to_global(place, batch_sbp)
+  end
+  local G = graph and flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0,
+    build = function(self, x, y) local _, l = self.model(x, y); l:backward(); return l end }
+  local losses = {}
+  for step = 1, STEPS do
+    if G then
+      losses[step] = G(idx, tgt):item()
+    else
+      local _, loss = model(idx, tgt)
+      loss:backward()
+      flow.optim.clip_grad_norm(model:parameters(), 1.0)
+      opt:step()
+      opt:zero_grad()
+      losses[step] = loss:item()
+    end
+  end
+  return losses, G
+end
+
+local function assert_same(want, got)
+  for i = 1, STEPS do assert.near(want[i], got[i], 1e-5 * math.max(1, math.abs(want[i]))) end
+end
+
+local function dp(model)
+  local P = flow.placement("cpu", ranks())
+  model:to_global(P, B)
+  return P, S(0), B
+end
+
+local function tp(model)
+  local P = flow.placement("cpu", ranks())
+  model:to_global(P, gpt.tensor_parallel_sbp)
+  return P, B, B
+end
+
+describe("nn.Graph on global tensors #mpi", function()
+  local reference = train(nil, false)
+
+  it("one rank, local tensors: the graph gives the eager losses", function()
+    assert_same(reference, train(nil, true))
+    assert.is_true(reference[STEPS] < reference[1] - 0.2)
+  end)
+
+  it("data parallel: the 1-rank losses, with all-reduces on the collective stream", function()
+    local losses, G = train(dp, true)
+    assert_same(reference, losses)
+    local st = G:stats()
+    if ws > 1 then
+      assert.is_true(st.boxings >= 16, "one gradient all-reduce per parameter at least")
+      assert.equal(st.boxings, st.tasks.collective)
+    end
+  end)
+
+  it("tensor parallel: the 1-rank losses", function()
+    assert_same(reference, train(tp, true))
+  end)
+
+  it("2-D mesh dp x tp: the 1-rank losses", function()
+    if ws % 2 ~= 0 or ws < 4 then return pending("needs 4 ranks or more, an even number") end
+    assert_same(reference, train(function(model)
+      local mesh = {}
+      for i = 0, ws // 2 - 1 do mesh[i + 1] = { 2 * i, 2 * i + 1 } end
+      local P = flow.placement("cpu", mesh)
+      model:to_global(P, function(name) return { B, gpt.tensor_parallel_sbp(name) } end)
+      return P, { S(0), B }, { B, B }
+    end, true))
+  end)
+
+  it("a kernel error on one rank is an error on every rank, naming that rank; the graph runs again", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local P = flow.placement("cpu", ranks())
+    local wt = flow.randn({ 10, 4 }):to_global(P, B)
+    local G = flow.nn.Graph { build = function(self, ids) return flow.embedding(ids, wt):sum() end }
+    -- each rank holds its own shard of the ids: only the last rank's is out of range
+    local function ids(bad_rank)
+      local mine = flow.tensor({ 1, me == bad_rank and 11 or 2 }, { dtype = "int64" })
+      return mine:to_global(P, S(0))
+    end
+    local good = G(ids(-1)):item()
+    local t0 = os.time()
+    local ok, err = pcall(G, ids(ws - 1))
+    assert.is_false(ok)
+    assert.matches(("%%[rank %d%%]"):format(ws - 1), err)
+    assert.matches("embedding", err)
+    assert.is_true(os.time() - t0 <= 10)
+    assert.equal(good, G(ids(-1)):item())
+  end)
+
+  it("G:trace merges every rank's acts into one timeline", function()
+    local _, G = train(dp, true)
+    local flow_ = flow
+    local idx = flow_.randint(0, 32, { 4, 8 })
+    local P = flow.placement("cpu", ranks())
+    idx = idx:to_global(P, B):to_global(P, S(0))
+    local path = os.tmpname()
+    local all = G:trace(path, function() G(idx, idx) end)
+    assert.equal(ws, #all)
+    for r = 0, ws - 1 do assert.matches(("\"pid\":%d,"):format(r), all[r + 1]) end
+    if ws > 1 then assert.matches("\"tid\":\"collective\"", all[me + 1]) end
+    os.remove(path)
+  end)
+end)
