@@ -259,7 +259,6 @@ static int l_signatures(lua_State *L) {
   if (op->infer(op, in, nin, &a, meta) != 0) return flow_lua_push(L, NULL);
   flow_sig_query q;
   memset(&q, 0, sizeof q);
-  q.op = op->name;
   q.nin = nin;
   q.nout = op->nout;
   q.attrs = &a;
@@ -274,7 +273,7 @@ static int l_signatures(lua_State *L) {
   }
   flow_sig_list *list = malloc(sizeof *list);
   if (!list) return luaL_error(L, "_signatures: out of memory");
-  bool ruled = flow_sbp_candidates(&q, list);
+  bool ruled = flow_sbp_candidates(op->sbp, &q, list);
   lua_createtable(L, list->n, 0);
   for (int c = 0; c < list->n; c++) {
     lua_createtable(L, 0, 2);

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "../kernels/cpu/random.h"
+#include "../sbp/global.h"
+#include "../sbp/signature.h"
 #include "device.h"
 
 /* ---- source ops: the shape is in the attrs ------------------------------------------------ */
@@ -212,7 +214,18 @@ static int grad_dropout(const flow_grad_ctx *c, flow_tensor **gin) {
   return (gin[0] = flow_op_call1(&flow_op_dropout, &c->gout[0], 1, c->attrs)) ? 0 : -1;
 }
 
-FLOW_OP(dropout) {.name = "dropout", .nin = 1, .nout = 1, .infer = infer_dropout,
+/* The mask of logical element i is drawn at i: on a shard the kernel learns where its box sits. */
+static void shard_dropout(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local) {
+  (void)op;
+  int64_t box[FLOW_MAX_DIMS];
+  flow_global_box(c->placement, &c->out_sbp[0], c->out[0].ndim, c->out[0].shape, c->placement->coord, -1,
+                  local->box_start, box);
+  local->nlogical = c->out[0].ndim;
+  memcpy(local->logical_shape, c->out[0].shape, sizeof local->logical_shape);
+}
+
+FLOW_OP(dropout) {.name = "dropout", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                  .shard = shard_dropout, .infer = infer_dropout,
                   .kernel = {[FLOW_CPU] = cpu_dropout}, .grad = grad_dropout};
 
 /* On a device without a dropout kernel the input goes through the host and back: both copies

@@ -3,6 +3,7 @@
  * bytes to the device backend that owns the non-host side. */
 #include "device.h"
 
+#include "../sbp/signature.h"
 #include "elementwise.h"
 
 static int infer_to_device(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
@@ -30,7 +31,9 @@ static int grad_to_device(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_device) {.name = "to_device", .nin = 1, .nout = 1, .infer = infer_to_device,
+FLOW_OP(to_device) {.name = "to_device", .nin = 1, .nout = 1,
+                    .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                    .infer = infer_to_device,
                     .kernel = {[FLOW_CPU] = any_to_device, [FLOW_CUDA] = any_to_device},
                     .grad = grad_to_device};
 

@@ -297,10 +297,9 @@ static void describe(const flow_op *op, flow_tensor *const *in, int nin, const f
 /* ---- signature choice --------------------------------------------------------------------------- */
 
 /* Inputs an op writes in place must keep their layout (boxing would write a copy): the destination
- * of every in-place op, and adamw_'s moments. */
+ * of every in-place op, and those its definition names (adamw_'s moments). */
 static bool written(const flow_op *op, int i) {
-  if (op->kind != FLOW_OP_INPLACE) return false;
-  return i == 0 || (strcmp(op->name, "adamw_") == 0 && (i == 2 || i == 3));
+  return (op->kind == FLOW_OP_INPLACE && i == 0) || (op->written_in >> i & 1);
 }
 
 typedef struct choice {
@@ -312,7 +311,6 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
                   const flow_placement *p, choice *ch) {
   flow_sig_query q;
   memset(&q, 0, sizeof q);
-  q.op = op->name;
   q.nin = nin;
   q.nout = op->nout;
   q.attrs = a;
@@ -333,7 +331,7 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
   flow_sig_list list;
   for (int m = 0; m < p->ndim; m++) {
     q.p = p->shape[m];
-    ch->ruled &= flow_sbp_candidates(&q, &list);
+    ch->ruled &= flow_sbp_candidates(op->sbp, &q, &list);
     int best = -1, best_moves = 0;
     double best_cost = 0;
     for (int c = 0; c < list.n; c++) {
@@ -699,7 +697,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     char s[128];
     tracef("%s\n", desc);
     if (!ch.ruled) tracef("  no SBP rule for %s: every input is boxed to broadcast and the op runs whole on every rank\n", op->name);
-    size_t len = (size_t)snprintf(s, sizeof s, "  signature [%s]: ", flow_sbp_family(op->name) ? flow_sbp_family(op->name) : "broadcast");
+    size_t len = (size_t)snprintf(s, sizeof s, "  signature [%s]: ", op->sbp ? op->sbp->family : "broadcast");
     for (int i = 0; i < nin && len < sizeof s; i++) {
       char b[48];
       len += (size_t)snprintf(s + len, sizeof s - len, "%s%s", i ? ", " : "", flow_nd_sbp_str(&ch.in[i], b, sizeof b));
@@ -714,13 +712,12 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
 
   /* kernels see plain local shards (no global metadata: their shapes are the shards') */
   flow_tensor *shard[FLOW_SIG_MAX_IO] = {0};
-  bool reshape = strcmp(op->name, "view") == 0;
   int rc = 0;
   for (int i = 0; i < nin && rc == 0; i++) {
     char what[32] = "";
     if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
     flow_tensor *x = written(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
-    if (x && reshape) { /* a shard of a strided tensor may not be viewable as the new shape */
+    if (x && op->dense_shards) {
       flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_boxing_dense(x);
       flow_tensor_decref(x);
       x = d;
@@ -733,27 +730,11 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   for (int j = 0; j < op->nout; j++)
     flow_global_box(p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape, p->coord, -1, start, box[j]);
   flow_attrs local = *a;
-  if (rc == 0 && (strcmp(op->name, "view") == 0 || strcmp(op->name, "expand") == 0 ||
-                  strcmp(op->name, "narrow_backward") == 0)) {
-    /* shape attrs are logical; the kernel makes this rank's shard */
-    memcpy(local.shape, box[0], sizeof local.shape);
-    local.nshape = lmeta[0].ndim;
-  }
-  if (rc == 0 && strcmp(op->name, "dropout") == 0) {
-    /* the mask of logical element i is drawn at i: tell the kernel where its shard sits */
-    flow_global_box(p, &ch.out[0], lmeta[0].ndim, lmeta[0].shape, p->coord, -1, local.box_start, box[0]);
-    local.nlogical = lmeta[0].ndim;
-    memcpy(local.logical_shape, lmeta[0].shape, sizeof local.logical_shape);
-  }
-  if (rc == 0 && strcmp(op->name, "embedding") == 0) {
-    /* a vocab-split table: the kernel looks up only the ids inside its rows [start, start+rows) */
-    int64_t wstart[FLOW_MAX_DIMS], wbox[FLOW_MAX_DIMS];
-    flow_global_box(p, &ch.in[1], fake[1].ndim, fake[1].shape, p->coord, -1, wstart, wbox);
-    if (fake[1].ndim == 2 && wbox[0] != fake[1].shape[0]) {
-      local.start = wstart[0];
-      local.nlogical = 2;
-      memcpy(local.logical_shape, fake[1].shape, 2 * sizeof(int64_t));
-    }
+  if (rc == 0 && op->shard) {
+    flow_meta lin[FLOW_SIG_MAX_IO];
+    for (int i = 0; i < nin; i++) flow_meta_from(&lin[i], in[i]);
+    flow_shard_ctx sc = {.placement = p, .in = lin, .out = lmeta, .in_sbp = ch.in, .out_sbp = ch.out};
+    op->shard(op, &sc, &local);
   }
   if (rc == 0) rc = flow_op_call_local(op, shard, nin, &local, out);
   for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "../kernels/cpu/cpu.h"
+#include "../sbp/signature.h"
 #include "reduce.h"
 
 /* ---- binary with broadcasting ------------------------------------------------------------ */
@@ -159,26 +160,39 @@ static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(add) {.name = "add", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(add) {.name = "add", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+              .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_add}, .grad = grad_add};
-FLOW_OP(sub) {.name = "sub", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(sub) {.name = "sub", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+              .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_sub}, .grad = grad_sub};
-FLOW_OP(mul) {.name = "mul", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(mul) {.name = "mul", .nin = 2, .nout = 1,
+              .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST | FLOW_SBP_P_SECOND),
+              .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_mul}, .grad = grad_mul, .save_in = 3};
-FLOW_OP(div) {.name = "div", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(div) {.name = "div", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+              .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_div}, .grad = grad_div, .save_in = 3};
-FLOW_OP(pow) {.name = "pow", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(pow) {.name = "pow", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
               .kernel = {[FLOW_CPU] = cpu_pow}, .grad = grad_pow, .save_in = 3, .save_out = 1};
-FLOW_OP(maximum) {.name = "maximum", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(maximum) {.name = "maximum", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                  .infer = infer_binary,
                   .kernel = {[FLOW_CPU] = cpu_maximum}, .grad = grad_maxmin, .save_in = 3};
-FLOW_OP(minimum) {.name = "minimum", .nin = 2, .nout = 1, .infer = infer_binary,
+FLOW_OP(minimum) {.name = "minimum", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                  .infer = infer_binary,
                   .kernel = {[FLOW_CPU] = cpu_minimum}, .grad = grad_maxmin, .save_in = 3};
-FLOW_OP(eq) {.name = "eq", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_eq}};
-FLOW_OP(ne) {.name = "ne", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ne}};
-FLOW_OP(lt) {.name = "lt", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_lt}};
-FLOW_OP(le) {.name = "le", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_le}};
-FLOW_OP(gt) {.name = "gt", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_gt}};
-FLOW_OP(ge) {.name = "ge", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ge}};
+FLOW_OP(eq) {.name = "eq", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_eq}};
+FLOW_OP(ne) {.name = "ne", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ne}};
+FLOW_OP(lt) {.name = "lt", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_lt}};
+FLOW_OP(le) {.name = "le", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_le}};
+FLOW_OP(gt) {.name = "gt", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_gt}};
+FLOW_OP(ge) {.name = "ge", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ge}};
 
 void flow_decref_all(flow_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) flow_tensor_decref(ts[i]);
@@ -257,7 +271,8 @@ static int grad_where(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(where) {.name = "where", .nin = 3, .nout = 1, .infer = infer_where,
+FLOW_OP(where) {.name = "where", .nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                .infer = infer_where,
                 .kernel = {[FLOW_CPU] = cpu_where}, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
 
 flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
@@ -287,7 +302,8 @@ static int grad_masked_fill(const flow_grad_ctx *c, flow_tensor **gin) {
   return give(gin, 0, flow_masked_fill(c->gout[0], c->in[1], 0), c);
 }
 
-FLOW_OP(masked_fill) {.name = "masked_fill", .nin = 2, .nout = 1, .infer = infer_masked_fill,
+FLOW_OP(masked_fill) {.name = "masked_fill", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                      .infer = infer_masked_fill,
                       .kernel = {[FLOW_CPU] = cpu_masked_fill}, .grad = grad_masked_fill, .save_in = 2,
                       .nondiff_in = 2};
 
@@ -358,14 +374,15 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
   return (gin[0] = flow_neg(c->gout[0])) ? 0 : -1;
 }
 
-/* The op `id` (kernel and registration; grad rule grad_<id>). */
-#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT)                                          \
+/* The op `id` (kernel and registration; grad rule grad_<id>); SBP_FLAGS: where it is linear. */
+#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, SBP_FLAGS)                               \
   static FLOW_KERNEL(cpu_##id) {                                                              \
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
-  FLOW_OP(id) {.name = #id, .nin = 1, .nout = 1, .infer = INFER, .kernel = {[FLOW_CPU] = cpu_##id}, \
-               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};
+  FLOW_OP(id) {.name = #id, .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS),   \
+               .infer = INFER, .kernel = {[FLOW_CPU] = cpu_##id}, .grad = grad_##id,            \
+               .save_in = SAVE_IN, .save_out = SAVE_OUT};
 
 /* The op `<id>_grad` and the rule grad_<id> that runs it. */
 #define UNARY_GRAD(id, CODE)                                                                  \
@@ -374,6 +391,7 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
     return flow_cpu_unary_backward(CODE, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));     \
   }                                                                                           \
   FLOW_OP(id##_grad) {.name = #id "_grad", .nin = 2, .nout = 1, .infer = infer_unary_grad,    \
+                      .sbp = FLOW_SBP_RULE(elementwise, 0),                                   \
                       .kernel = {[FLOW_CPU] = cpu_##id##_grad}};                              \
   static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) {                          \
     return grad_unary(c, gin, &flow_op_##id##_grad);                                          \
@@ -382,11 +400,11 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
 #define UNARY_ENTRY(id) \
   flow_tensor *flow_##id(flow_tensor *t) { return flow_op_call1(&flow_op_##id, &t, 1, flow_attrs_default()); }
 
-UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0)
+UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0, FLOW_SBP_LINEAR)
 UNARY_ENTRY(neg)
 
 #define UNARY(id, CODE, INFER, SAVE_IN, SAVE_OUT) \
-  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT) UNARY_ENTRY(id)
+  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, 0) UNARY_ENTRY(id)
 UNARY(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
 UNARY(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
 UNARY(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
@@ -397,7 +415,7 @@ UNARY(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
 UNARY(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
 UNARY(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
 UNARY_GRAD(clamp, FLOW_UN_CLAMP)
-UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0)
+UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0, 0)
 
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max) {
   flow_attrs at;
@@ -461,17 +479,22 @@ static FLOW_KERNEL(cpu_fill_) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(add_) {.name = "add_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
+FLOW_OP(add_) {.name = "add_", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
                .kernel = {[FLOW_CPU] = cpu_add_}};
-FLOW_OP(mul_) {.name = "mul_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
+FLOW_OP(mul_) {.name = "mul_", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+               .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
                .kernel = {[FLOW_CPU] = cpu_mul_}};
-FLOW_OP(copy_) {.name = "copy_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_inplace,
+FLOW_OP(copy_) {.name = "copy_", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                .kind = FLOW_OP_INPLACE, .infer = infer_inplace,
                 .kernel = {[FLOW_CPU] = cpu_copy_}};
-FLOW_OP(fill_) {.name = "fill_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
+FLOW_OP(fill_) {.name = "fill_", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
                 .kernel = {[FLOW_CPU] = cpu_fill_}};
 /* zero_ is fill_ with 0, an op of its own because, unlike fill_, it is linear (a partial sum stays
  * one: what the SBP rules need to know) */
-FLOW_OP(zero_) {.name = "zero_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
+FLOW_OP(zero_) {.name = "zero_", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
                 .kernel = {[FLOW_CPU] = cpu_fill_}};
 
 static int call_inplace(const flow_op *op, flow_tensor **in, int nin, const flow_attrs *a) {
@@ -532,9 +555,11 @@ static int grad_cast(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(copy) {.name = "contiguous", .nin = 1, .nout = 1, .infer = infer_copy,
+FLOW_OP(copy) {.name = "contiguous", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .infer = infer_copy,
                .kernel = {[FLOW_CPU] = cpu_copy}, .grad = grad_copy};
-FLOW_OP(cast) {.name = "cast", .nin = 1, .nout = 1, .infer = infer_cast,
+FLOW_OP(cast) {.name = "cast", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .infer = infer_cast,
                .kernel = {[FLOW_CPU] = cpu_copy}, .grad = grad_cast};
 
 flow_tensor *flow_contiguous_copy(flow_tensor *t) {

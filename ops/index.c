@@ -8,6 +8,8 @@
 
 #include "../kernels/cpu/cpu.h"
 #include "../kernels/cpu/index.h"
+#include "../sbp/global.h"
+#include "../sbp/signature.h"
 #include "elementwise.h"
 #include "shape.h"
 
@@ -119,7 +121,8 @@ static int grad_scatter_add(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(scatter_add) {.name = "scatter_add", .nin = 3, .nout = 1, .infer = infer_scatter_add,
+FLOW_OP(scatter_add) {.name = "scatter_add", .nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(scatter_add, 0),
+                      .infer = infer_scatter_add,
                       .kernel = {[FLOW_CPU] = cpu_scatter_add}, .grad = grad_scatter_add, .save_in = 2,
                       .nondiff_in = 2};
 
@@ -182,7 +185,8 @@ static int grad_index_select(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(index_select) {.name = "index_select", .nin = 2, .nout = 1, .infer = infer_index_select,
+FLOW_OP(index_select) {.name = "index_select", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(index_select, 0),
+                       .infer = infer_index_select,
                        .kernel = {[FLOW_CPU] = cpu_index_select}, .grad = grad_index_select, .save_in = 2,
                        .nondiff_in = 2};
 
@@ -267,7 +271,21 @@ static int grad_embedding(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[1] ? 0 : -1;
 }
 
-FLOW_OP(embedding) {.name = "embedding", .nin = 2, .nout = 1, .infer = infer_embedding,
+/* A vocab-split table: the kernel looks up only the ids inside its rows [start, start+rows). */
+static void shard_embedding(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local) {
+  (void)op;
+  const flow_meta *w = &c->in[1];
+  int64_t wstart[FLOW_MAX_DIMS], wbox[FLOW_MAX_DIMS];
+  flow_global_box(c->placement, &c->in_sbp[1], w->ndim, w->shape, c->placement->coord, -1, wstart, wbox);
+  if (w->ndim == 2 && wbox[0] != w->shape[0]) {
+    local->start = wstart[0];
+    local->nlogical = 2;
+    memcpy(local->logical_shape, w->shape, 2 * sizeof(int64_t));
+  }
+}
+
+FLOW_OP(embedding) {.name = "embedding", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(embedding, 0),
+                    .shard = shard_embedding, .infer = infer_embedding,
                     .kernel = {[FLOW_CPU] = cpu_embedding}, .grad = grad_embedding, .save_in = 1,
                     .nondiff_in = 1};
 

@@ -3,6 +3,7 @@
 #include "matmul.h"
 
 #include "../kernels/cpu/cpu.h"
+#include "../sbp/signature.h"
 #include "reduce.h"
 
 static int infer_matmul(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
@@ -57,7 +58,8 @@ static int grad_matmul(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(matmul) {.name = "matmul", .nin = 2, .nout = 1, .infer = infer_matmul,
+FLOW_OP(matmul) {.name = "matmul", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(matmul, 0),
+                 .infer = infer_matmul,
                  .kernel = {[FLOW_CPU] = cpu_matmul}, .grad = grad_matmul, .save_in = 3};
 
 flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool trans_b) {

@@ -45,7 +45,21 @@ typedef struct flow_grad_ctx {
 /* Set gin[i] (a new reference) for each i with need[i]; leaving gin[i] NULL means zero. */
 typedef int (*flow_grad_fn)(const flow_grad_ctx *c, flow_tensor **gin);
 
-struct flow_sbp_rule; /* sbp/signature.h */
+struct flow_sbp_rule;  /* sbp/signature.h */
+struct flow_placement; /* sbp/placement.h */
+struct flow_nd_sbp;    /* sbp/sbp.h */
+
+/* What a per-shard hook sees when a global op runs on this rank's shards: the logical metas, the
+ * n-D signature chosen (in_sbp[i], out_sbp[j]) and the placement (its coord is this rank's). */
+typedef struct flow_shard_ctx {
+  const struct flow_placement *placement;
+  const flow_meta *in, *out;
+  const struct flow_nd_sbp *in_sbp, *out_sbp;
+} flow_shard_ctx;
+
+/* Adjust the attrs the kernel gets on a shard, where they describe the logical tensor (a target
+ * shape, a position in the logical index space). */
+typedef void (*flow_shard_fn)(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local);
 
 enum flow_op_kind {
   FLOW_OP_COMPUTE,   /* fresh contiguous outputs */
@@ -64,7 +78,10 @@ struct flow_op {
   flow_grad_fn grad;          /* NULL: not differentiable */
   unsigned save_in, save_out; /* bitmasks: which inputs/outputs the grad rule reads */
   unsigned nondiff_in;        /* bitmask: inputs that never receive gradients (ids, masks) */
-  const struct flow_sbp_rule *sbp;
+  unsigned written_in;        /* bitmask: inputs besides an in-place destination the kernel writes */
+  const struct flow_sbp_rule *sbp; /* NULL: global inputs are boxed to broadcast */
+  flow_shard_fn shard;        /* NULL: shards take the logical attrs as they are */
+  bool dense_shards;          /* global: kernels need dense shards (a viewable tensor's shard may not be) */
   struct flow_op *next;       /* registry list, set by flow_op_register */
 };
 

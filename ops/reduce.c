@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/cpu.h"
+#include "../sbp/signature.h"
 #include "elementwise.h"
 #include "shape.h"
 
@@ -135,11 +136,14 @@ static int grad_var(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(sum) {.name = "sum", .nin = 1, .nout = 1, .infer = infer_sum,
+FLOW_OP(sum) {.name = "sum", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, FLOW_SBP_LINEAR),
+              .infer = infer_sum,
               .kernel = {[FLOW_CPU] = cpu_sum}, .grad = grad_sum};
-FLOW_OP(mean) {.name = "mean", .nin = 1, .nout = 1, .infer = infer_float_reduce,
+FLOW_OP(mean) {.name = "mean", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+               .infer = infer_float_reduce,
                .kernel = {[FLOW_CPU] = cpu_mean}, .grad = grad_mean};
-FLOW_OP(var) {.name = "var", .nin = 1, .nout = 1, .infer = infer_float_reduce,
+FLOW_OP(var) {.name = "var", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_float_reduce,
               .kernel = {[FLOW_CPU] = cpu_var}, .grad = grad_var, .save_in = 1};
 
 static flow_tensor *reduce(const flow_op *op, flow_tensor *t, int naxes, const int64_t *axes, bool keepdim,
@@ -258,12 +262,16 @@ static FLOW_KERNEL(cpu_arg_backward) {
   return flow_cpu_index_put_axis(out[0], in[0], in[1], axis);
 }
 
-FLOW_OP(max) {.name = "max", .nin = 1, .nout = 2, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_max},
+FLOW_OP(max) {.name = "max", .nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_max},
               .grad = grad_arg, .save_out = 2};
-FLOW_OP(min) {.name = "min", .nin = 1, .nout = 2, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_min},
+FLOW_OP(min) {.name = "min", .nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_min},
               .grad = grad_arg, .save_out = 2};
-FLOW_OP(argmax) {.name = "argmax", .nin = 1, .nout = 1, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmax}};
-FLOW_OP(argmin) {.name = "argmin", .nin = 1, .nout = 1, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmin}};
+FLOW_OP(argmax) {.name = "argmax", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+                 .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmax}};
+FLOW_OP(argmin) {.name = "argmin", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+                 .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmin}};
 FLOW_OP(argreduce_backward) {.name = "argreduce_backward", .nin = 2, .nout = 1, .infer = infer_arg_backward,
                              .kernel = {[FLOW_CPU] = cpu_arg_backward}, .nondiff_in = 2};
 

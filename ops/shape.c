@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "../kernels/cpu/shape.h"
+#include "../sbp/global.h"
+#include "../sbp/signature.h"
 #include "elementwise.h"
 #include "reduce.h"
 
@@ -88,13 +90,24 @@ static FLOW_KERNEL(kernel_view) {
   return out[0] ? 0 : -1;
 }
 
+/* Shape attrs are logical: on a shard the kernel makes this rank's box of the output (view,
+ * expand, narrow_backward). */
+static void shard_target_shape(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local) {
+  (void)op;
+  int64_t start[FLOW_MAX_DIMS];
+  flow_global_box(c->placement, &c->out_sbp[0], c->out[0].ndim, c->out[0].shape, c->placement->coord, -1,
+                  start, local->shape);
+  local->nshape = c->out[0].ndim;
+}
+
 static int grad_view(const flow_grad_ctx *c, flow_tensor **gin) {
   if (!c->gout[0] || !c->need[0]) return 0;
   gin[0] = flow_reshape(c->gout[0], c->in_meta[0].ndim, c->in_meta[0].shape);
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(view) {.name = "view", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_view,
+FLOW_OP(view) {.name = "view", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(view, 0),
+               .shard = shard_target_shape, .dense_shards = true, .kind = FLOW_OP_VIEW, .infer = infer_view,
                .kernel = {[FLOW_CPU] = kernel_view, [FLOW_CUDA] = kernel_view}, .grad = grad_view};
 
 flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape) {
@@ -163,7 +176,8 @@ static int grad_expand(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(expand) {.name = "expand", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_expand,
+FLOW_OP(expand) {.name = "expand", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(expand, 0),
+                 .shard = shard_target_shape, .kind = FLOW_OP_VIEW, .infer = infer_expand,
                  .kernel = {[FLOW_CPU] = kernel_expand, [FLOW_CUDA] = kernel_expand}, .grad = grad_expand};
 
 flow_tensor *flow_expand(flow_tensor *t, int ndim, const int64_t *shape) {
@@ -235,7 +249,8 @@ static int grad_permute(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(permute) {.name = "permute", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_permute,
+FLOW_OP(permute) {.name = "permute", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(permute, 0),
+                  .kind = FLOW_OP_VIEW, .infer = infer_permute,
                   .kernel = {[FLOW_CPU] = kernel_permute, [FLOW_CUDA] = kernel_permute}, .grad = grad_permute};
 
 flow_tensor *flow_permute(flow_tensor *t, int n, const int64_t *dims) {
@@ -316,7 +331,8 @@ static int grad_narrow(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow) {.name = "narrow", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_narrow,
+FLOW_OP(narrow) {.name = "narrow", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+                 .kind = FLOW_OP_VIEW, .infer = infer_narrow,
                  .kernel = {[FLOW_CPU] = kernel_narrow, [FLOW_CUDA] = kernel_narrow}, .grad = grad_narrow};
 
 static int infer_narrow_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
@@ -348,7 +364,8 @@ static int grad_narrow_backward(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow_backward) {.name = "narrow_backward", .nin = 1, .nout = 1, .infer = infer_narrow_backward,
+FLOW_OP(narrow_backward) {.name = "narrow_backward", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+                          .shard = shard_target_shape, .infer = infer_narrow_backward,
                           .kernel = {[FLOW_CPU] = cpu_narrow_backward}, .grad = grad_narrow_backward};
 
 static flow_tensor *narrow_backward(flow_tensor *g, const flow_meta *in, int axis, int64_t start) {
@@ -477,7 +494,8 @@ static int grad_cat(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(cat) {.name = "cat", .nin = -1, .nout = 1, .infer = infer_cat, .kernel = {[FLOW_CPU] = cpu_cat},
+FLOW_OP(cat) {.name = "cat", .nin = -1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+              .infer = infer_cat, .kernel = {[FLOW_CPU] = cpu_cat},
               .grad = grad_cat};
 
 flow_tensor *flow_cat(int n, flow_tensor *const *ts, int64_t axis) {
@@ -543,9 +561,11 @@ static int grad_tri(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tril},
+FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
+               .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tril},
                .grad = grad_tri};
-FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_triu},
+FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
+               .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_triu},
                .grad = grad_tri};
 
 flow_tensor *flow_tri(flow_tensor *t, int64_t k, bool upper) {
