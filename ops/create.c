@@ -12,7 +12,7 @@
 
 /* ---- source ops: the shape is in the attrs ------------------------------------------------ */
 
-static int infer_source(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_source(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)in; (void)nin;
   if (a->nshape > FLOW_MAX_DIMS) return flow_error_set("%s: at most %d dimensions", op->name, FLOW_MAX_DIMS);
@@ -29,7 +29,7 @@ static int infer_source(const flow_op *op, flow_tensor *const *in, int nin, cons
   return 0;
 }
 
-static int infer_float_source(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_float_source(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   if (!flow_dtype_is_float(a->dtype))
     return flow_error_set("%s: dtype must be a floating-point type (got %s; use randint for integers)",
@@ -37,17 +37,17 @@ static int infer_float_source(const flow_op *op, flow_tensor *const *in, int nin
   return infer_source(op, in, nin, a, out);
 }
 
-static int infer_eye(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_eye(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   if (a->nshape != 2) return flow_error_set("eye: expected a 2-d shape (got %d-d)", a->nshape);
   return infer_source(op, in, nin, a, out);
 }
 
-static int infer_range(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_range(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   if (a->nshape != 1) return flow_error_set("%s: expected a 1-d shape (got %d-d)", op->name, a->nshape);
   return infer_source(op, in, nin, a, out);
 }
 
-static int infer_randint(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_randint(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   if (a->naxes != 2) return flow_error_set("randint: expected the bounds low, high in attrs axes[0..1]");
   if (a->axes[1] <= a->axes[0])
@@ -194,13 +194,13 @@ flow_tensor *flow_create_shard(const flow_op *op, const flow_attrs *logical, con
 
 /* ---- dropout ------------------------------------------------------------------------------ */
 
-static int infer_dropout(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_dropout(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin;
-  if (in[0]->dtype != FLOW_F32 && in[0]->dtype != FLOW_F64)
-    return flow_error_set("dropout: input must be float32 or float64 (got %s)", flow_dtype_name(in[0]->dtype));
+  if (in[0].dtype != FLOW_F32 && in[0].dtype != FLOW_F64)
+    return flow_error_set("dropout: input must be float32 or float64 (got %s)", flow_dtype_name(in[0].dtype));
   if (!(a->scalar >= 0 && a->scalar <= 1)) return flow_error_set("dropout: p must be in [0, 1] (got %g)", a->scalar);
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   (void)op;
   return 0;
 }

@@ -296,12 +296,6 @@ static void describe(const flow_op *op, flow_tensor *const *in, int nin, const f
 
 /* ---- signature choice --------------------------------------------------------------------------- */
 
-/* Inputs an op writes in place must keep their layout (boxing would write a copy): the destination
- * of every in-place op, and those its definition names (adamw_'s moments). */
-static bool written(const flow_op *op, int i) {
-  return (op->kind == FLOW_OP_INPLACE && i == 0) || (op->written_in >> i & 1);
-}
-
 typedef struct choice {
   flow_nd_sbp in[FLOW_SIG_MAX_IO], out[FLOW_SIG_MAX_IO];
   bool ruled;
@@ -337,7 +331,8 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
     for (int c = 0; c < list.n; c++) {
       const flow_sbp_sig *s = &list.v[c];
       bool keeps = op->kind != FLOW_OP_INPLACE || flow_sbp_eq(s->out[0], cur[0].v[m]);
-      for (int i = 0; i < nin && keeps; i++) keeps = !written(op, i) || flow_sbp_eq(s->in[i], cur[i].v[m]);
+      /* inputs the op writes in place keep their layout (boxing would write a copy) */
+      for (int i = 0; i < nin && keeps; i++) keeps = !flow_op_writes(op, i) || flow_sbp_eq(s->in[i], cur[i].v[m]);
       if (!keeps) continue;
       double cost = 0;
       int moves = 0;
@@ -369,8 +364,8 @@ extern flow_op flow_op_to_global, flow_op_to_local;
 
 /* attrs of to_global: k = target id; start = the source's target id (-1 for a local source). */
 
-static int infer_same(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
-  flow_meta_from(out, in[0]);
+static int infer_same(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
+  *out = in[0];
   return 0;
 }
 
@@ -669,18 +664,9 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   if (check_on || tracing) describe(op, in, nin, p, desc, sizeof desc);
   if (p->me >= 0 && check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
 
-  /* logical inference on headers carrying the logical shapes */
-  flow_tensor fake[FLOW_SIG_MAX_IO], *fp[FLOW_SIG_MAX_IO];
-  flow_meta lmeta[FLOW_SIG_MAX_IO];
-  for (int i = 0; i < nin; i++) {
-    fake[i] = *in[i];
-    fake[i].global = NULL;
-    logical_of(in[i], &fake[i].ndim, fake[i].shape);
-    flow_contiguous_strides(fake[i].ndim, fake[i].shape, fake[i].stride);
-    fake[i].offset = 0;
-    fp[i] = &fake[i];
-  }
-  if (op->infer(op, fp, nin, a, lmeta) != 0) return rank_prefix();
+  flow_meta lin[FLOW_SIG_MAX_IO], lmeta[FLOW_SIG_MAX_IO];
+  for (int i = 0; i < nin; i++) flow_meta_from(&lin[i], in[i]); /* logical shapes */
+  if (op->infer(op, lin, nin, a, lmeta) != 0) return rank_prefix();
 
   choice ch;
   if (choose(op, in, nin, a, lmeta, p, &ch) != 0) return -1;
@@ -716,7 +702,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   for (int i = 0; i < nin && rc == 0; i++) {
     char what[32] = "";
     if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
-    flow_tensor *x = written(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
+    flow_tensor *x = flow_op_writes(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
     if (x && op->dense_shards) {
       flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_boxing_dense(x);
       flow_tensor_decref(x);
@@ -731,8 +717,6 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     flow_global_box(p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape, p->coord, -1, start, box[j]);
   flow_attrs local = *a;
   if (rc == 0 && op->shard) {
-    flow_meta lin[FLOW_SIG_MAX_IO];
-    for (int i = 0; i < nin; i++) flow_meta_from(&lin[i], in[i]);
     flow_shard_ctx sc = {.placement = p, .in = lin, .out = lmeta, .in_sbp = ch.in, .out_sbp = ch.out};
     op->shard(op, &sc, &local);
   }

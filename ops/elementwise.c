@@ -10,26 +10,26 @@
 
 /* ---- binary with broadcasting ------------------------------------------------------------ */
 
-static int infer_binary(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_binary(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
-  if (in[0]->dtype == FLOW_BOOL)
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  if (in[0].dtype == FLOW_BOOL)
     return flow_error_set("%s: no arithmetic on bool tensors (cast to an integer or float dtype first)", op->name);
-  out->dtype = in[0]->dtype;
-  out->device = in[0]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  out->dtype = in[0].dtype;
+  out->device = in[0].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
 /* Comparisons: any (same) dtype in, bool out. */
-static int infer_compare(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_compare(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
   out->dtype = FLOW_BOOL;
-  out->device = in[0]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  out->device = in[0].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
@@ -231,7 +231,7 @@ flow_tensor *flow_eq_scalar(flow_tensor *a, double s) { return flow_binary_scala
 
 /* ---- where and masked_fill ------------------------------------------------------------------ */
 
-static int check_mask(const flow_op *op, const flow_tensor *m, const char *what) {
+static int check_mask(const flow_op *op, const flow_meta *m, const char *what) {
   if (m->dtype != FLOW_BOOL)
     return flow_error_set("%s: %s must be a bool tensor (got %s; make one with a comparison or :bool())",
                           op->name, what, flow_dtype_name(m->dtype));
@@ -239,17 +239,17 @@ static int check_mask(const flow_op *op, const flow_tensor *m, const char *what)
 }
 
 /* where(cond, a, b): all three broadcast together; a and b share a dtype. */
-static int infer_where(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_where(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                        flow_meta *out) {
   (void)nin; (void)a;
-  if (check_mask(op, in[0], "the condition") != 0 || flow_check_same_dtype(op, in + 1, 2) != 0) return -1;
+  if (check_mask(op, &in[0], "the condition") != 0 || flow_check_same_dtype(op, in + 1, 2) != 0) return -1;
   int nd;
   int64_t shape[FLOW_MAX_DIMS];
-  if (flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, shape) != 0 ||
-      flow_broadcast_shape(op->name, nd, shape, in[2]->ndim, in[2]->shape, &out->ndim, out->shape) != 0)
+  if (flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape, &nd, shape) != 0 ||
+      flow_broadcast_shape(op->name, nd, shape, in[2].ndim, in[2].shape, &out->ndim, out->shape) != 0)
     return -1;
-  out->dtype = in[1]->dtype;
-  out->device = in[1]->device;
+  out->dtype = in[1].dtype;
+  out->device = in[1].device;
   return 0;
 }
 
@@ -281,13 +281,13 @@ flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
 }
 
 /* masked_fill(x, mask, value): attrs.scalar is the value; x and mask broadcast together. */
-static int infer_masked_fill(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_masked_fill(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (check_mask(op, in[1], "the mask") != 0 || flow_check_computable(op, in[0]) != 0) return -1;
-  out->dtype = in[0]->dtype;
-  out->device = in[0]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  if (check_mask(op, &in[1], "the mask") != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  out->dtype = in[0].dtype;
+  out->device = in[0].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
@@ -318,29 +318,29 @@ flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
 /* ---- unary ---------------------------------------------------------------------------------- */
 
 /* Math ops (exp, log, ...) want floating point. */
-static int infer_unary_float(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_unary_float(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_computable(op, in[0]) != 0 || flow_check_float(op, in[0], "input") != 0) return -1;
-  flow_meta_from(out, in[0]);
+  if (flow_check_computable(op, &in[0]) != 0 || flow_check_float(op, &in[0], "input") != 0) return -1;
+  *out = in[0];
   return 0;
 }
 
 /* neg, abs, relu, clamp: also int64/int32. */
-static int infer_unary_signed(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_unary_signed(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin; (void)a;
-  flow_dtype d = in[0]->dtype;
-  if (flow_check_computable(op, in[0]) != 0) return -1;
+  flow_dtype d = in[0].dtype;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
   if (d != FLOW_F32 && d != FLOW_F64 && d != FLOW_I64 && d != FLOW_I32)
     return flow_error_set("%s: expected a float32, float64, int64 or int32 tensor (got %s)", op->name,
                           flow_dtype_name(d));
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
 /* clamp reads attrs.scalar (min) when FLOW_ATTR_HAS_MIN, attrs.scalar2 (max) when HAS_MAX. */
-static int infer_clamp(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_clamp(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                        flow_meta *out) {
   if (!(a->flags & (FLOW_ATTR_HAS_MIN | FLOW_ATTR_HAS_MAX)))
     return flow_error_set("%s: give a min, a max or both (got neither)", op->name);
@@ -352,13 +352,13 @@ static double clamp_hi(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MA
 
 /* <op>_grad(s, g) = f'(.) g in one pass, where s is the forward op's saved output (exp, sqrt,
  * rsqrt, tanh, sigmoid, relu) or input (abs, log, gelu, clamp); clamp_grad reads clamp's attrs. */
-static int infer_unary_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_unary_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                             flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, in[1], "gradient") != 0) return -1;
-  out->dtype = in[1]->dtype;
-  out->device = in[1]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, &in[1], "gradient") != 0) return -1;
+  out->dtype = in[1].dtype;
+  out->device = in[1].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
@@ -428,33 +428,33 @@ flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, 
 
 /* ---- in place: add_, mul_, copy_, fill_ (optimizers, gradient accumulation; no autograd) ---- */
 
-static int infer_inplace(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_inplace(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin; (void)a;
   int nd;
   int64_t shape[FLOW_MAX_DIMS];
-  if (flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, shape) != 0)
+  if (flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape, &nd, shape) != 0)
     return -1;
-  if (!flow_shape_eq(nd, shape, in[0]->ndim, in[0]->shape)) {
+  if (!flow_shape_eq(nd, shape, in[0].ndim, in[0].shape)) {
     char s0[128], s1[128];
     return flow_error_set("%s: cannot write a result of shape %s into a tensor of shape %s", op->name,
                           flow_shape_str(nd, shape, s0, sizeof s0),
-                          flow_shape_str(in[0]->ndim, in[0]->shape, s1, sizeof s1));
+                          flow_shape_str(in[0].ndim, in[0].shape, s1, sizeof s1));
   }
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
-static int infer_arith_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_arith_(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
   return infer_inplace(op, in, nin, a, out);
 }
 
-static int infer_fill_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_fill_(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                        flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
@@ -522,17 +522,17 @@ int flow_fill_inplace(flow_tensor *t, double v) {
 
 /* ---- copy / cast --------------------------------------------------------------------------- */
 
-static int infer_copy(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_copy(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
-static int infer_cast(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_cast(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)op; (void)nin;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   out->dtype = a->dtype;
   return 0;
 }
@@ -584,7 +584,7 @@ flow_tensor *flow_cast(flow_tensor *t, flow_dtype dtype) {
 /* ---- full (zeros, ones, full) -------------------------------------------------------------- */
 
 /* attrs: shape/nshape, dtype, device, scalar */
-static int infer_full(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_full(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)op; (void)in; (void)nin;
   out->dtype = a->dtype;

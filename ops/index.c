@@ -13,7 +13,7 @@
 #include "elementwise.h"
 #include "shape.h"
 
-static int check_index(const flow_op *op, const flow_tensor *idx, const char *what) {
+static int check_index(const flow_op *op, const flow_meta *idx, const char *what) {
   if (idx->dtype != FLOW_I64)
     return flow_error_set("%s: %s must be an int64 tensor (got %s)", op->name, what, flow_dtype_name(idx->dtype));
   return 0;
@@ -31,7 +31,7 @@ static flow_tensor *scatter_into_zeros(const flow_meta *m, int64_t axis, flow_te
 }
 
 /* idx (int64) must have t's rank and fit t outside axis. */
-static int check_gather_shapes(const flow_op *op, const flow_tensor *t, const flow_tensor *idx, int64_t axis,
+static int check_gather_shapes(const flow_op *op, const flow_meta *t, const flow_meta *idx, int64_t axis,
                                int64_t *ax) {
   char s0[128], s1[128];
   if (check_index(op, idx, "index") != 0) return -1;
@@ -50,13 +50,13 @@ static int axis_of(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + ndim
 
 /* ---- gather ---------------------------------------------------------------------------------- */
 
-static int infer_gather(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_gather(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin;
   int64_t ax;
-  if (check_gather_shapes(op, in[0], in[1], a->axis, &ax) != 0) return -1;
-  flow_meta_from(out, in[1]);
-  out->dtype = in[0]->dtype;
+  if (check_gather_shapes(op, &in[0], &in[1], a->axis, &ax) != 0) return -1;
+  *out = in[1];
+  out->dtype = in[0].dtype;
   return 0;
 }
 
@@ -84,11 +84,11 @@ flow_tensor *flow_gather(flow_tensor *t, int64_t axis, flow_tensor *idx) {
 
 /* ---- scatter_add ----------------------------------------------------------------------------- */
 
-static int infer_scatter_add(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_scatter_add(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin;
   int64_t ax;
-  const flow_tensor *t = in[0], *idx = in[1], *src = in[2];
+  const flow_meta *t = &in[0], *idx = &in[1], *src = &in[2];
   if (check_gather_shapes(op, t, idx, a->axis, &ax) != 0) return -1;
   if (src->dtype != t->dtype)
     return flow_error_set("%s: dtype mismatch: input is %s, src is %s", op->name, flow_dtype_name(t->dtype),
@@ -102,7 +102,7 @@ static int infer_scatter_add(const flow_op *op, flow_tensor *const *in, int nin,
                           flow_shape_str(idx->ndim, idx->shape, s0, sizeof s0),
                           flow_shape_str(src->ndim, src->shape, s1, sizeof s1));
   }
-  flow_meta_from(out, t);
+  *out = *t;
   return 0;
 }
 
@@ -136,20 +136,20 @@ flow_tensor *flow_scatter_add(flow_tensor *t, int64_t axis, flow_tensor *idx, fl
 
 /* ---- index_select: a gather with the 1-D index broadcast over the other axes ---------------- */
 
-static int infer_index_select(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_index_select(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin;
   int64_t ax;
-  if (check_index(op, in[1], "index") != 0) return -1;
-  if (in[1]->ndim != 1) {
+  if (check_index(op, &in[1], "index") != 0) return -1;
+  if (in[1].ndim != 1) {
     char s[128];
     return flow_error_set("%s: index must be 1-D (got shape %s)", op->name,
-                          flow_shape_str(in[1]->ndim, in[1]->shape, s, sizeof s));
+                          flow_shape_str(in[1].ndim, in[1].shape, s, sizeof s));
   }
-  if (in[0]->ndim == 0) return flow_error_set("%s: the input must have at least 1 dimension", op->name);
-  if (flow_axis_norm(op->name, a->axis, in[0]->ndim, &ax) != 0) return -1;
-  flow_meta_from(out, in[0]);
-  out->shape[ax] = in[1]->shape[0];
+  if (in[0].ndim == 0) return flow_error_set("%s: the input must have at least 1 dimension", op->name);
+  if (flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0) return -1;
+  *out = in[0];
+  out->shape[ax] = in[1].shape[0];
   return 0;
 }
 
@@ -200,10 +200,10 @@ flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx) {
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-static int infer_embedding(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_embedding(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                            flow_meta *out) {
   (void)nin; (void)a;
-  const flow_tensor *ids = in[0], *w = in[1];
+  const flow_meta *ids = &in[0], *w = &in[1];
   char s[128];
   if (check_index(op, ids, "ids") != 0) return -1;
   if (w->ndim != 2)
@@ -211,7 +211,7 @@ static int infer_embedding(const flow_op *op, flow_tensor *const *in, int nin, c
                           flow_shape_str(w->ndim, w->shape, s, sizeof s));
   if (ids->ndim + 1 > FLOW_MAX_DIMS)
     return flow_error_set("%s: ids may have at most %d dimensions", op->name, FLOW_MAX_DIMS - 1);
-  flow_meta_from(out, ids);
+  *out = *ids;
   out->dtype = w->dtype;
   out->shape[out->ndim++] = w->shape[1];
   return 0;

@@ -19,9 +19,10 @@ typedef struct flow_meta {
   int64_t shape[FLOW_MAX_DIMS];
 } flow_meta;
 
-/* Fill out[0..nout) from the inputs and attrs; -1 + flow_error_set naming the op on bad input. */
-typedef int (*flow_infer_fn)(const flow_op *op, flow_tensor *const *in, int nin,
-                             const flow_attrs *a, flow_meta *out);
+/* Fill out[0..nout) from the inputs' metadata (logical shapes for global tensors) and attrs; -1 +
+ * flow_error_set naming the op on bad input. Inference never sees data, strides or storage. */
+typedef int (*flow_infer_fn)(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                             flow_meta *out);
 /* Compute: outputs are allocated (contiguous, per inference) before the call, except for
  * FLOW_OP_VIEW ops, whose kernel creates out[i] as views of the inputs. */
 typedef int (*flow_kernel_fn)(flow_tensor *const *in, int nin, flow_tensor **out, int nout,
@@ -87,6 +88,11 @@ struct flow_op {
 
 #define FLOW_ALL (~0u)
 
+/* Does op write input i in place (an in-place op's destination, or an input named in written_in)? */
+static inline bool flow_op_writes(const flow_op *op, int i) {
+  return (op->kind == FLOW_OP_INPLACE && i == 0) || (op->written_in >> i & 1);
+}
+
 void flow_op_register(flow_op *op);
 const flow_op *flow_op_find(const char *name);
 const flow_op *flow_op_first(void);   /* iterate with op->next */
@@ -116,10 +122,10 @@ typedef int (*flow_global_dispatch_fn)(const flow_op *op, flow_tensor *const *in
 void flow_op_set_global_dispatch(flow_global_dispatch_fn fn);
 
 /* Same dtype/device checks used by many infer functions; name the op in the message. */
-int flow_check_same_dtype(const flow_op *op, flow_tensor *const *in, int nin);
-int flow_check_float(const flow_op *op, const flow_tensor *t, const char *what);
+int flow_check_same_dtype(const flow_op *op, const flow_meta *in, int nin);
+int flow_check_float(const flow_op *op, const flow_meta *t, const char *what);
 /* float16/bfloat16 are storage-only on the CPU (computed on CUDA): -1 + error for such a CPU tensor. */
-int flow_check_computable(const flow_op *op, const flow_tensor *t);
+int flow_check_computable(const flow_op *op, const flow_meta *t);
 void flow_meta_from(flow_meta *m, const flow_tensor *t);
 
 #endif

@@ -21,7 +21,7 @@ int flow_reduce_mask(const flow_op *op, const flow_attrs *a, int ndim, bool *mas
   return 0;
 }
 
-void flow_reduce_meta(const flow_tensor *t, const bool *mask, bool keepdim, flow_meta *out) {
+void flow_reduce_meta(const flow_meta *t, const bool *mask, bool keepdim, flow_meta *out) {
   out->dtype = t->dtype;
   out->device = t->device;
   out->ndim = 0;
@@ -31,27 +31,27 @@ void flow_reduce_meta(const flow_tensor *t, const bool *mask, bool keepdim, flow
   }
 }
 
-static int infer_sum(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_sum(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   (void)nin;
   bool mask[FLOW_MAX_DIMS];
-  if (flow_reduce_mask(op, a, in[0]->ndim, mask) != 0) return -1;
-  if (flow_check_computable(op, in[0]) != 0) return -1;
-  flow_reduce_meta(in[0], mask, a->keepdim, out);
-  if (in[0]->dtype == FLOW_BOOL || in[0]->dtype == FLOW_U8 || in[0]->dtype == FLOW_I32) out->dtype = FLOW_I64;
+  if (flow_reduce_mask(op, a, in[0].ndim, mask) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  flow_reduce_meta(&in[0], mask, a->keepdim, out);
+  if (in[0].dtype == FLOW_BOOL || in[0].dtype == FLOW_U8 || in[0].dtype == FLOW_I32) out->dtype = FLOW_I64;
   return 0;
 }
 
 /* mean and var: floating point only. */
-static int infer_float_reduce(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_float_reduce(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin;
   bool mask[FLOW_MAX_DIMS];
-  if (flow_reduce_mask(op, a, in[0]->ndim, mask) != 0) return -1;
-  if (in[0]->dtype != FLOW_F32 && in[0]->dtype != FLOW_F64)
+  if (flow_reduce_mask(op, a, in[0].ndim, mask) != 0) return -1;
+  if (in[0].dtype != FLOW_F32 && in[0].dtype != FLOW_F64)
     return flow_error_set("%s: expected a float32 or float64 tensor (got %s; cast it first)", op->name,
-                          flow_dtype_name(in[0]->dtype));
-  flow_reduce_meta(in[0], mask, a->keepdim, out);
+                          flow_dtype_name(in[0].dtype));
+  flow_reduce_meta(&in[0], mask, a->keepdim, out);
   return 0;
 }
 
@@ -181,22 +181,20 @@ static int arg_axis(const flow_op *op, const flow_attrs *a, const flow_meta *in,
   return 0;
 }
 
-static int infer_arg(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_arg(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   (void)nin;
-  flow_meta im;
-  flow_meta_from(&im, in[0]);
   int axis;
-  if (arg_axis(op, a, &im, &axis) != 0) return -1;
-  if (flow_check_computable(op, in[0]) != 0) return -1;
-  if (axis >= 0 ? in[0]->shape[axis] == 0 : flow_tensor_numel(in[0]) == 0) {
+  if (arg_axis(op, a, &in[0], &axis) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  if (axis >= 0 ? in[0].shape[axis] == 0 : flow_shape_numel(in[0].ndim, in[0].shape) == 0) {
     char s[128];
     return flow_error_set("%s: cannot reduce an empty %s (shape %s)", op->name, axis >= 0 ? "axis" : "tensor",
-                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s));
+                          flow_shape_str(in[0].ndim, in[0].shape, s, sizeof s));
   }
   bool mask[FLOW_MAX_DIMS];
-  for (int k = 0; k < in[0]->ndim; k++) mask[k] = axis < 0 || k == axis;
-  flow_reduce_meta(in[0], mask, a->keepdim, &out[0]);
+  for (int k = 0; k < in[0].ndim; k++) mask[k] = axis < 0 || k == axis;
+  flow_reduce_meta(&in[0], mask, a->keepdim, &out[0]);
   out[op->nout - 1] = out[0];
   out[op->nout - 1].dtype = FLOW_I64;
   return 0;
@@ -238,21 +236,21 @@ static int grad_arg(const flow_grad_ctx *c, flow_tensor **gin) {
 }
 
 /* argreduce_backward(g, idx): attrs.shape is the input's shape, axes/naxes as in max. */
-static int infer_arg_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_arg_backward(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin;
-  if (in[1]->dtype != FLOW_I64)
-    return flow_error_set("%s: indices must be int64 (got %s)", op->name, flow_dtype_name(in[1]->dtype));
-  out->dtype = in[0]->dtype;
-  out->device = in[0]->device;
+  if (in[1].dtype != FLOW_I64)
+    return flow_error_set("%s: indices must be int64 (got %s)", op->name, flow_dtype_name(in[1].dtype));
+  out->dtype = in[0].dtype;
+  out->device = in[0].device;
   out->ndim = a->nshape;
   for (int d = 0; d < a->nshape; d++) out->shape[d] = a->shape[d];
   int axis;
   if (arg_axis(op, a, out, &axis) != 0) return -1;
   int64_t kept = axis >= 0 ? flow_shape_numel(out->ndim, out->shape) / out->shape[axis] : 1;
-  if (flow_tensor_numel(in[0]) != kept || flow_tensor_numel(in[1]) != kept)
+  if (flow_shape_numel(in[0].ndim, in[0].shape) != kept || flow_shape_numel(in[1].ndim, in[1].shape) != kept)
     return flow_error_set("%s: %lld gradients and %lld indices for %lld reduced positions", op->name,
-                          (long long)flow_tensor_numel(in[0]), (long long)flow_tensor_numel(in[1]), (long long)kept);
+                          (long long)flow_shape_numel(in[0].ndim, in[0].shape), (long long)flow_shape_numel(in[1].ndim, in[1].shape), (long long)kept);
   return 0;
 }
 
