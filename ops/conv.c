@@ -143,10 +143,11 @@ static int grad_conv2d(const flow_grad_ctx *c, flow_tensor **gin) {
   return run_backward(c, &flow_op_conv2d_grad, in, 3, map, gin);
 }
 
-FLOW_OP(conv2d) {.name = "conv2d", .nin = -1, .nout = 1, .infer = infer_conv2d, .kernel = {[FLOW_CPU] = cpu_conv2d},
+FLOW_OP(conv2d) {.nin = -1, .nout = 1, .infer = infer_conv2d,
                  .grad = grad_conv2d, .save_in = 3};
-FLOW_OP(conv2d_grad) {.name = "conv2d_grad", .nin = 3, .nout = 3, .infer = infer_conv2d_grad,
-                      .kernel = {[FLOW_CPU] = cpu_conv2d_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, conv2d, cpu_conv2d)
+FLOW_OP(conv2d_grad) {.nin = 3, .nout = 3, .infer = infer_conv2d_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, conv2d_grad, cpu_conv2d_grad)
 
 /* ---- max_pool2d, avg_pool2d --------------------------------------------------------------- */
 
@@ -209,14 +210,14 @@ static int grad_pool(const flow_grad_ctx *c, flow_tensor **gin, const flow_op *b
 static int grad_max_pool2d(const flow_grad_ctx *c, flow_tensor **gin) { return grad_pool(c, gin, &flow_op_max_pool2d_grad); }
 static int grad_avg_pool2d(const flow_grad_ctx *c, flow_tensor **gin) { return grad_pool(c, gin, &flow_op_avg_pool2d_grad); }
 
-FLOW_OP(max_pool2d) {.name = "max_pool2d", .nin = 1, .nout = 1, .infer = infer_pool,
-                     .kernel = {[FLOW_CPU] = cpu_max_pool2d}, .grad = grad_max_pool2d, .save_in = 1};
-FLOW_OP(avg_pool2d) {.name = "avg_pool2d", .nin = 1, .nout = 1, .infer = infer_pool,
-                     .kernel = {[FLOW_CPU] = cpu_avg_pool2d}, .grad = grad_avg_pool2d, .save_in = 1};
-FLOW_OP(max_pool2d_grad) {.name = "max_pool2d_grad", .nin = 2, .nout = 1, .infer = infer_pool_grad,
-                          .kernel = {[FLOW_CPU] = cpu_max_pool2d_grad}};
-FLOW_OP(avg_pool2d_grad) {.name = "avg_pool2d_grad", .nin = 2, .nout = 1, .infer = infer_pool_grad,
-                          .kernel = {[FLOW_CPU] = cpu_avg_pool2d_grad}};
+FLOW_OP(max_pool2d) {.nin = 1, .nout = 1, .infer = infer_pool, .grad = grad_max_pool2d, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, max_pool2d, cpu_max_pool2d)
+FLOW_OP(avg_pool2d) {.nin = 1, .nout = 1, .infer = infer_pool, .grad = grad_avg_pool2d, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, avg_pool2d, cpu_avg_pool2d)
+FLOW_OP(max_pool2d_grad) {.nin = 2, .nout = 1, .infer = infer_pool_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, max_pool2d_grad, cpu_max_pool2d_grad)
+FLOW_OP(avg_pool2d_grad) {.nin = 2, .nout = 1, .infer = infer_pool_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, avg_pool2d_grad, cpu_avg_pool2d_grad)
 
 /* ---- batch_norm ----------------------------------------------------------------------------
  * inputs: x [N, C, ...], weight [C], bias [C], running_mean [C], running_var [C]. */
@@ -273,11 +274,11 @@ static int grad_batch_norm(const flow_grad_ctx *c, flow_tensor **gin) {
   return run_backward(c, &flow_op_batch_norm_grad, in, 5, (const int[]){0, 1, 2}, gin);
 }
 
-FLOW_OP(batch_norm) {.name = "batch_norm", .nin = 5, .nout = 1, .infer = infer_batch_norm,
-                     .kernel = {[FLOW_CPU] = cpu_batch_norm}, .grad = grad_batch_norm, .save_in = 0x1b,
+FLOW_OP(batch_norm) {.nin = 5, .nout = 1, .infer = infer_batch_norm, .grad = grad_batch_norm, .save_in = 0x1b,
                      .nondiff_in = 0x18};
-FLOW_OP(batch_norm_grad) {.name = "batch_norm_grad", .nin = 5, .nout = 3, .infer = infer_batch_norm_grad,
-                          .kernel = {[FLOW_CPU] = cpu_batch_norm_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, batch_norm, cpu_batch_norm)
+FLOW_OP(batch_norm_grad) {.nin = 5, .nout = 3, .infer = infer_batch_norm_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, batch_norm_grad, cpu_batch_norm_grad)
 
 /* ---- C entry points ------------------------------------------------------------------------ */
 

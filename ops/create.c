@@ -66,24 +66,24 @@ static FLOW_KERNEL(cpu_randint) {
   return flow_cpu_rand_int(out[0], a, a->axes[0], a->axes[1]);
 }
 
-FLOW_OP(arange) {.name = "arange", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range,
-                 .kernel = {[FLOW_CPU] = cpu_arange}};
-FLOW_OP(linspace) {.name = "linspace", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range,
-                   .kernel = {[FLOW_CPU] = cpu_linspace}};
-FLOW_OP(eye) {.name = "eye", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_eye,
-              .kernel = {[FLOW_CPU] = cpu_eye}};
-FLOW_OP(rand) {.name = "rand", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source,
-               .kernel = {[FLOW_CPU] = cpu_rand}};
-FLOW_OP(randn) {.name = "randn", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source,
-                .kernel = {[FLOW_CPU] = cpu_randn}};
-FLOW_OP(randint) {.name = "randint", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_randint,
-                  .kernel = {[FLOW_CPU] = cpu_randint}};
+FLOW_OP(arange) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range};
+FLOW_KERNEL_REGISTER(FLOW_CPU, arange, cpu_arange)
+FLOW_OP(linspace) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range};
+FLOW_KERNEL_REGISTER(FLOW_CPU, linspace, cpu_linspace)
+FLOW_OP(eye) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_eye};
+FLOW_KERNEL_REGISTER(FLOW_CPU, eye, cpu_eye)
+FLOW_OP(rand) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source};
+FLOW_KERNEL_REGISTER(FLOW_CPU, rand, cpu_rand)
+FLOW_OP(randn) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source};
+FLOW_KERNEL_REGISTER(FLOW_CPU, randn, cpu_randn)
+FLOW_OP(randint) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_randint};
+FLOW_KERNEL_REGISTER(FLOW_CPU, randint, cpu_randint)
 
 /* Run a source op on at->device; where that device has no kernel for it, make the tensor on the
  * host and copy it over (the same numbers on every device; flow_create_shard does the same). */
 static flow_tensor *make_source(const flow_op *op, flow_attrs *at) {
   flow_device dev = at->device;
-  if (dev.type == FLOW_CPU || op->kernel[dev.type]) return flow_op_call1(op, NULL, 0, at);
+  if (dev.type == FLOW_CPU || flow_op_has_kernel(op, dev.type)) return flow_op_call1(op, NULL, 0, at);
   at->device = FLOW_DEVICE_CPU;
   flow_tensor *host = flow_op_call1(op, NULL, 0, at);
   if (!host) return NULL;
@@ -182,7 +182,7 @@ flow_tensor *flow_create_shard(const flow_op *op, const flow_attrs *logical, con
     at.shape[d] = box_shape[d];
   }
   flow_device dev = at.device;
-  bool via_host = dev.type != FLOW_CPU && !op->kernel[dev.type];
+  bool via_host = dev.type != FLOW_CPU && !flow_op_has_kernel(op, dev.type);
   if (via_host) at.device = FLOW_DEVICE_CPU;
   flow_tensor *out;
   if (flow_op_call_local(op, NULL, 0, &at, &out) != 0) return NULL;
@@ -224,9 +224,9 @@ static void shard_dropout(const flow_op *op, const flow_shard_ctx *c, flow_attrs
   memcpy(local->logical_shape, c->out[0].shape, sizeof local->logical_shape);
 }
 
-FLOW_OP(dropout) {.name = "dropout", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-                  .shard = shard_dropout, .infer = infer_dropout,
-                  .kernel = {[FLOW_CPU] = cpu_dropout}, .grad = grad_dropout};
+FLOW_OP(dropout) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                  .shard = shard_dropout, .infer = infer_dropout, .grad = grad_dropout};
+FLOW_KERNEL_REGISTER(FLOW_CPU, dropout, cpu_dropout)
 
 /* On a device without a dropout kernel the input goes through the host and back: both copies
  * are differentiable, so the gradient takes the same way. */
@@ -237,7 +237,7 @@ flow_tensor *flow_dropout_at(flow_tensor *t, double p, flow_rng_state rng) {
   at.scalar = p;
   at.seed = rng.seed;
   at.rng_offset = rng.offset;
-  if (t->device.type == FLOW_CPU || flow_op_dropout.kernel[t->device.type] || t->global)
+  if (t->device.type == FLOW_CPU || flow_op_has_kernel(&flow_op_dropout, t->device.type) || t->global)
     return flow_op_call1(&flow_op_dropout, &t, 1, &at);
   flow_tensor *host = flow_to_device(t, FLOW_DEVICE_CPU);
   flow_tensor *d = host ? flow_op_call1(&flow_op_dropout, &host, 1, &at) : NULL;

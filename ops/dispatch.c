@@ -1,4 +1,6 @@
 /* The op registry and the eager dispatcher: one path for every op call. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +82,35 @@ void flow_lazy_set_tracing(bool on) { tracing = on && lazy; }
 bool flow_lazy_tracing(void) { return tracing; }
 flow_tensor *flow_lazy_box(const flow_box_desc *d, flow_tensor *t) { return lazy->record_box(d, t); }
 
+/* ---- kernels ---------------------------------------------------------------------------------
+ * Every op's kernels are looked up in the kernel table at once, at first use and again after the
+ * table grew (CUDA registers its kernels when flow.cuda opens). Registrations happen before ops
+ * run on other threads; the lock only orders concurrent first uses. */
+
+static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint resolved_generation; /* the table's generation counts from 1 */
+
+static void resolve_kernels(void) {
+  unsigned gen = flow_kernel_generation();
+  if (atomic_load_explicit(&resolved_generation, memory_order_acquire) == gen) return;
+  pthread_mutex_lock(&resolve_lock);
+  if (atomic_load_explicit(&resolved_generation, memory_order_relaxed) != gen) {
+    for (flow_op *op = registry_head; op; op = op->next)
+      for (int d = 0; d < FLOW_NDEVTYPES; d++) op->kernel_at[d] = flow_kernel_find((flow_devtype)d, op->name);
+    atomic_store_explicit(&resolved_generation, gen, memory_order_release);
+  }
+  pthread_mutex_unlock(&resolve_lock);
+}
+
+bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
+  resolve_kernels();
+  return op->kernel_at[dev] != NULL;
+}
+
 int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
   flow_device dev = op->kind == FLOW_OP_SOURCE ? out[0]->device : in[0]->device;
-  flow_kernel_fn k = op->kernel[dev.type];
+  resolve_kernels();
+  flow_kernel_fn k = op->kernel_at[dev.type];
   if (!k) {
     char name[32];
     flow_device_name(dev, name, sizeof name);

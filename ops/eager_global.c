@@ -388,7 +388,7 @@ static FLOW_KERNEL(kernel_local_to_global) {
   if (p->me < 0) return rank_error("to_global: this rank is not in the placement"); /* see local_to_global_outside */
   /* out[0] := in[0], densely */
   flow_device dev = in[0]->device;
-  flow_tensor *d = flow_boxing_dense(in[0]);
+  flow_tensor *d = flow_kernel_dense(in[0]);
   if (!d) return -1;
   int rc = flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(d), dev, flow_tensor_nbytes(d));
   flow_tensor_decref(d);
@@ -526,9 +526,10 @@ static int grad_to_global(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_global) {.name = "to_global", .nin = 1, .nout = 1, .infer = infer_same,
-                    .kernel = {[FLOW_CPU] = kernel_local_to_global, [FLOW_CUDA] = kernel_local_to_global},
+FLOW_OP(to_global) {.nin = 1, .nout = 1, .infer = infer_same,
                     .grad = grad_to_global};
+FLOW_KERNEL_REGISTER(FLOW_CPU, to_global, kernel_local_to_global)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, to_global, kernel_local_to_global)
 
 /* to_local on a local tensor is the identity (a view). */
 static FLOW_KERNEL(kernel_to_local) {
@@ -548,8 +549,9 @@ static int grad_to_local(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_local) {.name = "to_local", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_same,
-                   .kernel = {[FLOW_CPU] = kernel_to_local, [FLOW_CUDA] = kernel_to_local}, .grad = grad_to_local};
+FLOW_OP(to_local) {.nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_same, .grad = grad_to_local};
+FLOW_KERNEL_REGISTER(FLOW_CPU, to_local, kernel_to_local)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, to_local, kernel_to_local)
 
 /* A local tensor on a rank outside the placement: that rank holds nothing of the new tensor. It
  * learns the logical shape and dtype from the members (tell_outsiders) and gets an empty shard. */
@@ -704,7 +706,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
     flow_tensor *x = flow_op_writes(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
     if (x && op->dense_shards) {
-      flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_boxing_dense(x);
+      flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_kernel_dense(x);
       flow_tensor_decref(x);
       x = d;
     }

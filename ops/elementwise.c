@@ -160,39 +160,46 @@ static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(add) {.name = "add", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-              .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_add}, .grad = grad_add};
-FLOW_OP(sub) {.name = "sub", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-              .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_sub}, .grad = grad_sub};
-FLOW_OP(mul) {.name = "mul", .nin = 2, .nout = 1,
+FLOW_OP(add) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+              .infer = infer_binary, .grad = grad_add};
+FLOW_KERNEL_REGISTER(FLOW_CPU, add, cpu_add)
+FLOW_OP(sub) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+              .infer = infer_binary, .grad = grad_sub};
+FLOW_KERNEL_REGISTER(FLOW_CPU, sub, cpu_sub)
+FLOW_OP(mul) {.nin = 2, .nout = 1,
               .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST | FLOW_SBP_P_SECOND),
-              .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_mul}, .grad = grad_mul, .save_in = 3};
-FLOW_OP(div) {.name = "div", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
-              .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_div}, .grad = grad_div, .save_in = 3};
-FLOW_OP(pow) {.name = "pow", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_pow}, .grad = grad_pow, .save_in = 3, .save_out = 1};
-FLOW_OP(maximum) {.name = "maximum", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                  .infer = infer_binary,
-                  .kernel = {[FLOW_CPU] = cpu_maximum}, .grad = grad_maxmin, .save_in = 3};
-FLOW_OP(minimum) {.name = "minimum", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                  .infer = infer_binary,
-                  .kernel = {[FLOW_CPU] = cpu_minimum}, .grad = grad_maxmin, .save_in = 3};
-FLOW_OP(eq) {.name = "eq", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_eq}};
-FLOW_OP(ne) {.name = "ne", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ne}};
-FLOW_OP(lt) {.name = "lt", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_lt}};
-FLOW_OP(le) {.name = "le", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_le}};
-FLOW_OP(gt) {.name = "gt", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_gt}};
-FLOW_OP(ge) {.name = "ge", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-             .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ge}};
+              .infer = infer_binary, .grad = grad_mul, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, mul, cpu_mul)
+FLOW_OP(div) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+              .infer = infer_binary, .grad = grad_div, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, div, cpu_div)
+FLOW_OP(pow) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary, .grad = grad_pow,
+              .save_in = 3, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, pow, cpu_pow)
+FLOW_OP(maximum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                  .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, maximum, cpu_maximum)
+FLOW_OP(minimum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                  .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, minimum, cpu_minimum)
+FLOW_OP(eq) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, eq, cpu_eq)
+FLOW_OP(ne) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, ne, cpu_ne)
+FLOW_OP(lt) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, lt, cpu_lt)
+FLOW_OP(le) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, le, cpu_le)
+FLOW_OP(gt) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, gt, cpu_gt)
+FLOW_OP(ge) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, ge, cpu_ge)
 
 void flow_decref_all(flow_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) flow_tensor_decref(ts[i]);
@@ -271,9 +278,9 @@ static int grad_where(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(where) {.name = "where", .nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                .infer = infer_where,
-                .kernel = {[FLOW_CPU] = cpu_where}, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
+FLOW_OP(where) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                .infer = infer_where, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, where, cpu_where)
 
 flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
   flow_tensor *in[3] = {cond, a, b};
@@ -302,10 +309,10 @@ static int grad_masked_fill(const flow_grad_ctx *c, flow_tensor **gin) {
   return give(gin, 0, flow_masked_fill(c->gout[0], c->in[1], 0), c);
 }
 
-FLOW_OP(masked_fill) {.name = "masked_fill", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                      .infer = infer_masked_fill,
-                      .kernel = {[FLOW_CPU] = cpu_masked_fill}, .grad = grad_masked_fill, .save_in = 2,
+FLOW_OP(masked_fill) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                      .infer = infer_masked_fill, .grad = grad_masked_fill, .save_in = 2,
                       .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, masked_fill, cpu_masked_fill)
 
 flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
   flow_tensor *in[2] = {t, mask};
@@ -380,9 +387,9 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
-  FLOW_OP(id) {.name = #id, .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS),   \
-               .infer = INFER, .kernel = {[FLOW_CPU] = cpu_##id}, .grad = grad_##id,            \
-               .save_in = SAVE_IN, .save_out = SAVE_OUT};
+  FLOW_KERNEL_REGISTER(FLOW_CPU, id, cpu_##id)                                                \
+  FLOW_OP(id) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS), .infer = INFER, \
+               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};
 
 /* The op `<id>_grad` and the rule grad_<id> that runs it. */
 #define UNARY_GRAD(id, CODE)                                                                  \
@@ -390,9 +397,9 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary_backward(CODE, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));     \
   }                                                                                           \
-  FLOW_OP(id##_grad) {.name = #id "_grad", .nin = 2, .nout = 1, .infer = infer_unary_grad,    \
-                      .sbp = FLOW_SBP_RULE(elementwise, 0),                                   \
-                      .kernel = {[FLOW_CPU] = cpu_##id##_grad}};                              \
+  FLOW_KERNEL_REGISTER(FLOW_CPU, id##_grad, cpu_##id##_grad)                                  \
+  FLOW_OP(id##_grad) {.nin = 2, .nout = 1, .infer = infer_unary_grad,                         \
+                      .sbp = FLOW_SBP_RULE(elementwise, 0)};                                  \
   static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) {                          \
     return grad_unary(c, gin, &flow_op_##id##_grad);                                          \
   }
@@ -479,23 +486,23 @@ static FLOW_KERNEL(cpu_fill_) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(add_) {.name = "add_", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-               .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
-               .kernel = {[FLOW_CPU] = cpu_add_}};
-FLOW_OP(mul_) {.name = "mul_", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
-               .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
-               .kernel = {[FLOW_CPU] = cpu_mul_}};
-FLOW_OP(copy_) {.name = "copy_", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-                .kind = FLOW_OP_INPLACE, .infer = infer_inplace,
-                .kernel = {[FLOW_CPU] = cpu_copy_}};
-FLOW_OP(fill_) {.name = "fill_", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
-                .kernel = {[FLOW_CPU] = cpu_fill_}};
+FLOW_OP(add_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, add_, cpu_add_)
+FLOW_OP(mul_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+               .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, mul_, cpu_mul_)
+FLOW_OP(copy_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                .kind = FLOW_OP_INPLACE, .infer = infer_inplace};
+FLOW_KERNEL_REGISTER(FLOW_CPU, copy_, cpu_copy_)
+FLOW_OP(fill_) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, fill_, cpu_fill_)
 /* zero_ is fill_ with 0, an op of its own because, unlike fill_, it is linear (a partial sum stays
  * one: what the SBP rules need to know) */
-FLOW_OP(zero_) {.name = "zero_", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-                .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
-                .kernel = {[FLOW_CPU] = cpu_fill_}};
+FLOW_OP(zero_) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, zero_, cpu_fill_)
 
 static int call_inplace(const flow_op *op, flow_tensor **in, int nin, const flow_attrs *a) {
   flow_tensor *out;
@@ -555,17 +562,17 @@ static int grad_cast(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(copy) {.name = "contiguous", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-               .infer = infer_copy,
-               .kernel = {[FLOW_CPU] = cpu_copy}, .grad = grad_copy};
-FLOW_OP(cast) {.name = "cast", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-               .infer = infer_cast,
-               .kernel = {[FLOW_CPU] = cpu_copy}, .grad = grad_cast};
+FLOW_OP(contiguous) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .infer = infer_copy, .grad = grad_copy};
+FLOW_KERNEL_REGISTER(FLOW_CPU, contiguous, cpu_copy)
+FLOW_OP(cast) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .infer = infer_cast, .grad = grad_cast};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cast, cpu_copy)
 
 flow_tensor *flow_contiguous_copy(flow_tensor *t) {
   flow_attrs at;
   flow_attrs_init(&at);
-  return flow_op_call1(&flow_op_copy, &t, 1, &at);
+  return flow_op_call1(&flow_op_contiguous, &t, 1, &at);
 }
 
 flow_tensor *flow_contiguous(flow_tensor *t) {
@@ -602,8 +609,8 @@ static FLOW_KERNEL(cpu_full) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(full) {.name = "full", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_full,
-               .kernel = {[FLOW_CPU] = cpu_full}};
+FLOW_OP(full) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_full};
+FLOW_KERNEL_REGISTER(FLOW_CPU, full, cpu_full)
 
 flow_tensor *flow_full(int ndim, const int64_t *shape, double v, flow_dtype dtype, flow_device dev) {
   flow_attrs at;

@@ -71,8 +71,9 @@ static int grad_gather(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(gather) {.name = "gather", .nin = 2, .nout = 1, .infer = infer_gather, .kernel = {[FLOW_CPU] = cpu_gather},
+FLOW_OP(gather) {.nin = 2, .nout = 1, .infer = infer_gather,
                  .grad = grad_gather, .save_in = 2, .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, gather, cpu_gather)
 
 flow_tensor *flow_gather(flow_tensor *t, int64_t axis, flow_tensor *idx) {
   flow_tensor *in[2] = {t, idx};
@@ -121,10 +122,10 @@ static int grad_scatter_add(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(scatter_add) {.name = "scatter_add", .nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(scatter_add, 0),
-                      .infer = infer_scatter_add,
-                      .kernel = {[FLOW_CPU] = cpu_scatter_add}, .grad = grad_scatter_add, .save_in = 2,
+FLOW_OP(scatter_add) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(scatter_add, 0),
+                      .infer = infer_scatter_add, .grad = grad_scatter_add, .save_in = 2,
                       .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, scatter_add, cpu_scatter_add)
 
 flow_tensor *flow_scatter_add(flow_tensor *t, int64_t axis, flow_tensor *idx, flow_tensor *src) {
   flow_tensor *in[3] = {t, idx, src};
@@ -185,10 +186,10 @@ static int grad_index_select(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(index_select) {.name = "index_select", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(index_select, 0),
-                       .infer = infer_index_select,
-                       .kernel = {[FLOW_CPU] = cpu_index_select}, .grad = grad_index_select, .save_in = 2,
+FLOW_OP(index_select) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(index_select, 0),
+                       .infer = infer_index_select, .grad = grad_index_select, .save_in = 2,
                        .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, index_select, cpu_index_select)
 
 flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx) {
   flow_tensor *in[2] = {t, idx};
@@ -284,10 +285,10 @@ static void shard_embedding(const flow_op *op, const flow_shard_ctx *c, flow_att
   }
 }
 
-FLOW_OP(embedding) {.name = "embedding", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(embedding, 0),
-                    .shard = shard_embedding, .infer = infer_embedding,
-                    .kernel = {[FLOW_CPU] = cpu_embedding}, .grad = grad_embedding, .save_in = 1,
+FLOW_OP(embedding) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(embedding, 0),
+                    .shard = shard_embedding, .infer = infer_embedding, .grad = grad_embedding, .save_in = 1,
                     .nondiff_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, embedding, cpu_embedding)
 
 flow_tensor *flow_embedding(flow_tensor *ids, flow_tensor *weight) {
   flow_tensor *in[2] = {ids, weight};

@@ -58,9 +58,9 @@ static int grad_matmul(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(matmul) {.name = "matmul", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(matmul, 0),
-                 .infer = infer_matmul,
-                 .kernel = {[FLOW_CPU] = cpu_matmul}, .grad = grad_matmul, .save_in = 3};
+FLOW_OP(matmul) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(matmul, 0),
+                 .infer = infer_matmul, .grad = grad_matmul, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, matmul, cpu_matmul)
 
 flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool trans_b) {
   flow_tensor *in[2] = {a, b};
@@ -108,5 +108,5 @@ static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(linear) {.name = "linear", .nin = 3, .nout = 1, .infer = infer_linear,
-                 .kernel = {[FLOW_CPU] = cpu_linear}, .grad = grad_linear, .save_in = 3};
+FLOW_OP(linear) {.nin = 3, .nout = 1, .infer = infer_linear, .grad = grad_linear, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, linear, cpu_linear)

@@ -135,18 +135,18 @@ static int grad_log_softmax(const flow_grad_ctx *c, flow_tensor **gin) {
   return grad_softmax_like(c, gin, &flow_op_log_softmax_grad);
 }
 
-FLOW_OP(softmax) {.name = "softmax", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
-                  .infer = infer_softmax,
-                  .kernel = {[FLOW_CPU] = cpu_softmax}, .grad = grad_softmax, .save_out = 1};
-FLOW_OP(log_softmax) {.name = "log_softmax", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
-                      .infer = infer_softmax,
-                      .kernel = {[FLOW_CPU] = cpu_log_softmax}, .grad = grad_log_softmax, .save_out = 1};
-FLOW_OP(softmax_grad) {.name = "softmax_grad", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
-                       .infer = infer_softmax_grad,
-                       .kernel = {[FLOW_CPU] = cpu_softmax_grad}};
-FLOW_OP(log_softmax_grad) {.name = "log_softmax_grad", .nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
-                           .infer = infer_softmax_grad,
-                           .kernel = {[FLOW_CPU] = cpu_log_softmax_grad}};
+FLOW_OP(softmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                  .infer = infer_softmax, .grad = grad_softmax, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, softmax, cpu_softmax)
+FLOW_OP(log_softmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                      .infer = infer_softmax, .grad = grad_log_softmax, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, log_softmax, cpu_log_softmax)
+FLOW_OP(softmax_grad) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                       .infer = infer_softmax_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, softmax_grad, cpu_softmax_grad)
+FLOW_OP(log_softmax_grad) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                           .infer = infer_softmax_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, log_softmax_grad, cpu_log_softmax_grad)
 
 static flow_tensor *softmax_call(const flow_op *op, flow_tensor *t, int64_t axis) {
   flow_attrs at;
@@ -226,14 +226,14 @@ static int grad_layer_norm(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(layer_norm) {.name = "layer_norm", .nin = -1, .nout = 3, .sbp = FLOW_SBP_RULE(layer_norm, 0),
-                     .infer = infer_layer_norm,
-                     .kernel = {[FLOW_CPU] = cpu_layer_norm}, .grad = grad_layer_norm, .save_in = 3,
+FLOW_OP(layer_norm) {.nin = -1, .nout = 3, .sbp = FLOW_SBP_RULE(layer_norm, 0),
+                     .infer = infer_layer_norm, .grad = grad_layer_norm, .save_in = 3,
                      .save_out = 6};
-FLOW_OP(layer_norm_grad) {.name = "layer_norm_grad", .nin = -1, .nout = 3,
+FLOW_KERNEL_REGISTER(FLOW_CPU, layer_norm, cpu_layer_norm)
+FLOW_OP(layer_norm_grad) {.nin = -1, .nout = 3,
                           .sbp = FLOW_SBP_RULE(layer_norm, FLOW_SBP_BACKWARD),
-                          .infer = infer_layer_norm_grad,
-                          .kernel = {[FLOW_CPU] = cpu_layer_norm_grad}};
+                          .infer = infer_layer_norm_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, layer_norm_grad, cpu_layer_norm_grad)
 
 flow_tensor *flow_layer_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *bias, double eps) {
   flow_attrs at;
@@ -302,14 +302,14 @@ static int grad_cross_entropy(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(cross_entropy) {.name = "cross_entropy", .nin = 2, .nout = 2, .sbp = FLOW_SBP_RULE(cross_entropy, 0),
-                        .infer = infer_cross_entropy,
-                        .kernel = {[FLOW_CPU] = cpu_cross_entropy}, .grad = grad_cross_entropy, .save_in = 3,
+FLOW_OP(cross_entropy) {.nin = 2, .nout = 2, .sbp = FLOW_SBP_RULE(cross_entropy, 0),
+                        .infer = infer_cross_entropy, .grad = grad_cross_entropy, .save_in = 3,
                         .save_out = 2, .nondiff_in = 2};
-FLOW_OP(cross_entropy_grad) {.name = "cross_entropy_grad", .nin = 5, .nout = 1,
+FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy, cpu_cross_entropy)
+FLOW_OP(cross_entropy_grad) {.nin = 5, .nout = 1,
                              .sbp = FLOW_SBP_RULE(cross_entropy, FLOW_SBP_BACKWARD),
-                             .infer = infer_cross_entropy_grad,
-                             .kernel = {[FLOW_CPU] = cpu_cross_entropy_grad}};
+                             .infer = infer_cross_entropy_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy_grad, cpu_cross_entropy_grad)
 
 flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_t ignore_index,
                                 flow_reduction reduction) {
@@ -386,14 +386,15 @@ static int grad_attention(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(scaled_dot_product_attention) {.name = "scaled_dot_product_attention", .nin = 3, .nout = 2,
+FLOW_OP(scaled_dot_product_attention) {.nin = 3, .nout = 2,
                                        .sbp = FLOW_SBP_RULE(attention, 0),
-                                       .infer = infer_attention, .kernel = {[FLOW_CPU] = cpu_attention},
+                                       .infer = infer_attention,
                                        .grad = grad_attention, .save_in = 7, .save_out = 3};
-FLOW_OP(scaled_dot_product_attention_grad) {.name = "scaled_dot_product_attention_grad", .nin = 7, .nout = 3,
+FLOW_KERNEL_REGISTER(FLOW_CPU, scaled_dot_product_attention, cpu_attention)
+FLOW_OP(scaled_dot_product_attention_grad) {.nin = 7, .nout = 3,
                                             .sbp = FLOW_SBP_RULE(attention, 0),
-                                            .infer = infer_attention_grad,
-                                            .kernel = {[FLOW_CPU] = cpu_attention_grad}};
+                                            .infer = infer_attention_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, scaled_dot_product_attention_grad, cpu_attention_grad)
 
 flow_tensor *flow_scaled_dot_product_attention(flow_tensor *q, flow_tensor *k, flow_tensor *v, bool causal,
                                                double scale) {
@@ -438,10 +439,10 @@ static FLOW_KERNEL(cpu_adamw) {
   return 0;
 }
 
-FLOW_OP(adamw_) {.name = "adamw_", .nin = 4, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(adamw_) {.nin = 4, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
                  .kind = FLOW_OP_INPLACE, .written_in = 1 << 2 | 1 << 3 /* the moments */,
-                 .infer = infer_adamw,
-                 .kernel = {[FLOW_CPU] = cpu_adamw}};
+                 .infer = infer_adamw};
+FLOW_KERNEL_REGISTER(FLOW_CPU, adamw_, cpu_adamw)
 
 int flow_adamw_(flow_tensor *param, flow_tensor *grad, flow_tensor *m, flow_tensor *v, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int64_t step) {

@@ -136,15 +136,15 @@ static int grad_var(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(sum) {.name = "sum", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, FLOW_SBP_LINEAR),
-              .infer = infer_sum,
-              .kernel = {[FLOW_CPU] = cpu_sum}, .grad = grad_sum};
-FLOW_OP(mean) {.name = "mean", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
-               .infer = infer_float_reduce,
-               .kernel = {[FLOW_CPU] = cpu_mean}, .grad = grad_mean};
-FLOW_OP(var) {.name = "var", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
-              .infer = infer_float_reduce,
-              .kernel = {[FLOW_CPU] = cpu_var}, .grad = grad_var, .save_in = 1};
+FLOW_OP(sum) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, FLOW_SBP_LINEAR),
+              .infer = infer_sum, .grad = grad_sum};
+FLOW_KERNEL_REGISTER(FLOW_CPU, sum, cpu_sum)
+FLOW_OP(mean) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+               .infer = infer_float_reduce, .grad = grad_mean};
+FLOW_KERNEL_REGISTER(FLOW_CPU, mean, cpu_mean)
+FLOW_OP(var) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_float_reduce, .grad = grad_var, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, var, cpu_var)
 
 static flow_tensor *reduce(const flow_op *op, flow_tensor *t, int naxes, const int64_t *axes, bool keepdim,
                            int flags) {
@@ -260,18 +260,22 @@ static FLOW_KERNEL(cpu_arg_backward) {
   return flow_cpu_index_put_axis(out[0], in[0], in[1], axis);
 }
 
-FLOW_OP(max) {.name = "max", .nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
-              .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_max},
+FLOW_OP(max) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_arg,
               .grad = grad_arg, .save_out = 2};
-FLOW_OP(min) {.name = "min", .nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
-              .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_min},
+FLOW_KERNEL_REGISTER(FLOW_CPU, max, cpu_max)
+FLOW_OP(min) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_arg,
               .grad = grad_arg, .save_out = 2};
-FLOW_OP(argmax) {.name = "argmax", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
-                 .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmax}};
-FLOW_OP(argmin) {.name = "argmin", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
-                 .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmin}};
-FLOW_OP(argreduce_backward) {.name = "argreduce_backward", .nin = 2, .nout = 1, .infer = infer_arg_backward,
-                             .kernel = {[FLOW_CPU] = cpu_arg_backward}, .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, min, cpu_min)
+FLOW_OP(argmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+                 .infer = infer_arg};
+FLOW_KERNEL_REGISTER(FLOW_CPU, argmax, cpu_argmax)
+FLOW_OP(argmin) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+                 .infer = infer_arg};
+FLOW_KERNEL_REGISTER(FLOW_CPU, argmin, cpu_argmin)
+FLOW_OP(argreduce_backward) {.nin = 2, .nout = 1, .infer = infer_arg_backward, .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, argreduce_backward, cpu_arg_backward)
 
 static void arg_attrs(flow_attrs *at, bool has_axis, int64_t axis, bool keepdim) {
   flow_attrs_init(at);

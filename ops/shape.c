@@ -104,9 +104,11 @@ static int grad_view(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(view) {.name = "view", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(view, 0),
+FLOW_OP(view) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(view, 0),
                .shard = shard_target_shape, .dense_shards = true, .kind = FLOW_OP_VIEW, .infer = infer_view,
-               .kernel = {[FLOW_CPU] = kernel_view, [FLOW_CUDA] = kernel_view}, .grad = grad_view};
+               .grad = grad_view};
+FLOW_KERNEL_REGISTER(FLOW_CPU, view, kernel_view)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, view, kernel_view)
 
 flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape) {
   flow_attrs at;
@@ -174,9 +176,10 @@ static int grad_expand(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(expand) {.name = "expand", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(expand, 0),
-                 .shard = shard_target_shape, .kind = FLOW_OP_VIEW, .infer = infer_expand,
-                 .kernel = {[FLOW_CPU] = kernel_expand, [FLOW_CUDA] = kernel_expand}, .grad = grad_expand};
+FLOW_OP(expand) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(expand, 0),
+                 .shard = shard_target_shape, .kind = FLOW_OP_VIEW, .infer = infer_expand, .grad = grad_expand};
+FLOW_KERNEL_REGISTER(FLOW_CPU, expand, kernel_expand)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, expand, kernel_expand)
 
 flow_tensor *flow_expand(flow_tensor *t, int ndim, const int64_t *shape) {
   flow_attrs at;
@@ -247,9 +250,10 @@ static int grad_permute(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(permute) {.name = "permute", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(permute, 0),
-                  .kind = FLOW_OP_VIEW, .infer = infer_permute,
-                  .kernel = {[FLOW_CPU] = kernel_permute, [FLOW_CUDA] = kernel_permute}, .grad = grad_permute};
+FLOW_OP(permute) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(permute, 0),
+                  .kind = FLOW_OP_VIEW, .infer = infer_permute, .grad = grad_permute};
+FLOW_KERNEL_REGISTER(FLOW_CPU, permute, kernel_permute)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, permute, kernel_permute)
 
 flow_tensor *flow_permute(flow_tensor *t, int n, const int64_t *dims) {
   flow_attrs at;
@@ -331,9 +335,10 @@ static int grad_narrow(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow) {.name = "narrow", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
-                 .kind = FLOW_OP_VIEW, .infer = infer_narrow,
-                 .kernel = {[FLOW_CPU] = kernel_narrow, [FLOW_CUDA] = kernel_narrow}, .grad = grad_narrow};
+FLOW_OP(narrow) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+                 .kind = FLOW_OP_VIEW, .infer = infer_narrow, .grad = grad_narrow};
+FLOW_KERNEL_REGISTER(FLOW_CPU, narrow, kernel_narrow)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, narrow, kernel_narrow)
 
 static int infer_narrow_backward(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                  flow_meta *out) {
@@ -364,9 +369,10 @@ static int grad_narrow_backward(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow_backward) {.name = "narrow_backward", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+FLOW_OP(narrow_backward) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
                           .shard = shard_target_shape, .infer = infer_narrow_backward,
-                          .kernel = {[FLOW_CPU] = cpu_narrow_backward}, .grad = grad_narrow_backward};
+                          .grad = grad_narrow_backward};
+FLOW_KERNEL_REGISTER(FLOW_CPU, narrow_backward, cpu_narrow_backward)
 
 static flow_tensor *narrow_backward(flow_tensor *g, const flow_meta *in, int axis, int64_t start) {
   flow_attrs at;
@@ -494,9 +500,10 @@ static int grad_cat(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(cat) {.name = "cat", .nin = -1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
-              .infer = infer_cat, .kernel = {[FLOW_CPU] = cpu_cat},
+FLOW_OP(cat) {.nin = -1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+              .infer = infer_cat,
               .grad = grad_cat};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cat, cpu_cat)
 
 flow_tensor *flow_cat(int n, flow_tensor *const *ts, int64_t axis) {
   flow_attrs at;
@@ -561,12 +568,14 @@ static int grad_tri(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
-               .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tril},
+FLOW_OP(tril) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
+               .infer = infer_tri,
                .grad = grad_tri};
-FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
-               .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_triu},
+FLOW_KERNEL_REGISTER(FLOW_CPU, tril, cpu_tril)
+FLOW_OP(triu) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
+               .infer = infer_tri,
                .grad = grad_tri};
+FLOW_KERNEL_REGISTER(FLOW_CPU, triu, cpu_triu)
 
 flow_tensor *flow_tri(flow_tensor *t, int64_t k, bool upper) {
   flow_attrs at;
