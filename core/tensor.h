@@ -94,7 +94,7 @@ void flow_attrs_init(flow_attrs *a);
 /* Shared read-only default attrs, for ops that take none (saves a memset per call). */
 const flow_attrs *flow_attrs_default(void);
 
-/* The signature every kernel has (flow_kernel_fn in ops/op.h). */
+/* The signature every kernel has (flow_kernel_fn in kernels/registry.h). */
 #define FLOW_KERNEL(name) \
   int name(flow_tensor *const *in, int nin, flow_tensor **out, int nout, const flow_attrs *a)
 

@@ -260,26 +260,29 @@ static int f_nccl_usable(lua_State *L) {
  * fail at the kernel lookup with a vaguer message: give every op a CUDA slot that says why. */
 static void mark_ops_unavailable(void) {
   for (const flow_op *op = flow_op_first(); op; op = op->next)
-    if (!op->kernel[FLOW_CUDA]) ((flow_op *)op)->kernel[FLOW_CUDA] = no_gpu_kernel;
+    if (!flow_kernel_find(FLOW_CUDA, op->name)) flow_kernel_register(FLOW_CUDA, op->name, no_gpu_kernel);
 }
 
 /* flow.cuda._kernels() -> {op name = true} for every op with a CUDA kernel of its own (compiled in
- * this build, GPU or not), and the list of kernel names no op matches; nil in a build without CUDA. */
+ * this build, GPU or not), and the list of CUDA kernel names no op has; nil in a build without CUDA. */
 static int f_kernels(lua_State *L) {
 #ifdef FLOW_HAVE_CUDA
   lua_newtable(L);
-  for (const flow_op *op = flow_op_first(); op; op = op->next)
-    if (op->kernel[FLOW_CUDA] && op->kernel[FLOW_CUDA] != no_gpu_kernel) {
+  for (const flow_op *op = flow_op_first(); op; op = op->next) {
+    flow_kernel_fn k = flow_kernel_find(FLOW_CUDA, op->name);
+    if (k && k != no_gpu_kernel) {
       lua_pushboolean(L, 1);
       lua_setfield(L, -2, op->name);
     }
-  const char *const *names;
-  int n = flow_cuda_unmatched_kernels(&names);
-  lua_createtable(L, n, 0);
-  for (int i = 0; i < n; i++) {
-    lua_pushstring(L, names[i]);
-    lua_rawseti(L, -2, i + 1);
   }
+  const char *const *names;
+  int n = flow_kernel_names(FLOW_CUDA, &names), unmatched = 0;
+  lua_newtable(L);
+  for (int i = 0; i < n; i++)
+    if (!flow_op_find(names[i])) {
+      lua_pushstring(L, names[i]);
+      lua_rawseti(L, -2, ++unmatched);
+    }
   return 2;
 #else
   lua_pushnil(L);

@@ -255,11 +255,11 @@ static int l_signatures(lua_State *L) {
     in[i] = flow_lua_check(L, i + 3, name);
     if (in[i]->global) return luaL_error(L, "_signatures: %s: input %d must be a local (whole) tensor", name, i + 1);
   }
-  flow_meta meta[FLOW_SIG_MAX_IO];
-  if (op->infer(op, in, nin, &a, meta) != 0) return flow_lua_push(L, NULL);
+  flow_meta im[FLOW_SIG_MAX_IO], meta[FLOW_SIG_MAX_IO];
+  for (int i = 0; i < nin; i++) flow_meta_from(&im[i], in[i]);
+  if (op->infer(op, im, nin, &a, meta) != 0) return flow_lua_push(L, NULL);
   flow_sig_query q;
   memset(&q, 0, sizeof q);
-  q.op = op->name;
   q.nin = nin;
   q.nout = op->nout;
   q.attrs = &a;
@@ -274,7 +274,7 @@ static int l_signatures(lua_State *L) {
   }
   flow_sig_list *list = malloc(sizeof *list);
   if (!list) return luaL_error(L, "_signatures: out of memory");
-  bool ruled = flow_sbp_candidates(&q, list);
+  bool ruled = flow_sbp_candidates(op->sbp, &q, list);
   lua_createtable(L, list->n, 0);
   for (int c = 0; c < list->n; c++) {
     lua_createtable(L, 0, 2);

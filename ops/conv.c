@@ -18,12 +18,12 @@ enum {
 
 extern flow_op flow_op_conv2d_grad, flow_op_max_pool2d_grad, flow_op_avg_pool2d_grad, flow_op_batch_norm_grad;
 
-static int check_real(const flow_op *op, const flow_tensor *t, const char *what) {
+static int check_real(const flow_op *op, const flow_meta *t, const char *what) {
   if (t->dtype == FLOW_F32 || t->dtype == FLOW_F64) return 0;
   return flow_error_set("%s: %s must be float32 or float64 (got %s)", op->name, what, flow_dtype_name(t->dtype));
 }
 
-static int check_like(const flow_op *op, const flow_tensor *t, const flow_tensor *x, const char *what) {
+static int check_like(const flow_op *op, const flow_meta *t, const flow_meta *x, const char *what) {
   if (check_real(op, t, what) != 0) return -1;
   if (t->dtype != x->dtype)
     return flow_error_set("%s: %s is %s but the input is %s", op->name, what, flow_dtype_name(t->dtype),
@@ -31,7 +31,7 @@ static int check_like(const flow_op *op, const flow_tensor *t, const flow_tensor
   return 0;
 }
 
-static int check_4d(const flow_op *op, const flow_tensor *x, const char *what) {
+static int check_4d(const flow_op *op, const flow_meta *x, const char *what) {
   if (check_real(op, x, what) != 0) return -1;
   if (x->ndim == 4) return 0;
   char s[128];
@@ -54,7 +54,7 @@ static int out_extent(const flow_op *op, int64_t in, int64_t k, int64_t s, int64
 
 /* ---- conv2d ------------------------------------------------------------------------------- */
 
-static int conv_geom(const flow_op *op, const flow_tensor *x, const flow_tensor *w, const flow_attrs *a,
+static int conv_geom(const flow_op *op, const flow_meta *x, const flow_meta *w, const flow_attrs *a,
                      flow_conv_geom *g) {
   if (a->naxes != 6) return flow_error_set("%s: attrs axes must hold stride, padding and dilation (6 values)", op->name);
   char sx[128], sw[128];
@@ -70,23 +70,23 @@ static int conv_geom(const flow_op *op, const flow_tensor *x, const flow_tensor 
   return out_extent(op, g->W, g->kw, g->sw, g->pw, g->dw, &g->OW);
 }
 
-static int infer_conv2d(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_conv2d(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   bool hb = a->flags & CONV_BIAS;
   if (nin != 2 + hb) return flow_error_set("%s: expected %d tensor inputs, got %d", op->name, 2 + hb, nin);
-  if (check_4d(op, in[0], "input") != 0 || check_4d(op, in[1], "weight") != 0 ||
-      check_like(op, in[1], in[0], "weight") != 0)
+  if (check_4d(op, &in[0], "input") != 0 || check_4d(op, &in[1], "weight") != 0 ||
+      check_like(op, &in[1], &in[0], "weight") != 0)
     return -1;
   flow_conv_geom g;
-  if (conv_geom(op, in[0], in[1], a, &g) != 0) return -1;
+  if (conv_geom(op, &in[0], &in[1], a, &g) != 0) return -1;
   if (hb) {
-    if (check_like(op, in[2], in[0], "bias") != 0) return -1;
-    if (in[2]->ndim != 1 || in[2]->shape[0] != g.O) {
+    if (check_like(op, &in[2], &in[0], "bias") != 0) return -1;
+    if (in[2].ndim != 1 || in[2].shape[0] != g.O) {
       char s[128];
       return flow_error_set("%s: bias must have shape {%lld} (the weight's out channels), got %s", op->name,
-                            (long long)g.O, flow_shape_str(in[2]->ndim, in[2]->shape, s, sizeof s));
+                            (long long)g.O, flow_shape_str(in[2].ndim, in[2].shape, s, sizeof s));
     }
   }
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   out->shape[1] = g.O;
   out->shape[2] = g.OH;
   out->shape[3] = g.OW;
@@ -96,17 +96,20 @@ static int infer_conv2d(const flow_op *op, flow_tensor *const *in, int nin, cons
 static FLOW_KERNEL(cpu_conv2d) {
   (void)nin; (void)nout;
   flow_conv_geom g;
-  if (conv_geom(&flow_op_conv2d_grad, in[0], in[1], a, &g) != 0) return -1;
+  flow_meta x, w;
+  flow_meta_from(&x, in[0]);
+  flow_meta_from(&w, in[1]);
+  if (conv_geom(&flow_op_conv2d_grad, &x, &w, a, &g) != 0) return -1;
   return flow_cpu_conv2d_forward(out[0], in[0], in[1], a->flags & CONV_BIAS ? in[2] : NULL, &g);
 }
 
 /* conv2d_grad inputs: dy, x, w; outputs dx, dw, db [O]. */
-static int infer_conv2d_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_conv2d_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(&out[0], in[1]);
-  flow_meta_from(&out[1], in[2]);
-  flow_meta_from(&out[2], in[2]);
+  out[0] = in[1];
+  out[1] = in[2];
+  out[2] = in[2];
   out[2].ndim = 1;
   return 0;
 }
@@ -114,7 +117,10 @@ static int infer_conv2d_grad(const flow_op *op, flow_tensor *const *in, int nin,
 static FLOW_KERNEL(cpu_conv2d_grad) {
   (void)nin; (void)nout;
   flow_conv_geom g;
-  if (conv_geom(&flow_op_conv2d_grad, in[1], in[2], a, &g) != 0) return -1;
+  flow_meta x, w;
+  flow_meta_from(&x, in[1]);
+  flow_meta_from(&w, in[2]);
+  if (conv_geom(&flow_op_conv2d_grad, &x, &w, a, &g) != 0) return -1;
   return flow_cpu_conv2d_backward(out[0], out[1], out[2], in[0], in[1], in[2], &g);
 }
 
@@ -137,14 +143,15 @@ static int grad_conv2d(const flow_grad_ctx *c, flow_tensor **gin) {
   return run_backward(c, &flow_op_conv2d_grad, in, 3, map, gin);
 }
 
-FLOW_OP(conv2d) {.name = "conv2d", .nin = -1, .nout = 1, .infer = infer_conv2d, .kernel = {[FLOW_CPU] = cpu_conv2d},
+FLOW_OP(conv2d) {.nin = -1, .nout = 1, .infer = infer_conv2d,
                  .grad = grad_conv2d, .save_in = 3};
-FLOW_OP(conv2d_grad) {.name = "conv2d_grad", .nin = 3, .nout = 3, .infer = infer_conv2d_grad,
-                      .kernel = {[FLOW_CPU] = cpu_conv2d_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, conv2d, cpu_conv2d)
+FLOW_OP(conv2d_grad) {.nin = 3, .nout = 3, .infer = infer_conv2d_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, conv2d_grad, cpu_conv2d_grad)
 
 /* ---- max_pool2d, avg_pool2d --------------------------------------------------------------- */
 
-static int pool_geom(const flow_op *op, const flow_tensor *x, const flow_attrs *a, flow_conv_geom *g) {
+static int pool_geom(const flow_op *op, const flow_meta *x, const flow_attrs *a, flow_conv_geom *g) {
   if (a->nshape != 2 || a->naxes != 4)
     return flow_error_set("%s: attrs need shape = kernel (2 values) and axes = stride, padding (4 values)", op->name);
   *g = (flow_conv_geom){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .O = x->shape[1],
@@ -159,31 +166,35 @@ static int pool_geom(const flow_op *op, const flow_tensor *x, const flow_attrs *
   return 0;
 }
 
-static int infer_pool(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_pool(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   (void)nin;
   flow_conv_geom g;
-  if (check_4d(op, in[0], "input") != 0 || pool_geom(op, in[0], a, &g) != 0) return -1;
-  flow_meta_from(out, in[0]);
+  if (check_4d(op, &in[0], "input") != 0 || pool_geom(op, &in[0], a, &g) != 0) return -1;
+  *out = in[0];
   out->shape[2] = g.OH;
   out->shape[3] = g.OW;
   return 0;
 }
 
 /* *_pool2d_grad inputs: dy, x; output dx. */
-static int infer_pool_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_pool_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(out, in[1]);
+  *out = in[1];
   return 0;
 }
 
 static int pool_fwd(flow_tensor *const *in, flow_tensor **out, const flow_attrs *a, const flow_op *op, bool max) {
   flow_conv_geom g;
-  if (pool_geom(op, in[0], a, &g) != 0) return -1;
+  flow_meta x;
+  flow_meta_from(&x, in[0]);
+  if (pool_geom(op, &x, a, &g) != 0) return -1;
   return flow_cpu_pool2d_forward(out[0], in[0], &g, max);
 }
 static int pool_bwd(flow_tensor *const *in, flow_tensor **out, const flow_attrs *a, const flow_op *op, bool max) {
   flow_conv_geom g;
-  if (pool_geom(op, in[1], a, &g) != 0) return -1;
+  flow_meta x;
+  flow_meta_from(&x, in[1]);
+  if (pool_geom(op, &x, a, &g) != 0) return -1;
   return flow_cpu_pool2d_backward(out[0], in[0], in[1], &g, max);
 }
 static FLOW_KERNEL(cpu_max_pool2d) { (void)nin; (void)nout; return pool_fwd(in, out, a, &flow_op_max_pool2d_grad, true); }
@@ -199,22 +210,22 @@ static int grad_pool(const flow_grad_ctx *c, flow_tensor **gin, const flow_op *b
 static int grad_max_pool2d(const flow_grad_ctx *c, flow_tensor **gin) { return grad_pool(c, gin, &flow_op_max_pool2d_grad); }
 static int grad_avg_pool2d(const flow_grad_ctx *c, flow_tensor **gin) { return grad_pool(c, gin, &flow_op_avg_pool2d_grad); }
 
-FLOW_OP(max_pool2d) {.name = "max_pool2d", .nin = 1, .nout = 1, .infer = infer_pool,
-                     .kernel = {[FLOW_CPU] = cpu_max_pool2d}, .grad = grad_max_pool2d, .save_in = 1};
-FLOW_OP(avg_pool2d) {.name = "avg_pool2d", .nin = 1, .nout = 1, .infer = infer_pool,
-                     .kernel = {[FLOW_CPU] = cpu_avg_pool2d}, .grad = grad_avg_pool2d, .save_in = 1};
-FLOW_OP(max_pool2d_grad) {.name = "max_pool2d_grad", .nin = 2, .nout = 1, .infer = infer_pool_grad,
-                          .kernel = {[FLOW_CPU] = cpu_max_pool2d_grad}};
-FLOW_OP(avg_pool2d_grad) {.name = "avg_pool2d_grad", .nin = 2, .nout = 1, .infer = infer_pool_grad,
-                          .kernel = {[FLOW_CPU] = cpu_avg_pool2d_grad}};
+FLOW_OP(max_pool2d) {.nin = 1, .nout = 1, .infer = infer_pool, .grad = grad_max_pool2d, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, max_pool2d, cpu_max_pool2d)
+FLOW_OP(avg_pool2d) {.nin = 1, .nout = 1, .infer = infer_pool, .grad = grad_avg_pool2d, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, avg_pool2d, cpu_avg_pool2d)
+FLOW_OP(max_pool2d_grad) {.nin = 2, .nout = 1, .infer = infer_pool_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, max_pool2d_grad, cpu_max_pool2d_grad)
+FLOW_OP(avg_pool2d_grad) {.nin = 2, .nout = 1, .infer = infer_pool_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, avg_pool2d_grad, cpu_avg_pool2d_grad)
 
 /* ---- batch_norm ----------------------------------------------------------------------------
  * inputs: x [N, C, ...], weight [C], bias [C], running_mean [C], running_var [C]. */
 
-static int infer_batch_norm(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_batch_norm(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                             flow_meta *out) {
   (void)nin;
-  const flow_tensor *x = in[0];
+  const flow_meta *x = &in[0];
   if (check_real(op, x, "input") != 0) return -1;
   char sx[128], sp[128];
   if (x->ndim < 2)
@@ -222,16 +233,16 @@ static int infer_batch_norm(const flow_op *op, flow_tensor *const *in, int nin, 
                           flow_shape_str(x->ndim, x->shape, sx, sizeof sx));
   static const char *what[] = {NULL, "weight", "bias", "running_mean", "running_var"};
   for (int i = 1; i < 5; i++) {
-    if (check_like(op, in[i], x, what[i]) != 0) return -1;
-    if (in[i]->ndim != 1 || in[i]->shape[0] != x->shape[1])
+    if (check_like(op, &in[i], x, what[i]) != 0) return -1;
+    if (in[i].ndim != 1 || in[i].shape[0] != x->shape[1])
       return flow_error_set("%s: %s must have shape {%lld} (the channels of the input %s), got %s", op->name, what[i],
                             (long long)x->shape[1], flow_shape_str(x->ndim, x->shape, sx, sizeof sx),
-                            flow_shape_str(in[i]->ndim, in[i]->shape, sp, sizeof sp));
+                            flow_shape_str(in[i].ndim, in[i].shape, sp, sizeof sp));
   }
   if (!(a->eps >= 0)) return flow_error_set("%s: eps must be >= 0 (got %g)", op->name, a->eps);
-  if ((a->flags & BN_TRAINING) && flow_tensor_numel(x) / x->shape[1] < 1 && x->shape[1] > 0)
+  if ((a->flags & BN_TRAINING) && flow_shape_numel(x->ndim, x->shape) / x->shape[1] < 1 && x->shape[1] > 0)
     return flow_error_set("%s: training needs at least one value per channel", op->name);
-  flow_meta_from(out, x);
+  *out = *x;
   return 0;
 }
 
@@ -242,12 +253,12 @@ static FLOW_KERNEL(cpu_batch_norm) {
 }
 
 /* batch_norm_grad inputs: dy, x, weight, running_mean, running_var; outputs dx, dweight, dbias. */
-static int infer_batch_norm_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_batch_norm_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                  flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(&out[0], in[1]);
-  flow_meta_from(&out[1], in[2]);
-  flow_meta_from(&out[2], in[2]);
+  out[0] = in[1];
+  out[1] = in[2];
+  out[2] = in[2];
   return 0;
 }
 
@@ -263,11 +274,11 @@ static int grad_batch_norm(const flow_grad_ctx *c, flow_tensor **gin) {
   return run_backward(c, &flow_op_batch_norm_grad, in, 5, (const int[]){0, 1, 2}, gin);
 }
 
-FLOW_OP(batch_norm) {.name = "batch_norm", .nin = 5, .nout = 1, .infer = infer_batch_norm,
-                     .kernel = {[FLOW_CPU] = cpu_batch_norm}, .grad = grad_batch_norm, .save_in = 0x1b,
+FLOW_OP(batch_norm) {.nin = 5, .nout = 1, .infer = infer_batch_norm, .grad = grad_batch_norm, .save_in = 0x1b,
                      .nondiff_in = 0x18};
-FLOW_OP(batch_norm_grad) {.name = "batch_norm_grad", .nin = 5, .nout = 3, .infer = infer_batch_norm_grad,
-                          .kernel = {[FLOW_CPU] = cpu_batch_norm_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, batch_norm, cpu_batch_norm)
+FLOW_OP(batch_norm_grad) {.nin = 5, .nout = 3, .infer = infer_batch_norm_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, batch_norm_grad, cpu_batch_norm_grad)
 
 /* ---- C entry points ------------------------------------------------------------------------ */
 

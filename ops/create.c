@@ -6,11 +6,13 @@
 #include <string.h>
 
 #include "../kernels/cpu/random.h"
+#include "../sbp/global.h"
+#include "../sbp/signature.h"
 #include "device.h"
 
 /* ---- source ops: the shape is in the attrs ------------------------------------------------ */
 
-static int infer_source(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_source(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)in; (void)nin;
   if (a->nshape > FLOW_MAX_DIMS) return flow_error_set("%s: at most %d dimensions", op->name, FLOW_MAX_DIMS);
@@ -27,7 +29,7 @@ static int infer_source(const flow_op *op, flow_tensor *const *in, int nin, cons
   return 0;
 }
 
-static int infer_float_source(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_float_source(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   if (!flow_dtype_is_float(a->dtype))
     return flow_error_set("%s: dtype must be a floating-point type (got %s; use randint for integers)",
@@ -35,17 +37,17 @@ static int infer_float_source(const flow_op *op, flow_tensor *const *in, int nin
   return infer_source(op, in, nin, a, out);
 }
 
-static int infer_eye(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_eye(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   if (a->nshape != 2) return flow_error_set("eye: expected a 2-d shape (got %d-d)", a->nshape);
   return infer_source(op, in, nin, a, out);
 }
 
-static int infer_range(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_range(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   if (a->nshape != 1) return flow_error_set("%s: expected a 1-d shape (got %d-d)", op->name, a->nshape);
   return infer_source(op, in, nin, a, out);
 }
 
-static int infer_randint(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_randint(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   if (a->naxes != 2) return flow_error_set("randint: expected the bounds low, high in attrs axes[0..1]");
   if (a->axes[1] <= a->axes[0])
@@ -64,24 +66,24 @@ static FLOW_KERNEL(cpu_randint) {
   return flow_cpu_rand_int(out[0], a, a->axes[0], a->axes[1]);
 }
 
-FLOW_OP(arange) {.name = "arange", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range,
-                 .kernel = {[FLOW_CPU] = cpu_arange}};
-FLOW_OP(linspace) {.name = "linspace", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range,
-                   .kernel = {[FLOW_CPU] = cpu_linspace}};
-FLOW_OP(eye) {.name = "eye", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_eye,
-              .kernel = {[FLOW_CPU] = cpu_eye}};
-FLOW_OP(rand) {.name = "rand", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source,
-               .kernel = {[FLOW_CPU] = cpu_rand}};
-FLOW_OP(randn) {.name = "randn", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source,
-                .kernel = {[FLOW_CPU] = cpu_randn}};
-FLOW_OP(randint) {.name = "randint", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_randint,
-                  .kernel = {[FLOW_CPU] = cpu_randint}};
+FLOW_OP(arange) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range};
+FLOW_KERNEL_REGISTER(FLOW_CPU, arange, cpu_arange)
+FLOW_OP(linspace) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_range};
+FLOW_KERNEL_REGISTER(FLOW_CPU, linspace, cpu_linspace)
+FLOW_OP(eye) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_eye};
+FLOW_KERNEL_REGISTER(FLOW_CPU, eye, cpu_eye)
+FLOW_OP(rand) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source};
+FLOW_KERNEL_REGISTER(FLOW_CPU, rand, cpu_rand)
+FLOW_OP(randn) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source};
+FLOW_KERNEL_REGISTER(FLOW_CPU, randn, cpu_randn)
+FLOW_OP(randint) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_randint};
+FLOW_KERNEL_REGISTER(FLOW_CPU, randint, cpu_randint)
 
 /* Run a source op on at->device; where that device has no kernel for it, make the tensor on the
  * host and copy it over (the same numbers on every device; flow_create_shard does the same). */
 static flow_tensor *make_source(const flow_op *op, flow_attrs *at) {
   flow_device dev = at->device;
-  if (dev.type == FLOW_CPU || op->kernel[dev.type]) return flow_op_call1(op, NULL, 0, at);
+  if (dev.type == FLOW_CPU || flow_op_has_kernel(op, dev.type)) return flow_op_call1(op, NULL, 0, at);
   at->device = FLOW_DEVICE_CPU;
   flow_tensor *host = flow_op_call1(op, NULL, 0, at);
   if (!host) return NULL;
@@ -180,7 +182,7 @@ flow_tensor *flow_create_shard(const flow_op *op, const flow_attrs *logical, con
     at.shape[d] = box_shape[d];
   }
   flow_device dev = at.device;
-  bool via_host = dev.type != FLOW_CPU && !op->kernel[dev.type];
+  bool via_host = dev.type != FLOW_CPU && !flow_op_has_kernel(op, dev.type);
   if (via_host) at.device = FLOW_DEVICE_CPU;
   flow_tensor *out;
   if (flow_op_call_local(op, NULL, 0, &at, &out) != 0) return NULL;
@@ -192,13 +194,13 @@ flow_tensor *flow_create_shard(const flow_op *op, const flow_attrs *logical, con
 
 /* ---- dropout ------------------------------------------------------------------------------ */
 
-static int infer_dropout(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_dropout(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin;
-  if (in[0]->dtype != FLOW_F32 && in[0]->dtype != FLOW_F64)
-    return flow_error_set("dropout: input must be float32 or float64 (got %s)", flow_dtype_name(in[0]->dtype));
+  if (in[0].dtype != FLOW_F32 && in[0].dtype != FLOW_F64)
+    return flow_error_set("dropout: input must be float32 or float64 (got %s)", flow_dtype_name(in[0].dtype));
   if (!(a->scalar >= 0 && a->scalar <= 1)) return flow_error_set("dropout: p must be in [0, 1] (got %g)", a->scalar);
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   (void)op;
   return 0;
 }
@@ -212,8 +214,19 @@ static int grad_dropout(const flow_grad_ctx *c, flow_tensor **gin) {
   return (gin[0] = flow_op_call1(&flow_op_dropout, &c->gout[0], 1, c->attrs)) ? 0 : -1;
 }
 
-FLOW_OP(dropout) {.name = "dropout", .nin = 1, .nout = 1, .infer = infer_dropout,
-                  .kernel = {[FLOW_CPU] = cpu_dropout}, .grad = grad_dropout};
+/* The mask of logical element i is drawn at i: on a shard the kernel learns where its box sits. */
+static void shard_dropout(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local) {
+  (void)op;
+  int64_t box[FLOW_MAX_DIMS];
+  flow_global_box(c->placement, &c->out_sbp[0], c->out[0].ndim, c->out[0].shape, c->placement->coord, -1,
+                  local->box_start, box);
+  local->nlogical = c->out[0].ndim;
+  memcpy(local->logical_shape, c->out[0].shape, sizeof local->logical_shape);
+}
+
+FLOW_OP(dropout) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                  .shard = shard_dropout, .infer = infer_dropout, .grad = grad_dropout};
+FLOW_KERNEL_REGISTER(FLOW_CPU, dropout, cpu_dropout)
 
 /* On a device without a dropout kernel the input goes through the host and back: both copies
  * are differentiable, so the gradient takes the same way. */
@@ -224,7 +237,7 @@ flow_tensor *flow_dropout_at(flow_tensor *t, double p, flow_rng_state rng) {
   at.scalar = p;
   at.seed = rng.seed;
   at.rng_offset = rng.offset;
-  if (t->device.type == FLOW_CPU || flow_op_dropout.kernel[t->device.type] || t->global)
+  if (t->device.type == FLOW_CPU || flow_op_has_kernel(&flow_op_dropout, t->device.type) || t->global)
     return flow_op_call1(&flow_op_dropout, &t, 1, &at);
   flow_tensor *host = flow_to_device(t, FLOW_DEVICE_CPU);
   flow_tensor *d = host ? flow_op_call1(&flow_op_dropout, &host, 1, &at) : NULL;

@@ -1,5 +1,8 @@
 /* The op registry and the eager dispatcher: one path for every op call. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd.h"
@@ -32,22 +35,22 @@ void flow_meta_from(flow_meta *m, const flow_tensor *t) {
   memcpy(m->shape, flow_tensor_lshape(t), (size_t)m->ndim * sizeof(int64_t));
 }
 
-int flow_check_same_dtype(const flow_op *op, flow_tensor *const *in, int nin) {
+int flow_check_same_dtype(const flow_op *op, const flow_meta *in, int nin) {
   for (int i = 1; i < nin; i++)
-    if (in[i]->dtype != in[0]->dtype)
+    if (in[i].dtype != in[0].dtype)
       return flow_error_set("%s: dtype mismatch: input 1 is %s, input %d is %s (cast one with :to())",
-                            op->name, flow_dtype_name(in[0]->dtype), i + 1, flow_dtype_name(in[i]->dtype));
+                            op->name, flow_dtype_name(in[0].dtype), i + 1, flow_dtype_name(in[i].dtype));
   return 0;
 }
 
-int flow_check_float(const flow_op *op, const flow_tensor *t, const char *what) {
+int flow_check_float(const flow_op *op, const flow_meta *t, const char *what) {
   if (!flow_dtype_is_float(t->dtype))
     return flow_error_set("%s: %s must be a floating-point tensor (got %s)", op->name, what,
                           flow_dtype_name(t->dtype));
   return 0;
 }
 
-int flow_check_computable(const flow_op *op, const flow_tensor *t) {
+int flow_check_computable(const flow_op *op, const flow_meta *t) {
   if (t->device.type == FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16))
     return flow_error_set("%s: %s tensors are storage-only on the CPU (cast to float32 first)", op->name,
                           flow_dtype_name(t->dtype));
@@ -79,9 +82,35 @@ void flow_lazy_set_tracing(bool on) { tracing = on && lazy; }
 bool flow_lazy_tracing(void) { return tracing; }
 flow_tensor *flow_lazy_box(const flow_box_desc *d, flow_tensor *t) { return lazy->record_box(d, t); }
 
+/* ---- kernels ---------------------------------------------------------------------------------
+ * Every op's kernels are looked up in the kernel table at once, at first use and again after the
+ * table grew (CUDA registers its kernels when flow.cuda opens). Registrations happen before ops
+ * run on other threads; the lock only orders concurrent first uses. */
+
+static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint resolved_generation; /* the table's generation counts from 1 */
+
+static void resolve_kernels(void) {
+  unsigned gen = flow_kernel_generation();
+  if (atomic_load_explicit(&resolved_generation, memory_order_acquire) == gen) return;
+  pthread_mutex_lock(&resolve_lock);
+  if (atomic_load_explicit(&resolved_generation, memory_order_relaxed) != gen) {
+    for (flow_op *op = registry_head; op; op = op->next)
+      for (int d = 0; d < FLOW_NDEVTYPES; d++) op->kernel_at[d] = flow_kernel_find((flow_devtype)d, op->name);
+    atomic_store_explicit(&resolved_generation, gen, memory_order_release);
+  }
+  pthread_mutex_unlock(&resolve_lock);
+}
+
+bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
+  resolve_kernels();
+  return op->kernel_at[dev] != NULL;
+}
+
 int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
   flow_device dev = op->kind == FLOW_OP_SOURCE ? out[0]->device : in[0]->device;
-  flow_kernel_fn k = op->kernel[dev.type];
+  resolve_kernels();
+  flow_kernel_fn k = op->kernel_at[dev.type];
   if (!k) {
     char name[32];
     flow_device_name(dev, name, sizeof name);
@@ -99,10 +128,15 @@ int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const
 
 int flow_op_call_local(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                        flow_tensor **out) {
-  flow_meta meta[8];
+  flow_meta meta[8], *im = NULL, small[8];
   int nout = op->nout;
   for (int j = 0; j < nout; j++) out[j] = NULL;
-  if (op->infer(op, in, nin, a, meta) != 0) return -1;
+  if (nin > 0) im = nin <= 8 ? small : malloc((size_t)nin * sizeof *im);
+  if (nin > 0 && !im) return flow_error_set("%s: out of memory", op->name);
+  for (int i = 0; i < nin; i++) flow_meta_from(&im[i], in[i]);
+  int rc = op->infer(op, im, nin, a, meta);
+  if (im != small) free(im);
+  if (rc != 0) return -1;
   if (tracing) return lazy->record_op(op, in, nin, a, meta, out);
   if (op->kind == FLOW_OP_COMPUTE || op->kind == FLOW_OP_SOURCE) {
     for (int j = 0; j < nout; j++) {
@@ -126,9 +160,10 @@ fail:
 int flow_op_call(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                  flow_tensor **out) {
   if (check_inputs(op, in, nin) != 0) return -1;
-  if (op->kind == FLOW_OP_INPLACE && flow_grad_enabled() && in[0]->requires_grad)
-    return flow_error_set("%s: in-place operation on a tensor that requires grad (use flow.no_grad "
-                          "or an out-of-place op)", op->name);
+  for (int i = 0; i < nin && flow_grad_enabled(); i++)
+    if (flow_op_writes(op, i) && in[i]->requires_grad)
+      return flow_error_set("%s: in-place operation on a tensor that requires grad (use flow.no_grad "
+                            "or an out-of-place op)", op->name);
   bool global = false;
   for (int i = 0; i < nin; i++) global |= in[i]->global != NULL;
   int rc;

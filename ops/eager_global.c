@@ -296,13 +296,6 @@ static void describe(const flow_op *op, flow_tensor *const *in, int nin, const f
 
 /* ---- signature choice --------------------------------------------------------------------------- */
 
-/* Inputs an op writes in place must keep their layout (boxing would write a copy): the destination
- * of every in-place op, and adamw_'s moments. */
-static bool written(const flow_op *op, int i) {
-  if (op->kind != FLOW_OP_INPLACE) return false;
-  return i == 0 || (strcmp(op->name, "adamw_") == 0 && (i == 2 || i == 3));
-}
-
 typedef struct choice {
   flow_nd_sbp in[FLOW_SIG_MAX_IO], out[FLOW_SIG_MAX_IO];
   bool ruled;
@@ -312,7 +305,6 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
                   const flow_placement *p, choice *ch) {
   flow_sig_query q;
   memset(&q, 0, sizeof q);
-  q.op = op->name;
   q.nin = nin;
   q.nout = op->nout;
   q.attrs = a;
@@ -333,13 +325,14 @@ static int choose(const flow_op *op, flow_tensor *const *in, int nin, const flow
   flow_sig_list list;
   for (int m = 0; m < p->ndim; m++) {
     q.p = p->shape[m];
-    ch->ruled &= flow_sbp_candidates(&q, &list);
+    ch->ruled &= flow_sbp_candidates(op->sbp, &q, &list);
     int best = -1, best_moves = 0;
     double best_cost = 0;
     for (int c = 0; c < list.n; c++) {
       const flow_sbp_sig *s = &list.v[c];
       bool keeps = op->kind != FLOW_OP_INPLACE || flow_sbp_eq(s->out[0], cur[0].v[m]);
-      for (int i = 0; i < nin && keeps; i++) keeps = !written(op, i) || flow_sbp_eq(s->in[i], cur[i].v[m]);
+      /* inputs the op writes in place keep their layout (boxing would write a copy) */
+      for (int i = 0; i < nin && keeps; i++) keeps = !flow_op_writes(op, i) || flow_sbp_eq(s->in[i], cur[i].v[m]);
       if (!keeps) continue;
       double cost = 0;
       int moves = 0;
@@ -371,8 +364,8 @@ extern flow_op flow_op_to_global, flow_op_to_local;
 
 /* attrs of to_global: k = target id; start = the source's target id (-1 for a local source). */
 
-static int infer_same(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
-  flow_meta_from(out, in[0]);
+static int infer_same(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
+  *out = in[0];
   return 0;
 }
 
@@ -395,7 +388,7 @@ static FLOW_KERNEL(kernel_local_to_global) {
   if (p->me < 0) return rank_error("to_global: this rank is not in the placement"); /* see local_to_global_outside */
   /* out[0] := in[0], densely */
   flow_device dev = in[0]->device;
-  flow_tensor *d = flow_boxing_dense(in[0]);
+  flow_tensor *d = flow_kernel_dense(in[0]);
   if (!d) return -1;
   int rc = flow_device_get(dev.type)->copy(flow_tensor_data(out[0]), dev, flow_tensor_data(d), dev, flow_tensor_nbytes(d));
   flow_tensor_decref(d);
@@ -533,9 +526,10 @@ static int grad_to_global(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_global) {.name = "to_global", .nin = 1, .nout = 1, .infer = infer_same,
-                    .kernel = {[FLOW_CPU] = kernel_local_to_global, [FLOW_CUDA] = kernel_local_to_global},
+FLOW_OP(to_global) {.nin = 1, .nout = 1, .infer = infer_same,
                     .grad = grad_to_global};
+FLOW_KERNEL_REGISTER(FLOW_CPU, to_global, kernel_local_to_global)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, to_global, kernel_local_to_global)
 
 /* to_local on a local tensor is the identity (a view). */
 static FLOW_KERNEL(kernel_to_local) {
@@ -555,8 +549,9 @@ static int grad_to_local(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_local) {.name = "to_local", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_same,
-                   .kernel = {[FLOW_CPU] = kernel_to_local, [FLOW_CUDA] = kernel_to_local}, .grad = grad_to_local};
+FLOW_OP(to_local) {.nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_same, .grad = grad_to_local};
+FLOW_KERNEL_REGISTER(FLOW_CPU, to_local, kernel_to_local)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, to_local, kernel_to_local)
 
 /* A local tensor on a rank outside the placement: that rank holds nothing of the new tensor. It
  * learns the logical shape and dtype from the members (tell_outsiders) and gets an empty shard. */
@@ -671,18 +666,9 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   if (check_on || tracing) describe(op, in, nin, p, desc, sizeof desc);
   if (p->me >= 0 && check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
 
-  /* logical inference on headers carrying the logical shapes */
-  flow_tensor fake[FLOW_SIG_MAX_IO], *fp[FLOW_SIG_MAX_IO];
-  flow_meta lmeta[FLOW_SIG_MAX_IO];
-  for (int i = 0; i < nin; i++) {
-    fake[i] = *in[i];
-    fake[i].global = NULL;
-    logical_of(in[i], &fake[i].ndim, fake[i].shape);
-    flow_contiguous_strides(fake[i].ndim, fake[i].shape, fake[i].stride);
-    fake[i].offset = 0;
-    fp[i] = &fake[i];
-  }
-  if (op->infer(op, fp, nin, a, lmeta) != 0) return rank_prefix();
+  flow_meta lin[FLOW_SIG_MAX_IO], lmeta[FLOW_SIG_MAX_IO];
+  for (int i = 0; i < nin; i++) flow_meta_from(&lin[i], in[i]); /* logical shapes */
+  if (op->infer(op, lin, nin, a, lmeta) != 0) return rank_prefix();
 
   choice ch;
   if (choose(op, in, nin, a, lmeta, p, &ch) != 0) return -1;
@@ -699,7 +685,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
     char s[128];
     tracef("%s\n", desc);
     if (!ch.ruled) tracef("  no SBP rule for %s: every input is boxed to broadcast and the op runs whole on every rank\n", op->name);
-    size_t len = (size_t)snprintf(s, sizeof s, "  signature [%s]: ", flow_sbp_family(op->name) ? flow_sbp_family(op->name) : "broadcast");
+    size_t len = (size_t)snprintf(s, sizeof s, "  signature [%s]: ", op->sbp ? op->sbp->family : "broadcast");
     for (int i = 0; i < nin && len < sizeof s; i++) {
       char b[48];
       len += (size_t)snprintf(s + len, sizeof s - len, "%s%s", i ? ", " : "", flow_nd_sbp_str(&ch.in[i], b, sizeof b));
@@ -714,14 +700,13 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
 
   /* kernels see plain local shards (no global metadata: their shapes are the shards') */
   flow_tensor *shard[FLOW_SIG_MAX_IO] = {0};
-  bool reshape = strcmp(op->name, "view") == 0;
   int rc = 0;
   for (int i = 0; i < nin && rc == 0; i++) {
     char what[32] = "";
     if (tracing) snprintf(what, sizeof what, "input %d", i + 1);
-    flow_tensor *x = written(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
-    if (x && reshape) { /* a shard of a strided tensor may not be viewable as the new shape */
-      flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_boxing_dense(x);
+    flow_tensor *x = flow_op_writes(op, i) ? (flow_tensor_incref(in[i]), in[i]) : box_shard(what, in[i], p, &ch.in[i]);
+    if (x && op->dense_shards) {
+      flow_tensor *d = flow_tensor_is_lazy(x) ? flow_contiguous(x) : flow_kernel_dense(x);
       flow_tensor_decref(x);
       x = d;
     }
@@ -733,27 +718,9 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   for (int j = 0; j < op->nout; j++)
     flow_global_box(p, &ch.out[j], lmeta[j].ndim, lmeta[j].shape, p->coord, -1, start, box[j]);
   flow_attrs local = *a;
-  if (rc == 0 && (strcmp(op->name, "view") == 0 || strcmp(op->name, "expand") == 0 ||
-                  strcmp(op->name, "narrow_backward") == 0)) {
-    /* shape attrs are logical; the kernel makes this rank's shard */
-    memcpy(local.shape, box[0], sizeof local.shape);
-    local.nshape = lmeta[0].ndim;
-  }
-  if (rc == 0 && strcmp(op->name, "dropout") == 0) {
-    /* the mask of logical element i is drawn at i: tell the kernel where its shard sits */
-    flow_global_box(p, &ch.out[0], lmeta[0].ndim, lmeta[0].shape, p->coord, -1, local.box_start, box[0]);
-    local.nlogical = lmeta[0].ndim;
-    memcpy(local.logical_shape, lmeta[0].shape, sizeof local.logical_shape);
-  }
-  if (rc == 0 && strcmp(op->name, "embedding") == 0) {
-    /* a vocab-split table: the kernel looks up only the ids inside its rows [start, start+rows) */
-    int64_t wstart[FLOW_MAX_DIMS], wbox[FLOW_MAX_DIMS];
-    flow_global_box(p, &ch.in[1], fake[1].ndim, fake[1].shape, p->coord, -1, wstart, wbox);
-    if (fake[1].ndim == 2 && wbox[0] != fake[1].shape[0]) {
-      local.start = wstart[0];
-      local.nlogical = 2;
-      memcpy(local.logical_shape, fake[1].shape, 2 * sizeof(int64_t));
-    }
+  if (rc == 0 && op->shard) {
+    flow_shard_ctx sc = {.placement = p, .in = lin, .out = lmeta, .in_sbp = ch.in, .out_sbp = ch.out};
+    op->shard(op, &sc, &local);
   }
   if (rc == 0) rc = flow_op_call_local(op, shard, nin, &local, out);
   for (int i = 0; i < nin; i++) flow_tensor_decref(shard[i]);

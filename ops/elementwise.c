@@ -5,30 +5,31 @@
 #include <math.h>
 
 #include "../kernels/cpu/cpu.h"
+#include "../sbp/signature.h"
 #include "reduce.h"
 
 /* ---- binary with broadcasting ------------------------------------------------------------ */
 
-static int infer_binary(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_binary(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
-  if (in[0]->dtype == FLOW_BOOL)
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  if (in[0].dtype == FLOW_BOOL)
     return flow_error_set("%s: no arithmetic on bool tensors (cast to an integer or float dtype first)", op->name);
-  out->dtype = in[0]->dtype;
-  out->device = in[0]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  out->dtype = in[0].dtype;
+  out->device = in[0].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
 /* Comparisons: any (same) dtype in, bool out. */
-static int infer_compare(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_compare(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
   out->dtype = FLOW_BOOL;
-  out->device = in[0]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  out->device = in[0].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
@@ -159,26 +160,46 @@ static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(add) {.name = "add", .nin = 2, .nout = 1, .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_add}, .grad = grad_add};
-FLOW_OP(sub) {.name = "sub", .nin = 2, .nout = 1, .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_sub}, .grad = grad_sub};
-FLOW_OP(mul) {.name = "mul", .nin = 2, .nout = 1, .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_mul}, .grad = grad_mul, .save_in = 3};
-FLOW_OP(div) {.name = "div", .nin = 2, .nout = 1, .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_div}, .grad = grad_div, .save_in = 3};
-FLOW_OP(pow) {.name = "pow", .nin = 2, .nout = 1, .infer = infer_binary,
-              .kernel = {[FLOW_CPU] = cpu_pow}, .grad = grad_pow, .save_in = 3, .save_out = 1};
-FLOW_OP(maximum) {.name = "maximum", .nin = 2, .nout = 1, .infer = infer_binary,
-                  .kernel = {[FLOW_CPU] = cpu_maximum}, .grad = grad_maxmin, .save_in = 3};
-FLOW_OP(minimum) {.name = "minimum", .nin = 2, .nout = 1, .infer = infer_binary,
-                  .kernel = {[FLOW_CPU] = cpu_minimum}, .grad = grad_maxmin, .save_in = 3};
-FLOW_OP(eq) {.name = "eq", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_eq}};
-FLOW_OP(ne) {.name = "ne", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ne}};
-FLOW_OP(lt) {.name = "lt", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_lt}};
-FLOW_OP(le) {.name = "le", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_le}};
-FLOW_OP(gt) {.name = "gt", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_gt}};
-FLOW_OP(ge) {.name = "ge", .nin = 2, .nout = 1, .infer = infer_compare, .kernel = {[FLOW_CPU] = cpu_ge}};
+FLOW_OP(add) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+              .infer = infer_binary, .grad = grad_add};
+FLOW_KERNEL_REGISTER(FLOW_CPU, add, cpu_add)
+FLOW_OP(sub) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+              .infer = infer_binary, .grad = grad_sub};
+FLOW_KERNEL_REGISTER(FLOW_CPU, sub, cpu_sub)
+FLOW_OP(mul) {.nin = 2, .nout = 1,
+              .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST | FLOW_SBP_P_SECOND),
+              .infer = infer_binary, .grad = grad_mul, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, mul, cpu_mul)
+FLOW_OP(div) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+              .infer = infer_binary, .grad = grad_div, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, div, cpu_div)
+FLOW_OP(pow) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary, .grad = grad_pow,
+              .save_in = 3, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, pow, cpu_pow)
+FLOW_OP(maximum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                  .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, maximum, cpu_maximum)
+FLOW_OP(minimum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                  .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, minimum, cpu_minimum)
+FLOW_OP(eq) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, eq, cpu_eq)
+FLOW_OP(ne) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, ne, cpu_ne)
+FLOW_OP(lt) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, lt, cpu_lt)
+FLOW_OP(le) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, le, cpu_le)
+FLOW_OP(gt) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, gt, cpu_gt)
+FLOW_OP(ge) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+             .infer = infer_compare};
+FLOW_KERNEL_REGISTER(FLOW_CPU, ge, cpu_ge)
 
 void flow_decref_all(flow_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) flow_tensor_decref(ts[i]);
@@ -217,7 +238,7 @@ flow_tensor *flow_eq_scalar(flow_tensor *a, double s) { return flow_binary_scala
 
 /* ---- where and masked_fill ------------------------------------------------------------------ */
 
-static int check_mask(const flow_op *op, const flow_tensor *m, const char *what) {
+static int check_mask(const flow_op *op, const flow_meta *m, const char *what) {
   if (m->dtype != FLOW_BOOL)
     return flow_error_set("%s: %s must be a bool tensor (got %s; make one with a comparison or :bool())",
                           op->name, what, flow_dtype_name(m->dtype));
@@ -225,17 +246,17 @@ static int check_mask(const flow_op *op, const flow_tensor *m, const char *what)
 }
 
 /* where(cond, a, b): all three broadcast together; a and b share a dtype. */
-static int infer_where(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_where(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                        flow_meta *out) {
   (void)nin; (void)a;
-  if (check_mask(op, in[0], "the condition") != 0 || flow_check_same_dtype(op, in + 1, 2) != 0) return -1;
+  if (check_mask(op, &in[0], "the condition") != 0 || flow_check_same_dtype(op, in + 1, 2) != 0) return -1;
   int nd;
   int64_t shape[FLOW_MAX_DIMS];
-  if (flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, shape) != 0 ||
-      flow_broadcast_shape(op->name, nd, shape, in[2]->ndim, in[2]->shape, &out->ndim, out->shape) != 0)
+  if (flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape, &nd, shape) != 0 ||
+      flow_broadcast_shape(op->name, nd, shape, in[2].ndim, in[2].shape, &out->ndim, out->shape) != 0)
     return -1;
-  out->dtype = in[1]->dtype;
-  out->device = in[1]->device;
+  out->dtype = in[1].dtype;
+  out->device = in[1].device;
   return 0;
 }
 
@@ -257,8 +278,9 @@ static int grad_where(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(where) {.name = "where", .nin = 3, .nout = 1, .infer = infer_where,
-                .kernel = {[FLOW_CPU] = cpu_where}, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
+FLOW_OP(where) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                .infer = infer_where, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, where, cpu_where)
 
 flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
   flow_tensor *in[3] = {cond, a, b};
@@ -266,13 +288,13 @@ flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
 }
 
 /* masked_fill(x, mask, value): attrs.scalar is the value; x and mask broadcast together. */
-static int infer_masked_fill(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_masked_fill(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (check_mask(op, in[1], "the mask") != 0 || flow_check_computable(op, in[0]) != 0) return -1;
-  out->dtype = in[0]->dtype;
-  out->device = in[0]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  if (check_mask(op, &in[1], "the mask") != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  out->dtype = in[0].dtype;
+  out->device = in[0].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
@@ -287,9 +309,10 @@ static int grad_masked_fill(const flow_grad_ctx *c, flow_tensor **gin) {
   return give(gin, 0, flow_masked_fill(c->gout[0], c->in[1], 0), c);
 }
 
-FLOW_OP(masked_fill) {.name = "masked_fill", .nin = 2, .nout = 1, .infer = infer_masked_fill,
-                      .kernel = {[FLOW_CPU] = cpu_masked_fill}, .grad = grad_masked_fill, .save_in = 2,
+FLOW_OP(masked_fill) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                      .infer = infer_masked_fill, .grad = grad_masked_fill, .save_in = 2,
                       .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, masked_fill, cpu_masked_fill)
 
 flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
   flow_tensor *in[2] = {t, mask};
@@ -302,29 +325,29 @@ flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
 /* ---- unary ---------------------------------------------------------------------------------- */
 
 /* Math ops (exp, log, ...) want floating point. */
-static int infer_unary_float(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_unary_float(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_computable(op, in[0]) != 0 || flow_check_float(op, in[0], "input") != 0) return -1;
-  flow_meta_from(out, in[0]);
+  if (flow_check_computable(op, &in[0]) != 0 || flow_check_float(op, &in[0], "input") != 0) return -1;
+  *out = in[0];
   return 0;
 }
 
 /* neg, abs, relu, clamp: also int64/int32. */
-static int infer_unary_signed(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_unary_signed(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin; (void)a;
-  flow_dtype d = in[0]->dtype;
-  if (flow_check_computable(op, in[0]) != 0) return -1;
+  flow_dtype d = in[0].dtype;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
   if (d != FLOW_F32 && d != FLOW_F64 && d != FLOW_I64 && d != FLOW_I32)
     return flow_error_set("%s: expected a float32, float64, int64 or int32 tensor (got %s)", op->name,
                           flow_dtype_name(d));
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
 /* clamp reads attrs.scalar (min) when FLOW_ATTR_HAS_MIN, attrs.scalar2 (max) when HAS_MAX. */
-static int infer_clamp(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_clamp(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                        flow_meta *out) {
   if (!(a->flags & (FLOW_ATTR_HAS_MIN | FLOW_ATTR_HAS_MAX)))
     return flow_error_set("%s: give a min, a max or both (got neither)", op->name);
@@ -336,13 +359,13 @@ static double clamp_hi(const flow_attrs *a) { return a->flags & FLOW_ATTR_HAS_MA
 
 /* <op>_grad(s, g) = f'(.) g in one pass, where s is the forward op's saved output (exp, sqrt,
  * rsqrt, tanh, sigmoid, relu) or input (abs, log, gelu, clamp); clamp_grad reads clamp's attrs. */
-static int infer_unary_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_unary_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                             flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, in[1], "gradient") != 0) return -1;
-  out->dtype = in[1]->dtype;
-  out->device = in[1]->device;
-  return flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape,
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_float(op, &in[1], "gradient") != 0) return -1;
+  out->dtype = in[1].dtype;
+  out->device = in[1].device;
+  return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
 }
 
@@ -358,13 +381,14 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
   return (gin[0] = flow_neg(c->gout[0])) ? 0 : -1;
 }
 
-/* The op `id` (kernel and registration; grad rule grad_<id>). */
-#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT)                                          \
+/* The op `id` (kernel and registration; grad rule grad_<id>); SBP_FLAGS: where it is linear. */
+#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, SBP_FLAGS)                               \
   static FLOW_KERNEL(cpu_##id) {                                                              \
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
-  FLOW_OP(id) {.name = #id, .nin = 1, .nout = 1, .infer = INFER, .kernel = {[FLOW_CPU] = cpu_##id}, \
+  FLOW_KERNEL_REGISTER(FLOW_CPU, id, cpu_##id)                                                \
+  FLOW_OP(id) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS), .infer = INFER, \
                .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};
 
 /* The op `<id>_grad` and the rule grad_<id> that runs it. */
@@ -373,8 +397,9 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary_backward(CODE, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));     \
   }                                                                                           \
-  FLOW_OP(id##_grad) {.name = #id "_grad", .nin = 2, .nout = 1, .infer = infer_unary_grad,    \
-                      .kernel = {[FLOW_CPU] = cpu_##id##_grad}};                              \
+  FLOW_KERNEL_REGISTER(FLOW_CPU, id##_grad, cpu_##id##_grad)                                  \
+  FLOW_OP(id##_grad) {.nin = 2, .nout = 1, .infer = infer_unary_grad,                         \
+                      .sbp = FLOW_SBP_RULE(elementwise, 0)};                                  \
   static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) {                          \
     return grad_unary(c, gin, &flow_op_##id##_grad);                                          \
   }
@@ -382,11 +407,11 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
 #define UNARY_ENTRY(id) \
   flow_tensor *flow_##id(flow_tensor *t) { return flow_op_call1(&flow_op_##id, &t, 1, flow_attrs_default()); }
 
-UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0)
+UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0, FLOW_SBP_LINEAR)
 UNARY_ENTRY(neg)
 
 #define UNARY(id, CODE, INFER, SAVE_IN, SAVE_OUT) \
-  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT) UNARY_ENTRY(id)
+  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, 0) UNARY_ENTRY(id)
 UNARY(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
 UNARY(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
 UNARY(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
@@ -397,7 +422,7 @@ UNARY(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
 UNARY(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
 UNARY(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
 UNARY_GRAD(clamp, FLOW_UN_CLAMP)
-UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0)
+UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0, 0)
 
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max) {
   flow_attrs at;
@@ -410,33 +435,33 @@ flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, 
 
 /* ---- in place: add_, mul_, copy_, fill_ (optimizers, gradient accumulation; no autograd) ---- */
 
-static int infer_inplace(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_inplace(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin; (void)a;
   int nd;
   int64_t shape[FLOW_MAX_DIMS];
-  if (flow_broadcast_shape(op->name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &nd, shape) != 0)
+  if (flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape, &nd, shape) != 0)
     return -1;
-  if (!flow_shape_eq(nd, shape, in[0]->ndim, in[0]->shape)) {
+  if (!flow_shape_eq(nd, shape, in[0].ndim, in[0].shape)) {
     char s0[128], s1[128];
     return flow_error_set("%s: cannot write a result of shape %s into a tensor of shape %s", op->name,
                           flow_shape_str(nd, shape, s0, sizeof s0),
-                          flow_shape_str(in[0]->ndim, in[0]->shape, s1, sizeof s1));
+                          flow_shape_str(in[0].ndim, in[0].shape, s1, sizeof s1));
   }
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
-static int infer_arith_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_arith_(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
   return infer_inplace(op, in, nin, a, out);
 }
 
-static int infer_fill_(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_fill_(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                        flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
@@ -461,18 +486,23 @@ static FLOW_KERNEL(cpu_fill_) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(add_) {.name = "add_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
-               .kernel = {[FLOW_CPU] = cpu_add_}};
-FLOW_OP(mul_) {.name = "mul_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_arith_,
-               .kernel = {[FLOW_CPU] = cpu_mul_}};
-FLOW_OP(copy_) {.name = "copy_", .nin = 2, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_inplace,
-                .kernel = {[FLOW_CPU] = cpu_copy_}};
-FLOW_OP(fill_) {.name = "fill_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
-                .kernel = {[FLOW_CPU] = cpu_fill_}};
+FLOW_OP(add_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, add_, cpu_add_)
+FLOW_OP(mul_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+               .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, mul_, cpu_mul_)
+FLOW_OP(copy_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                .kind = FLOW_OP_INPLACE, .infer = infer_inplace};
+FLOW_KERNEL_REGISTER(FLOW_CPU, copy_, cpu_copy_)
+FLOW_OP(fill_) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, fill_, cpu_fill_)
 /* zero_ is fill_ with 0, an op of its own because, unlike fill_, it is linear (a partial sum stays
  * one: what the SBP rules need to know) */
-FLOW_OP(zero_) {.name = "zero_", .nin = 1, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_fill_,
-                .kernel = {[FLOW_CPU] = cpu_fill_}};
+FLOW_OP(zero_) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+                .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
+FLOW_KERNEL_REGISTER(FLOW_CPU, zero_, cpu_fill_)
 
 static int call_inplace(const flow_op *op, flow_tensor **in, int nin, const flow_attrs *a) {
   flow_tensor *out;
@@ -499,17 +529,17 @@ int flow_fill_inplace(flow_tensor *t, double v) {
 
 /* ---- copy / cast --------------------------------------------------------------------------- */
 
-static int infer_copy(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_copy(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)op; (void)nin; (void)a;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
-static int infer_cast(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_cast(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)op; (void)nin;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   out->dtype = a->dtype;
   return 0;
 }
@@ -532,15 +562,17 @@ static int grad_cast(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(copy) {.name = "contiguous", .nin = 1, .nout = 1, .infer = infer_copy,
-               .kernel = {[FLOW_CPU] = cpu_copy}, .grad = grad_copy};
-FLOW_OP(cast) {.name = "cast", .nin = 1, .nout = 1, .infer = infer_cast,
-               .kernel = {[FLOW_CPU] = cpu_copy}, .grad = grad_cast};
+FLOW_OP(contiguous) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .infer = infer_copy, .grad = grad_copy};
+FLOW_KERNEL_REGISTER(FLOW_CPU, contiguous, cpu_copy)
+FLOW_OP(cast) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+               .infer = infer_cast, .grad = grad_cast};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cast, cpu_copy)
 
 flow_tensor *flow_contiguous_copy(flow_tensor *t) {
   flow_attrs at;
   flow_attrs_init(&at);
-  return flow_op_call1(&flow_op_copy, &t, 1, &at);
+  return flow_op_call1(&flow_op_contiguous, &t, 1, &at);
 }
 
 flow_tensor *flow_contiguous(flow_tensor *t) {
@@ -559,7 +591,7 @@ flow_tensor *flow_cast(flow_tensor *t, flow_dtype dtype) {
 /* ---- full (zeros, ones, full) -------------------------------------------------------------- */
 
 /* attrs: shape/nshape, dtype, device, scalar */
-static int infer_full(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_full(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)op; (void)in; (void)nin;
   out->dtype = a->dtype;
@@ -577,8 +609,8 @@ static FLOW_KERNEL(cpu_full) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(full) {.name = "full", .nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_full,
-               .kernel = {[FLOW_CPU] = cpu_full}};
+FLOW_OP(full) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_full};
+FLOW_KERNEL_REGISTER(FLOW_CPU, full, cpu_full)
 
 flow_tensor *flow_full(int ndim, const int64_t *shape, double v, flow_dtype dtype, flow_device dev) {
   flow_attrs at;

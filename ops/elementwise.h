@@ -10,7 +10,7 @@ extern flow_op flow_op_add, flow_op_sub, flow_op_mul, flow_op_div, flow_op_pow, 
     flow_op_where, flow_op_masked_fill, flow_op_neg, flow_op_abs, flow_op_exp, flow_op_log,
     flow_op_sqrt, flow_op_rsqrt, flow_op_tanh, flow_op_sigmoid, flow_op_relu, flow_op_gelu,
     flow_op_clamp, flow_op_add_, flow_op_mul_, flow_op_copy_, flow_op_fill_, flow_op_zero_,
-    flow_op_copy, flow_op_cast, flow_op_full;
+    flow_op_contiguous, flow_op_cast, flow_op_full;
 
 /* Binary, with broadcasting; both operands of one dtype. Comparisons give bool. */
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b);

@@ -8,10 +8,12 @@
 
 #include "../kernels/cpu/cpu.h"
 #include "../kernels/cpu/index.h"
+#include "../sbp/global.h"
+#include "../sbp/signature.h"
 #include "elementwise.h"
 #include "shape.h"
 
-static int check_index(const flow_op *op, const flow_tensor *idx, const char *what) {
+static int check_index(const flow_op *op, const flow_meta *idx, const char *what) {
   if (idx->dtype != FLOW_I64)
     return flow_error_set("%s: %s must be an int64 tensor (got %s)", op->name, what, flow_dtype_name(idx->dtype));
   return 0;
@@ -29,7 +31,7 @@ static flow_tensor *scatter_into_zeros(const flow_meta *m, int64_t axis, flow_te
 }
 
 /* idx (int64) must have t's rank and fit t outside axis. */
-static int check_gather_shapes(const flow_op *op, const flow_tensor *t, const flow_tensor *idx, int64_t axis,
+static int check_gather_shapes(const flow_op *op, const flow_meta *t, const flow_meta *idx, int64_t axis,
                                int64_t *ax) {
   char s0[128], s1[128];
   if (check_index(op, idx, "index") != 0) return -1;
@@ -48,13 +50,13 @@ static int axis_of(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + ndim
 
 /* ---- gather ---------------------------------------------------------------------------------- */
 
-static int infer_gather(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_gather(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin;
   int64_t ax;
-  if (check_gather_shapes(op, in[0], in[1], a->axis, &ax) != 0) return -1;
-  flow_meta_from(out, in[1]);
-  out->dtype = in[0]->dtype;
+  if (check_gather_shapes(op, &in[0], &in[1], a->axis, &ax) != 0) return -1;
+  *out = in[1];
+  out->dtype = in[0].dtype;
   return 0;
 }
 
@@ -69,8 +71,9 @@ static int grad_gather(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(gather) {.name = "gather", .nin = 2, .nout = 1, .infer = infer_gather, .kernel = {[FLOW_CPU] = cpu_gather},
+FLOW_OP(gather) {.nin = 2, .nout = 1, .infer = infer_gather,
                  .grad = grad_gather, .save_in = 2, .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, gather, cpu_gather)
 
 flow_tensor *flow_gather(flow_tensor *t, int64_t axis, flow_tensor *idx) {
   flow_tensor *in[2] = {t, idx};
@@ -82,11 +85,11 @@ flow_tensor *flow_gather(flow_tensor *t, int64_t axis, flow_tensor *idx) {
 
 /* ---- scatter_add ----------------------------------------------------------------------------- */
 
-static int infer_scatter_add(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_scatter_add(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin;
   int64_t ax;
-  const flow_tensor *t = in[0], *idx = in[1], *src = in[2];
+  const flow_meta *t = &in[0], *idx = &in[1], *src = &in[2];
   if (check_gather_shapes(op, t, idx, a->axis, &ax) != 0) return -1;
   if (src->dtype != t->dtype)
     return flow_error_set("%s: dtype mismatch: input is %s, src is %s", op->name, flow_dtype_name(t->dtype),
@@ -100,7 +103,7 @@ static int infer_scatter_add(const flow_op *op, flow_tensor *const *in, int nin,
                           flow_shape_str(idx->ndim, idx->shape, s0, sizeof s0),
                           flow_shape_str(src->ndim, src->shape, s1, sizeof s1));
   }
-  flow_meta_from(out, t);
+  *out = *t;
   return 0;
 }
 
@@ -119,9 +122,10 @@ static int grad_scatter_add(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(scatter_add) {.name = "scatter_add", .nin = 3, .nout = 1, .infer = infer_scatter_add,
-                      .kernel = {[FLOW_CPU] = cpu_scatter_add}, .grad = grad_scatter_add, .save_in = 2,
+FLOW_OP(scatter_add) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(scatter_add, 0),
+                      .infer = infer_scatter_add, .grad = grad_scatter_add, .save_in = 2,
                       .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, scatter_add, cpu_scatter_add)
 
 flow_tensor *flow_scatter_add(flow_tensor *t, int64_t axis, flow_tensor *idx, flow_tensor *src) {
   flow_tensor *in[3] = {t, idx, src};
@@ -133,20 +137,20 @@ flow_tensor *flow_scatter_add(flow_tensor *t, int64_t axis, flow_tensor *idx, fl
 
 /* ---- index_select: a gather with the 1-D index broadcast over the other axes ---------------- */
 
-static int infer_index_select(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_index_select(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin;
   int64_t ax;
-  if (check_index(op, in[1], "index") != 0) return -1;
-  if (in[1]->ndim != 1) {
+  if (check_index(op, &in[1], "index") != 0) return -1;
+  if (in[1].ndim != 1) {
     char s[128];
     return flow_error_set("%s: index must be 1-D (got shape %s)", op->name,
-                          flow_shape_str(in[1]->ndim, in[1]->shape, s, sizeof s));
+                          flow_shape_str(in[1].ndim, in[1].shape, s, sizeof s));
   }
-  if (in[0]->ndim == 0) return flow_error_set("%s: the input must have at least 1 dimension", op->name);
-  if (flow_axis_norm(op->name, a->axis, in[0]->ndim, &ax) != 0) return -1;
-  flow_meta_from(out, in[0]);
-  out->shape[ax] = in[1]->shape[0];
+  if (in[0].ndim == 0) return flow_error_set("%s: the input must have at least 1 dimension", op->name);
+  if (flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0) return -1;
+  *out = in[0];
+  out->shape[ax] = in[1].shape[0];
   return 0;
 }
 
@@ -182,9 +186,10 @@ static int grad_index_select(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(index_select) {.name = "index_select", .nin = 2, .nout = 1, .infer = infer_index_select,
-                       .kernel = {[FLOW_CPU] = cpu_index_select}, .grad = grad_index_select, .save_in = 2,
+FLOW_OP(index_select) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(index_select, 0),
+                       .infer = infer_index_select, .grad = grad_index_select, .save_in = 2,
                        .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, index_select, cpu_index_select)
 
 flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx) {
   flow_tensor *in[2] = {t, idx};
@@ -196,10 +201,10 @@ flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx) {
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-static int infer_embedding(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_embedding(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                            flow_meta *out) {
   (void)nin; (void)a;
-  const flow_tensor *ids = in[0], *w = in[1];
+  const flow_meta *ids = &in[0], *w = &in[1];
   char s[128];
   if (check_index(op, ids, "ids") != 0) return -1;
   if (w->ndim != 2)
@@ -207,7 +212,7 @@ static int infer_embedding(const flow_op *op, flow_tensor *const *in, int nin, c
                           flow_shape_str(w->ndim, w->shape, s, sizeof s));
   if (ids->ndim + 1 > FLOW_MAX_DIMS)
     return flow_error_set("%s: ids may have at most %d dimensions", op->name, FLOW_MAX_DIMS - 1);
-  flow_meta_from(out, ids);
+  *out = *ids;
   out->dtype = w->dtype;
   out->shape[out->ndim++] = w->shape[1];
   return 0;
@@ -267,9 +272,23 @@ static int grad_embedding(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[1] ? 0 : -1;
 }
 
-FLOW_OP(embedding) {.name = "embedding", .nin = 2, .nout = 1, .infer = infer_embedding,
-                    .kernel = {[FLOW_CPU] = cpu_embedding}, .grad = grad_embedding, .save_in = 1,
+/* A vocab-split table: the kernel looks up only the ids inside its rows [start, start+rows). */
+static void shard_embedding(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local) {
+  (void)op;
+  const flow_meta *w = &c->in[1];
+  int64_t wstart[FLOW_MAX_DIMS], wbox[FLOW_MAX_DIMS];
+  flow_global_box(c->placement, &c->in_sbp[1], w->ndim, w->shape, c->placement->coord, -1, wstart, wbox);
+  if (w->ndim == 2 && wbox[0] != w->shape[0]) {
+    local->start = wstart[0];
+    local->nlogical = 2;
+    memcpy(local->logical_shape, w->shape, 2 * sizeof(int64_t));
+  }
+}
+
+FLOW_OP(embedding) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(embedding, 0),
+                    .shard = shard_embedding, .infer = infer_embedding, .grad = grad_embedding, .save_in = 1,
                     .nondiff_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, embedding, cpu_embedding)
 
 flow_tensor *flow_embedding(flow_tensor *ids, flow_tensor *weight) {
   flow_tensor *in[2] = {ids, weight};

@@ -3,12 +3,13 @@
 #include "matmul.h"
 
 #include "../kernels/cpu/cpu.h"
+#include "../sbp/signature.h"
 #include "reduce.h"
 
-static int infer_matmul(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_matmul(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin;
-  const flow_tensor *x = in[0], *y = in[1];
+  const flow_meta *x = &in[0], *y = &in[1];
   char sa[128], sb[128];
   if (x->ndim < 2 || y->ndim < 2)
     return flow_error_set("%s: expected tensors of at least 2 dimensions, got shapes %s and %s", op->name,
@@ -57,8 +58,9 @@ static int grad_matmul(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(matmul) {.name = "matmul", .nin = 2, .nout = 1, .infer = infer_matmul,
-                 .kernel = {[FLOW_CPU] = cpu_matmul}, .grad = grad_matmul, .save_in = 3};
+FLOW_OP(matmul) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(matmul, 0),
+                 .infer = infer_matmul, .grad = grad_matmul, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, matmul, cpu_matmul)
 
 flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool trans_b) {
   flow_tensor *in[2] = {a, b};
@@ -71,23 +73,23 @@ flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool tran
 /* Linear: Y [N, out] = X [N, in] W[out, in]^T + b [out], the bias written before the GEMM adds onto
  * it (no separate add pass). Called as flow._call("linear", {}, x, w, b) by nn.functional.linear
  * for local CPU tensors. */
-static int infer_linear(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_linear(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)a;
   char sa[128], sb[128], sc[128];
-  if (in[0]->ndim != 2 || in[1]->ndim != 2 || in[2]->ndim != 1)
+  if (in[0].ndim != 2 || in[1].ndim != 2 || in[2].ndim != 1)
     return flow_error_set("%s: expected x [N, in], weight [out, in] and bias [out], got shapes %s, %s and %s",
-                          op->name, flow_shape_str(in[0]->ndim, in[0]->shape, sa, sizeof sa),
-                          flow_shape_str(in[1]->ndim, in[1]->shape, sb, sizeof sb),
-                          flow_shape_str(in[2]->ndim, in[2]->shape, sc, sizeof sc));
+                          op->name, flow_shape_str(in[0].ndim, in[0].shape, sa, sizeof sa),
+                          flow_shape_str(in[1].ndim, in[1].shape, sb, sizeof sb),
+                          flow_shape_str(in[2].ndim, in[2].shape, sc, sizeof sc));
   if (flow_check_same_dtype(op, in, nin) != 0) return -1;
   flow_attrs at;
   flow_attrs_init(&at);
   at.flags = FLOW_ATTR_TRANS_B;
   if (infer_matmul(op, in, 2, &at, out) != 0) return -1;
-  if (in[2]->shape[0] != out->shape[1])
+  if (in[2].shape[0] != out->shape[1])
     return flow_error_set("%s: bias has %lld elements, expected %lld (the weight's rows)", op->name,
-                          (long long)in[2]->shape[0], (long long)out->shape[1]);
+                          (long long)in[2].shape[0], (long long)out->shape[1]);
   return 0;
 }
 
@@ -106,5 +108,5 @@ static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(linear) {.name = "linear", .nin = 3, .nout = 1, .infer = infer_linear,
-                 .kernel = {[FLOW_CPU] = cpu_linear}, .grad = grad_linear, .save_in = 3};
+FLOW_OP(linear) {.nin = 3, .nout = 1, .infer = infer_linear, .grad = grad_linear, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, linear, cpu_linear)

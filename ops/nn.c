@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "../kernels/cpu/nn.h"
+#include "../sbp/signature.h"
 #include "autograd.h"
 #include "elementwise.h"
 
@@ -22,7 +23,7 @@ extern flow_op flow_op_softmax_grad, flow_op_log_softmax_grad, flow_op_layer_nor
 
 /* The fused kernels compute in float32 or float64, and on CUDA also in float16/bfloat16 (which stay
  * storage-only on the CPU). */
-static int check_real(const flow_op *op, const flow_tensor *t, const char *what) {
+static int check_real(const flow_op *op, const flow_meta *t, const char *what) {
   if (t->dtype == FLOW_F32 || t->dtype == FLOW_F64) return 0;
   if (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16) return flow_check_computable(op, t);
   return flow_error_set("%s: %s must be float32 or float64 (got %s)", op->name, what, flow_dtype_name(t->dtype));
@@ -31,19 +32,19 @@ static int check_real(const flow_op *op, const flow_tensor *t, const char *what)
 /* The dtype of the row statistics an op saves for its backward (layer_norm's mean and rstd, the lse
  * of cross_entropy and attention): float32 for float16/bfloat16 inputs, as the CUDA kernels compute
  * them, since rounding them to 8 or 11 bits would skew every gradient of the row. */
-static flow_dtype stat_dtype(const flow_tensor *x) {
+static flow_dtype stat_dtype(const flow_meta *x) {
   return x->dtype == FLOW_F16 || x->dtype == FLOW_BF16 ? FLOW_F32 : x->dtype;
 }
 
-static int check_same_dtype(const flow_op *op, const flow_tensor *t, const flow_tensor *like, const char *what) {
+static int check_same_dtype(const flow_op *op, const flow_meta *t, const flow_meta *like, const char *what) {
   if (t->dtype == like->dtype) return 0;
   return flow_error_set("%s: %s is %s but the input is %s (cast one with :to())", op->name, what,
                         flow_dtype_name(t->dtype), flow_dtype_name(like->dtype));
 }
 
 /* Outputs that mirror inputs: out[j] gets in[src[j]]'s meta (the backward ops' inference). */
-static void meta_like(flow_tensor *const *in, const int *src, int n, flow_meta *out) {
-  for (int j = 0; j < n; j++) flow_meta_from(&out[j], in[src[j]]);
+static void meta_like(const flow_meta *in, const int *src, int n, flow_meta *out) {
+  for (int j = 0; j < n; j++) out[j] = in[src[j]];
 }
 
 /* Gradient of output j as a new reference: zeros where it received none. NULL + error on failure. */
@@ -82,16 +83,16 @@ static int run_backward(const flow_grad_ctx *c, const flow_op *op, flow_tensor *
 
 /* ---- softmax, log_softmax ---------------------------------------------------------------- */
 
-static int infer_softmax(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_softmax(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin;
   int64_t ax;
-  if (check_real(op, in[0], "input") != 0 || flow_axis_norm(op->name, a->axis, in[0]->ndim, &ax) != 0) return -1;
-  flow_meta_from(out, in[0]);
+  if (check_real(op, &in[0], "input") != 0 || flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0) return -1;
+  *out = in[0];
   return 0;
 }
 
-static int infer_softmax_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_softmax_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)op; (void)nin; (void)a;
   meta_like(in, (const int[]){0}, 1, out);
@@ -134,14 +135,18 @@ static int grad_log_softmax(const flow_grad_ctx *c, flow_tensor **gin) {
   return grad_softmax_like(c, gin, &flow_op_log_softmax_grad);
 }
 
-FLOW_OP(softmax) {.name = "softmax", .nin = 1, .nout = 1, .infer = infer_softmax,
-                  .kernel = {[FLOW_CPU] = cpu_softmax}, .grad = grad_softmax, .save_out = 1};
-FLOW_OP(log_softmax) {.name = "log_softmax", .nin = 1, .nout = 1, .infer = infer_softmax,
-                      .kernel = {[FLOW_CPU] = cpu_log_softmax}, .grad = grad_log_softmax, .save_out = 1};
-FLOW_OP(softmax_grad) {.name = "softmax_grad", .nin = 2, .nout = 1, .infer = infer_softmax_grad,
-                       .kernel = {[FLOW_CPU] = cpu_softmax_grad}};
-FLOW_OP(log_softmax_grad) {.name = "log_softmax_grad", .nin = 2, .nout = 1, .infer = infer_softmax_grad,
-                           .kernel = {[FLOW_CPU] = cpu_log_softmax_grad}};
+FLOW_OP(softmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                  .infer = infer_softmax, .grad = grad_softmax, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, softmax, cpu_softmax)
+FLOW_OP(log_softmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                      .infer = infer_softmax, .grad = grad_log_softmax, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, log_softmax, cpu_log_softmax)
+FLOW_OP(softmax_grad) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                       .infer = infer_softmax_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, softmax_grad, cpu_softmax_grad)
+FLOW_OP(log_softmax_grad) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(softmax, 0),
+                           .infer = infer_softmax_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, log_softmax_grad, cpu_log_softmax_grad)
 
 static flow_tensor *softmax_call(const flow_op *op, flow_tensor *t, int64_t axis) {
   flow_attrs at;
@@ -157,7 +162,7 @@ flow_tensor *flow_log_softmax(flow_tensor *t, int64_t axis) { return softmax_cal
  * outputs: y, mean [...], rstd [...] (in stat_dtype, saved for the backward; Lua sees only y, but the
  * gradient rule also takes theirs, so every output of the op is differentiable). */
 
-static int check_affine(const flow_op *op, const flow_tensor *p, const flow_tensor *x, const char *what) {
+static int check_affine(const flow_op *op, const flow_meta *p, const flow_meta *x, const char *what) {
   if (check_same_dtype(op, p, x, what) != 0) return -1;
   if (p->ndim == 1 && p->shape[0] == x->shape[x->ndim - 1]) return 0;
   char sp[128], sx[128];
@@ -166,20 +171,20 @@ static int check_affine(const flow_op *op, const flow_tensor *p, const flow_tens
                         flow_shape_str(p->ndim, p->shape, sp, sizeof sp));
 }
 
-static int infer_layer_norm(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_layer_norm(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                             flow_meta *out) {
   bool hw = a->flags & LN_WEIGHT, hb = a->flags & LN_BIAS;
   if (nin != 1 + hw + hb)
     return flow_error_set("%s: expected %d tensor inputs, got %d", op->name, 1 + hw + hb, nin);
-  const flow_tensor *x = in[0];
+  const flow_meta *x = &in[0];
   if (check_real(op, x, "input") != 0) return -1;
   if (x->ndim < 1) return flow_error_set("%s: input must have at least 1 dimension (got a 0-d tensor)", op->name);
-  if (hw && check_affine(op, in[1], x, "weight") != 0) return -1;
-  if (hb && check_affine(op, in[nin - 1], x, "bias") != 0) return -1;
+  if (hw && check_affine(op, &in[1], x, "weight") != 0) return -1;
+  if (hb && check_affine(op, &in[nin - 1], x, "bias") != 0) return -1;
   if (!(a->eps >= 0)) return flow_error_set("%s: eps must be >= 0 (got %g)", op->name, a->eps);
-  flow_meta_from(&out[0], x);
+  out[0] = *x;
   for (int j = 1; j < 3; j++) {
-    flow_meta_from(&out[j], x);
+    out[j] = *x;
     out[j].ndim--;
     out[j].dtype = stat_dtype(x);
   }
@@ -194,12 +199,12 @@ static FLOW_KERNEL(cpu_layer_norm) {
 
 /* layer_norm_grad inputs: dy, dmean, drstd, x, mean, rstd, then the weight if LN_WEIGHT.
  * outputs: dx, dw, db. */
-static int infer_layer_norm_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_layer_norm_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                  flow_meta *out) {
   (void)op; (void)nin; (void)a;
   meta_like(in, (const int[]){3, 3, 3}, 3, out);
   out[1].ndim = out[2].ndim = 1;
-  out[1].shape[0] = out[2].shape[0] = in[3]->shape[in[3]->ndim - 1];
+  out[1].shape[0] = out[2].shape[0] = in[3].shape[in[3].ndim - 1];
   return 0;
 }
 
@@ -221,11 +226,14 @@ static int grad_layer_norm(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(layer_norm) {.name = "layer_norm", .nin = -1, .nout = 3, .infer = infer_layer_norm,
-                     .kernel = {[FLOW_CPU] = cpu_layer_norm}, .grad = grad_layer_norm, .save_in = 3,
+FLOW_OP(layer_norm) {.nin = -1, .nout = 3, .sbp = FLOW_SBP_RULE(layer_norm, 0),
+                     .infer = infer_layer_norm, .grad = grad_layer_norm, .save_in = 3,
                      .save_out = 6};
-FLOW_OP(layer_norm_grad) {.name = "layer_norm_grad", .nin = -1, .nout = 3, .infer = infer_layer_norm_grad,
-                          .kernel = {[FLOW_CPU] = cpu_layer_norm_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, layer_norm, cpu_layer_norm)
+FLOW_OP(layer_norm_grad) {.nin = -1, .nout = 3,
+                          .sbp = FLOW_SBP_RULE(layer_norm, FLOW_SBP_BACKWARD),
+                          .infer = infer_layer_norm_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, layer_norm_grad, cpu_layer_norm_grad)
 
 flow_tensor *flow_layer_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *bias, double eps) {
   flow_attrs at;
@@ -242,10 +250,10 @@ flow_tensor *flow_layer_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *b
  * inputs: logits [..., C], target int64 [...]. outputs: loss ([] or [...] for reduction "none"),
  * lse [...] (log-sum-exp of each row in stat_dtype, for the backward). */
 
-static int infer_cross_entropy(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_cross_entropy(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                flow_meta *out) {
   (void)nin;
-  const flow_tensor *x = in[0], *t = in[1];
+  const flow_meta *x = &in[0], *t = &in[1];
   if (check_real(op, x, "logits") != 0) return -1;
   if (t->dtype != FLOW_I64)
     return flow_error_set("%s: target must be an int64 tensor of class indices (got %s)", op->name,
@@ -255,7 +263,7 @@ static int infer_cross_entropy(const flow_op *op, flow_tensor *const *in, int ni
     return flow_error_set("%s: logits %s need a class axis last and target %s the shape of the other axes",
                           op->name, flow_shape_str(x->ndim, x->shape, sx, sizeof sx),
                           flow_shape_str(t->ndim, t->shape, st, sizeof st));
-  flow_meta_from(&out[1], t);
+  out[1] = *t;
   out[0] = out[1];
   out[0].dtype = x->dtype;
   out[1].dtype = stat_dtype(x);
@@ -270,7 +278,7 @@ static FLOW_KERNEL(cpu_cross_entropy) {
 }
 
 /* cross_entropy_grad inputs: logits, target, lse, g (of the loss), glse (of lse). output: dlogits. */
-static int infer_cross_entropy_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_cross_entropy_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                     flow_meta *out) {
   (void)op; (void)nin; (void)a;
   meta_like(in, (const int[]){0}, 1, out);
@@ -294,11 +302,14 @@ static int grad_cross_entropy(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(cross_entropy) {.name = "cross_entropy", .nin = 2, .nout = 2, .infer = infer_cross_entropy,
-                        .kernel = {[FLOW_CPU] = cpu_cross_entropy}, .grad = grad_cross_entropy, .save_in = 3,
+FLOW_OP(cross_entropy) {.nin = 2, .nout = 2, .sbp = FLOW_SBP_RULE(cross_entropy, 0),
+                        .infer = infer_cross_entropy, .grad = grad_cross_entropy, .save_in = 3,
                         .save_out = 2, .nondiff_in = 2};
-FLOW_OP(cross_entropy_grad) {.name = "cross_entropy_grad", .nin = 5, .nout = 1, .infer = infer_cross_entropy_grad,
-                             .kernel = {[FLOW_CPU] = cpu_cross_entropy_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy, cpu_cross_entropy)
+FLOW_OP(cross_entropy_grad) {.nin = 5, .nout = 1,
+                             .sbp = FLOW_SBP_RULE(cross_entropy, FLOW_SBP_BACKWARD),
+                             .infer = infer_cross_entropy_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy_grad, cpu_cross_entropy_grad)
 
 flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_t ignore_index,
                                 flow_reduction reduction) {
@@ -316,10 +327,10 @@ flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_
  * outputs: o [B,H,Tq,Dv], lse [B,H,Tq] (log-sum-exp of each score row in stat_dtype, for the
  * backward). */
 
-static int infer_attention(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_attention(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                            flow_meta *out) {
   (void)nin;
-  const flow_tensor *q = in[0], *k = in[1], *v = in[2];
+  const flow_meta *q = &in[0], *k = &in[1], *v = &in[2];
   if (check_real(op, q, "q") != 0 || check_same_dtype(op, k, q, "k") != 0 || check_same_dtype(op, v, q, "v") != 0)
     return -1;
   char sq[128], sk[128], sv[128];
@@ -337,9 +348,9 @@ static int infer_attention(const flow_op *op, flow_tensor *const *in, int nin, c
     why = "causal attention needs as many queries as keys (axis 2)";
   else if (k->shape[2] == 0 || q->shape[3] == 0) why = "need at least one key and a head size of at least 1";
   if (why) return flow_error_set("%s: %s; got q %s, k %s, v %s", op->name, why, sq, sk, sv);
-  flow_meta_from(&out[0], q);
+  out[0] = *q;
   out[0].shape[3] = v->shape[3];
-  flow_meta_from(&out[1], q);
+  out[1] = *q;
   out[1].ndim = 3;
   out[1].dtype = stat_dtype(q);
   return 0;
@@ -351,7 +362,7 @@ static FLOW_KERNEL(cpu_attention) {
 }
 
 /* scaled_dot_product_attention_grad inputs: q, k, v, o, lse, do, dlse. outputs: dq, dk, dv. */
-static int infer_attention_grad(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_attention_grad(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                 flow_meta *out) {
   (void)op; (void)nin; (void)a;
   meta_like(in, (const int[]){0, 1, 2}, 3, out);
@@ -375,12 +386,15 @@ static int grad_attention(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(scaled_dot_product_attention) {.name = "scaled_dot_product_attention", .nin = 3, .nout = 2,
-                                       .infer = infer_attention, .kernel = {[FLOW_CPU] = cpu_attention},
+FLOW_OP(scaled_dot_product_attention) {.nin = 3, .nout = 2,
+                                       .sbp = FLOW_SBP_RULE(attention, 0),
+                                       .infer = infer_attention,
                                        .grad = grad_attention, .save_in = 7, .save_out = 3};
-FLOW_OP(scaled_dot_product_attention_grad) {.name = "scaled_dot_product_attention_grad", .nin = 7, .nout = 3,
-                                            .infer = infer_attention_grad,
-                                            .kernel = {[FLOW_CPU] = cpu_attention_grad}};
+FLOW_KERNEL_REGISTER(FLOW_CPU, scaled_dot_product_attention, cpu_attention)
+FLOW_OP(scaled_dot_product_attention_grad) {.nin = 7, .nout = 3,
+                                            .sbp = FLOW_SBP_RULE(attention, 0),
+                                            .infer = infer_attention_grad};
+FLOW_KERNEL_REGISTER(FLOW_CPU, scaled_dot_product_attention_grad, cpu_attention_grad)
 
 flow_tensor *flow_scaled_dot_product_attention(flow_tensor *q, flow_tensor *k, flow_tensor *v, bool causal,
                                                double scale) {
@@ -397,23 +411,21 @@ flow_tensor *flow_scaled_dot_product_attention(flow_tensor *q, flow_tensor *k, f
  * inputs: param (written in place), grad, m, v (also written in place); attrs: lr, beta1, beta2,
  * eps, weight_decay, k = the 1-based step. */
 
-static int infer_adamw(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_meta *out) {
+static int infer_adamw(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   (void)nin;
   static const char *names[4] = {"param", "grad", "m", "v"};
-  if (check_real(op, in[0], "param") != 0) return -1;
+  if (check_real(op, &in[0], "param") != 0) return -1;
   for (int i = 1; i < 4; i++) {
-    if (check_same_dtype(op, in[i], in[0], names[i]) != 0) return -1;
-    if (!flow_shape_eq(in[i]->ndim, in[i]->shape, in[0]->ndim, in[0]->shape)) {
+    if (check_same_dtype(op, &in[i], &in[0], names[i]) != 0) return -1;
+    if (!flow_shape_eq(in[i].ndim, in[i].shape, in[0].ndim, in[0].shape)) {
       char s0[128], si[128];
       return flow_error_set("%s: %s has shape %s but param has shape %s", op->name, names[i],
-                            flow_shape_str(in[i]->ndim, in[i]->shape, si, sizeof si),
-                            flow_shape_str(in[0]->ndim, in[0]->shape, s0, sizeof s0));
+                            flow_shape_str(in[i].ndim, in[i].shape, si, sizeof si),
+                            flow_shape_str(in[0].ndim, in[0].shape, s0, sizeof s0));
     }
   }
-  if (flow_grad_enabled() && (in[2]->requires_grad || in[3]->requires_grad))
-    return flow_error_set("%s: the moment buffers m and v must not require grad", op->name);
   if (a->k < 1) return flow_error_set("%s: step must be >= 1 (it is 1-based), got %lld", op->name, (long long)a->k);
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
@@ -427,8 +439,10 @@ static FLOW_KERNEL(cpu_adamw) {
   return 0;
 }
 
-FLOW_OP(adamw_) {.name = "adamw_", .nin = 4, .nout = 1, .kind = FLOW_OP_INPLACE, .infer = infer_adamw,
-                 .kernel = {[FLOW_CPU] = cpu_adamw}};
+FLOW_OP(adamw_) {.nin = 4, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                 .kind = FLOW_OP_INPLACE, .written_in = 1 << 2 | 1 << 3 /* the moments */,
+                 .infer = infer_adamw};
+FLOW_KERNEL_REGISTER(FLOW_CPU, adamw_, cpu_adamw)
 
 int flow_adamw_(flow_tensor *param, flow_tensor *grad, flow_tensor *m, flow_tensor *v, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int64_t step) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/cpu.h"
+#include "../sbp/signature.h"
 #include "elementwise.h"
 #include "shape.h"
 
@@ -20,7 +21,7 @@ int flow_reduce_mask(const flow_op *op, const flow_attrs *a, int ndim, bool *mas
   return 0;
 }
 
-void flow_reduce_meta(const flow_tensor *t, const bool *mask, bool keepdim, flow_meta *out) {
+void flow_reduce_meta(const flow_meta *t, const bool *mask, bool keepdim, flow_meta *out) {
   out->dtype = t->dtype;
   out->device = t->device;
   out->ndim = 0;
@@ -30,27 +31,27 @@ void flow_reduce_meta(const flow_tensor *t, const bool *mask, bool keepdim, flow
   }
 }
 
-static int infer_sum(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_sum(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   (void)nin;
   bool mask[FLOW_MAX_DIMS];
-  if (flow_reduce_mask(op, a, in[0]->ndim, mask) != 0) return -1;
-  if (flow_check_computable(op, in[0]) != 0) return -1;
-  flow_reduce_meta(in[0], mask, a->keepdim, out);
-  if (in[0]->dtype == FLOW_BOOL || in[0]->dtype == FLOW_U8 || in[0]->dtype == FLOW_I32) out->dtype = FLOW_I64;
+  if (flow_reduce_mask(op, a, in[0].ndim, mask) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  flow_reduce_meta(&in[0], mask, a->keepdim, out);
+  if (in[0].dtype == FLOW_BOOL || in[0].dtype == FLOW_U8 || in[0].dtype == FLOW_I32) out->dtype = FLOW_I64;
   return 0;
 }
 
 /* mean and var: floating point only. */
-static int infer_float_reduce(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_float_reduce(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin;
   bool mask[FLOW_MAX_DIMS];
-  if (flow_reduce_mask(op, a, in[0]->ndim, mask) != 0) return -1;
-  if (in[0]->dtype != FLOW_F32 && in[0]->dtype != FLOW_F64)
+  if (flow_reduce_mask(op, a, in[0].ndim, mask) != 0) return -1;
+  if (in[0].dtype != FLOW_F32 && in[0].dtype != FLOW_F64)
     return flow_error_set("%s: expected a float32 or float64 tensor (got %s; cast it first)", op->name,
-                          flow_dtype_name(in[0]->dtype));
-  flow_reduce_meta(in[0], mask, a->keepdim, out);
+                          flow_dtype_name(in[0].dtype));
+  flow_reduce_meta(&in[0], mask, a->keepdim, out);
   return 0;
 }
 
@@ -135,12 +136,15 @@ static int grad_var(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(sum) {.name = "sum", .nin = 1, .nout = 1, .infer = infer_sum,
-              .kernel = {[FLOW_CPU] = cpu_sum}, .grad = grad_sum};
-FLOW_OP(mean) {.name = "mean", .nin = 1, .nout = 1, .infer = infer_float_reduce,
-               .kernel = {[FLOW_CPU] = cpu_mean}, .grad = grad_mean};
-FLOW_OP(var) {.name = "var", .nin = 1, .nout = 1, .infer = infer_float_reduce,
-              .kernel = {[FLOW_CPU] = cpu_var}, .grad = grad_var, .save_in = 1};
+FLOW_OP(sum) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, FLOW_SBP_LINEAR),
+              .infer = infer_sum, .grad = grad_sum};
+FLOW_KERNEL_REGISTER(FLOW_CPU, sum, cpu_sum)
+FLOW_OP(mean) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+               .infer = infer_float_reduce, .grad = grad_mean};
+FLOW_KERNEL_REGISTER(FLOW_CPU, mean, cpu_mean)
+FLOW_OP(var) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_float_reduce, .grad = grad_var, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, var, cpu_var)
 
 static flow_tensor *reduce(const flow_op *op, flow_tensor *t, int naxes, const int64_t *axes, bool keepdim,
                            int flags) {
@@ -177,22 +181,20 @@ static int arg_axis(const flow_op *op, const flow_attrs *a, const flow_meta *in,
   return 0;
 }
 
-static int infer_arg(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_arg(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   (void)nin;
-  flow_meta im;
-  flow_meta_from(&im, in[0]);
   int axis;
-  if (arg_axis(op, a, &im, &axis) != 0) return -1;
-  if (flow_check_computable(op, in[0]) != 0) return -1;
-  if (axis >= 0 ? in[0]->shape[axis] == 0 : flow_tensor_numel(in[0]) == 0) {
+  if (arg_axis(op, a, &in[0], &axis) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  if (axis >= 0 ? in[0].shape[axis] == 0 : flow_shape_numel(in[0].ndim, in[0].shape) == 0) {
     char s[128];
     return flow_error_set("%s: cannot reduce an empty %s (shape %s)", op->name, axis >= 0 ? "axis" : "tensor",
-                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s));
+                          flow_shape_str(in[0].ndim, in[0].shape, s, sizeof s));
   }
   bool mask[FLOW_MAX_DIMS];
-  for (int k = 0; k < in[0]->ndim; k++) mask[k] = axis < 0 || k == axis;
-  flow_reduce_meta(in[0], mask, a->keepdim, &out[0]);
+  for (int k = 0; k < in[0].ndim; k++) mask[k] = axis < 0 || k == axis;
+  flow_reduce_meta(&in[0], mask, a->keepdim, &out[0]);
   out[op->nout - 1] = out[0];
   out[op->nout - 1].dtype = FLOW_I64;
   return 0;
@@ -234,21 +236,21 @@ static int grad_arg(const flow_grad_ctx *c, flow_tensor **gin) {
 }
 
 /* argreduce_backward(g, idx): attrs.shape is the input's shape, axes/naxes as in max. */
-static int infer_arg_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_arg_backward(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin;
-  if (in[1]->dtype != FLOW_I64)
-    return flow_error_set("%s: indices must be int64 (got %s)", op->name, flow_dtype_name(in[1]->dtype));
-  out->dtype = in[0]->dtype;
-  out->device = in[0]->device;
+  if (in[1].dtype != FLOW_I64)
+    return flow_error_set("%s: indices must be int64 (got %s)", op->name, flow_dtype_name(in[1].dtype));
+  out->dtype = in[0].dtype;
+  out->device = in[0].device;
   out->ndim = a->nshape;
   for (int d = 0; d < a->nshape; d++) out->shape[d] = a->shape[d];
   int axis;
   if (arg_axis(op, a, out, &axis) != 0) return -1;
   int64_t kept = axis >= 0 ? flow_shape_numel(out->ndim, out->shape) / out->shape[axis] : 1;
-  if (flow_tensor_numel(in[0]) != kept || flow_tensor_numel(in[1]) != kept)
+  if (flow_shape_numel(in[0].ndim, in[0].shape) != kept || flow_shape_numel(in[1].ndim, in[1].shape) != kept)
     return flow_error_set("%s: %lld gradients and %lld indices for %lld reduced positions", op->name,
-                          (long long)flow_tensor_numel(in[0]), (long long)flow_tensor_numel(in[1]), (long long)kept);
+                          (long long)flow_shape_numel(in[0].ndim, in[0].shape), (long long)flow_shape_numel(in[1].ndim, in[1].shape), (long long)kept);
   return 0;
 }
 
@@ -258,14 +260,22 @@ static FLOW_KERNEL(cpu_arg_backward) {
   return flow_cpu_index_put_axis(out[0], in[0], in[1], axis);
 }
 
-FLOW_OP(max) {.name = "max", .nin = 1, .nout = 2, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_max},
+FLOW_OP(max) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_arg,
               .grad = grad_arg, .save_out = 2};
-FLOW_OP(min) {.name = "min", .nin = 1, .nout = 2, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_min},
+FLOW_KERNEL_REGISTER(FLOW_CPU, max, cpu_max)
+FLOW_OP(min) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
+              .infer = infer_arg,
               .grad = grad_arg, .save_out = 2};
-FLOW_OP(argmax) {.name = "argmax", .nin = 1, .nout = 1, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmax}};
-FLOW_OP(argmin) {.name = "argmin", .nin = 1, .nout = 1, .infer = infer_arg, .kernel = {[FLOW_CPU] = cpu_argmin}};
-FLOW_OP(argreduce_backward) {.name = "argreduce_backward", .nin = 2, .nout = 1, .infer = infer_arg_backward,
-                             .kernel = {[FLOW_CPU] = cpu_arg_backward}, .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, min, cpu_min)
+FLOW_OP(argmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+                 .infer = infer_arg};
+FLOW_KERNEL_REGISTER(FLOW_CPU, argmax, cpu_argmax)
+FLOW_OP(argmin) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+                 .infer = infer_arg};
+FLOW_KERNEL_REGISTER(FLOW_CPU, argmin, cpu_argmin)
+FLOW_OP(argreduce_backward) {.nin = 2, .nout = 1, .infer = infer_arg_backward, .nondiff_in = 2};
+FLOW_KERNEL_REGISTER(FLOW_CPU, argreduce_backward, cpu_arg_backward)
 
 static void arg_attrs(flow_attrs *at, bool has_axis, int64_t axis, bool keepdim) {
   flow_attrs_init(at);

@@ -24,6 +24,6 @@ flow_tensor *flow_sum_to_shape(flow_tensor *g, int ndim, const int64_t *shape);
 /* Parse attrs axes against ndim into a mask; -1 + error naming op on a bad axis. */
 int flow_reduce_mask(const flow_op *op, const flow_attrs *a, int ndim, bool *mask);
 /* Output meta of a reduction with the given mask. */
-void flow_reduce_meta(const flow_tensor *t, const bool *mask, bool keepdim, flow_meta *out);
+void flow_reduce_meta(const flow_meta *t, const bool *mask, bool keepdim, flow_meta *out);
 
 #endif

@@ -7,11 +7,14 @@
 #include <string.h>
 
 #include "../kernels/cpu/shape.h"
+#include "../sbp/global.h"
+#include "../sbp/signature.h"
 #include "elementwise.h"
 #include "reduce.h"
 
 /* Infer one -1 and check the element count; names the op in errors. */
-static int resolve_shape(const char *op, const flow_tensor *t, int ndim, const int64_t *in, int64_t *out) {
+/* The target shape with its -1 resolved, for a tensor of shape (tnd, tshape). */
+static int resolve_shape(const char *op, int tnd, const int64_t *tshape, int ndim, const int64_t *in, int64_t *out) {
   int64_t known = 1;
   int infer = -1;
   for (int i = 0; i < ndim; i++) {
@@ -22,7 +25,7 @@ static int resolve_shape(const char *op, const flow_tensor *t, int ndim, const i
     else known *= in[i];
     out[i] = in[i];
   }
-  int64_t n = flow_tensor_numel(t);
+  int64_t n = flow_shape_numel(tnd, tshape);
   if (infer >= 0) {
     if (known == 0 || n % known != 0) goto bad;
     out[infer] = n / known;
@@ -31,7 +34,7 @@ static int resolve_shape(const char *op, const flow_tensor *t, int ndim, const i
 bad:;
   char a[128], b[128];
   return flow_error_set("%s: cannot view a tensor of shape %s (%lld elements) as %s", op,
-                        flow_shape_str(t->ndim, t->shape, a, sizeof a), (long long)n,
+                        flow_shape_str(tnd, tshape, a, sizeof a), (long long)n,
                         flow_shape_str(ndim, in, b, sizeof b));
 }
 
@@ -63,29 +66,36 @@ bool flow_view_strides(const flow_tensor *t, int ndim, const int64_t *shape, int
   return view_d == -1;
 }
 
-static int infer_view(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_view(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                       flow_meta *out) {
   (void)nin;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   out->ndim = a->nshape;
   if (a->nshape > FLOW_MAX_DIMS) return flow_error_set("%s: at most %d dimensions", op->name, FLOW_MAX_DIMS);
-  if (resolve_shape(op->name, in[0], a->nshape, a->shape, out->shape) != 0) return -1;
-  int64_t st[FLOW_MAX_DIMS];
-  if (!flow_view_strides(in[0], out->ndim, out->shape, st)) {
-    char s[128];
-    return flow_error_set("%s: the tensor's strides do not allow a view as %s (use reshape, which copies)",
-                          op->name, flow_shape_str(out->ndim, out->shape, s, sizeof s));
-  }
-  return 0;
+  return resolve_shape(op->name, in[0].ndim, in[0].shape, a->nshape, a->shape, out->shape);
 }
 
 static FLOW_KERNEL(kernel_view) {
   (void)nin; (void)nout;
   int64_t shape[FLOW_MAX_DIMS], st[FLOW_MAX_DIMS];
-  resolve_shape("view", in[0], a->nshape, a->shape, shape);
-  flow_view_strides(in[0], a->nshape, shape, st);
+  if (resolve_shape("view", in[0]->ndim, in[0]->shape, a->nshape, a->shape, shape) != 0) return -1;
+  if (!flow_view_strides(in[0], a->nshape, shape, st)) { /* strides are not metadata: checked here */
+    char s[128];
+    return flow_error_set("view: the tensor's strides do not allow a view as %s (use reshape, which copies)",
+                          flow_shape_str(a->nshape, shape, s, sizeof s));
+  }
   out[0] = flow_tensor_view_of(in[0], a->nshape, shape, st, in[0]->offset);
   return out[0] ? 0 : -1;
+}
+
+/* Shape attrs are logical: on a shard the kernel makes this rank's box of the output (view,
+ * expand, narrow_backward). */
+static void shard_target_shape(const flow_op *op, const flow_shard_ctx *c, flow_attrs *local) {
+  (void)op;
+  int64_t start[FLOW_MAX_DIMS];
+  flow_global_box(c->placement, &c->out_sbp[0], c->out[0].ndim, c->out[0].shape, c->placement->coord, -1,
+                  start, local->shape);
+  local->nshape = c->out[0].ndim;
 }
 
 static int grad_view(const flow_grad_ctx *c, flow_tensor **gin) {
@@ -94,8 +104,11 @@ static int grad_view(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(view) {.name = "view", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_view,
-               .kernel = {[FLOW_CPU] = kernel_view, [FLOW_CUDA] = kernel_view}, .grad = grad_view};
+FLOW_OP(view) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(view, 0),
+               .shard = shard_target_shape, .dense_shards = true, .kind = FLOW_OP_VIEW, .infer = infer_view,
+               .grad = grad_view};
+FLOW_KERNEL_REGISTER(FLOW_CPU, view, kernel_view)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, view, kernel_view)
 
 flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape) {
   flow_attrs at;
@@ -105,7 +118,7 @@ flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape) {
   for (int i = 0; i < ndim; i++) at.shape[i] = shape[i];
   if (t->global) return flow_op_call1(&flow_op_view, &t, 1, &at); /* the global layer reshapes shards */
   int64_t resolved[FLOW_MAX_DIMS], st[FLOW_MAX_DIMS];
-  if (resolve_shape("reshape", t, ndim, shape, resolved) != 0) return NULL;
+  if (resolve_shape("reshape", t->ndim, t->shape, ndim, shape, resolved) != 0) return NULL;
   if (flow_view_strides(t, ndim, resolved, st)) return flow_op_call1(&flow_op_view, &t, 1, &at);
   flow_tensor *c = flow_contiguous_copy(t);
   if (!c) return NULL;
@@ -116,43 +129,43 @@ flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape) {
 
 /* ---- expand --------------------------------------------------------------------------------- */
 
-static int expand_geometry(const char *op, const flow_tensor *t, int ndim, const int64_t *want,
-                           int64_t *shape, int64_t *stride) {
-  if (ndim < t->ndim) {
+/* The shape (and, given t's strides, the strides) of t (shape tnd/tshape) expanded to want. */
+static int expand_geometry(const char *op, int tnd, const int64_t *tshape, const int64_t *tstride, int ndim,
+                           const int64_t *want, int64_t *shape, int64_t *stride) {
+  if (ndim < tnd) {
     char a[128], b[128];
     return flow_error_set("%s: cannot expand shape %s to fewer dimensions %s", op,
-                          flow_shape_str(t->ndim, t->shape, a, sizeof a), flow_shape_str(ndim, want, b, sizeof b));
+                          flow_shape_str(tnd, tshape, a, sizeof a), flow_shape_str(ndim, want, b, sizeof b));
   }
-  int lead = ndim - t->ndim;
+  int lead = ndim - tnd;
   for (int d = 0; d < ndim; d++) {
     int td = d - lead;
-    int64_t have = td >= 0 ? t->shape[td] : 1;
+    int64_t have = td >= 0 ? tshape[td] : 1;
     int64_t w = want[d] == -1 ? have : want[d];
     if (td >= 0 && have != 1 && have != w) {
       char a[128], b[128];
       return flow_error_set("%s: cannot expand shape %s to %s (axis %d: %lld vs %lld)", op,
-                            flow_shape_str(t->ndim, t->shape, a, sizeof a),
+                            flow_shape_str(tnd, tshape, a, sizeof a),
                             flow_shape_str(ndim, want, b, sizeof b), d, (long long)have, (long long)w);
     }
     shape[d] = w;
-    stride[d] = (td < 0 || have == 1) ? 0 : t->stride[td];
+    if (stride) stride[d] = (td < 0 || have == 1) ? 0 : tstride[td];
   }
   return 0;
 }
 
-static int infer_expand(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_expand(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin;
-  int64_t st[FLOW_MAX_DIMS];
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   out->ndim = a->nshape;
-  return expand_geometry(op->name, in[0], a->nshape, a->shape, out->shape, st);
+  return expand_geometry(op->name, in[0].ndim, in[0].shape, NULL, a->nshape, a->shape, out->shape, NULL);
 }
 
 static FLOW_KERNEL(kernel_expand) {
   (void)nin; (void)nout;
   int64_t shape[FLOW_MAX_DIMS], st[FLOW_MAX_DIMS];
-  expand_geometry("expand", in[0], a->nshape, a->shape, shape, st);
+  expand_geometry("expand", in[0]->ndim, in[0]->shape, in[0]->stride, a->nshape, a->shape, shape, st);
   out[0] = flow_tensor_view_of(in[0], a->nshape, shape, st, in[0]->offset);
   return out[0] ? 0 : -1;
 }
@@ -163,8 +176,10 @@ static int grad_expand(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(expand) {.name = "expand", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_expand,
-                 .kernel = {[FLOW_CPU] = kernel_expand, [FLOW_CUDA] = kernel_expand}, .grad = grad_expand};
+FLOW_OP(expand) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(expand, 0),
+                 .shard = shard_target_shape, .kind = FLOW_OP_VIEW, .infer = infer_expand, .grad = grad_expand};
+FLOW_KERNEL_REGISTER(FLOW_CPU, expand, kernel_expand)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, expand, kernel_expand)
 
 flow_tensor *flow_expand(flow_tensor *t, int ndim, const int64_t *shape) {
   flow_attrs at;
@@ -187,7 +202,7 @@ static flow_tensor *view_as(flow_tensor *t, int ndim, const int64_t *shape) {
 
 /* ---- permute / transpose ------------------------------------------------------------------- */
 
-static int check_permutation(const char *op, const flow_tensor *t, int n, const int64_t *dims, int64_t *perm) {
+static int check_permutation(const char *op, const flow_meta *t, int n, const int64_t *dims, int64_t *perm) {
   char a[128], b[128];
   bool seen[FLOW_MAX_DIMS] = {false};
   if (n != t->ndim) goto bad;
@@ -203,13 +218,13 @@ bad:
                         flow_shape_str(n, dims, a, sizeof a), t->ndim, flow_shape_str(t->ndim, t->shape, b, sizeof b));
 }
 
-static int infer_permute(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_permute(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin;
   int64_t perm[FLOW_MAX_DIMS];
-  if (check_permutation(op->name, in[0], a->naxes, a->axes, perm) != 0) return -1;
-  flow_meta_from(out, in[0]);
-  for (int i = 0; i < a->naxes; i++) out->shape[i] = in[0]->shape[perm[i]];
+  if (check_permutation(op->name, &in[0], a->naxes, a->axes, perm) != 0) return -1;
+  *out = in[0];
+  for (int i = 0; i < a->naxes; i++) out->shape[i] = in[0].shape[perm[i]];
   return 0;
 }
 
@@ -235,8 +250,10 @@ static int grad_permute(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(permute) {.name = "permute", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_permute,
-                  .kernel = {[FLOW_CPU] = kernel_permute, [FLOW_CUDA] = kernel_permute}, .grad = grad_permute};
+FLOW_OP(permute) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(permute, 0),
+                  .kind = FLOW_OP_VIEW, .infer = infer_permute, .grad = grad_permute};
+FLOW_KERNEL_REGISTER(FLOW_CPU, permute, kernel_permute)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, permute, kernel_permute)
 
 flow_tensor *flow_permute(flow_tensor *t, int n, const int64_t *dims) {
   flow_attrs at;
@@ -261,7 +278,7 @@ flow_tensor *flow_transpose(flow_tensor *t, int64_t a, int64_t b) {
 /* ---- narrow and its backward ---------------------------------------------------------------- */
 
 /* attrs: axis, start (negative counts from the end), length. */
-static int narrow_geometry(const char *op, const flow_tensor *t, const flow_attrs *a, int *axis, int64_t *start) {
+static int narrow_geometry(const char *op, const flow_meta *t, const flow_attrs *a, int *axis, int64_t *start) {
   char s[128];
   int64_t ax;
   if (t->ndim == 0) return flow_error_set("%s: cannot narrow a 0-d tensor", op);
@@ -280,13 +297,13 @@ static int narrow_geometry(const char *op, const flow_tensor *t, const flow_attr
   return 0;
 }
 
-static int infer_narrow(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_narrow(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)nin;
   int axis;
   int64_t start;
-  if (narrow_geometry(op->name, in[0], a, &axis, &start) != 0) return -1;
-  flow_meta_from(out, in[0]);
+  if (narrow_geometry(op->name, &in[0], a, &axis, &start) != 0) return -1;
+  *out = in[0];
   out->shape[axis] = a->length;
   return 0;
 }
@@ -295,7 +312,9 @@ static FLOW_KERNEL(kernel_narrow) {
   (void)nin; (void)nout;
   int axis;
   int64_t start, shape[FLOW_MAX_DIMS];
-  if (narrow_geometry("narrow", in[0], a, &axis, &start) != 0) return -1;
+  flow_meta m;
+  flow_meta_from(&m, in[0]);
+  if (narrow_geometry("narrow", &m, a, &axis, &start) != 0) return -1;
   memcpy(shape, in[0]->shape, sizeof shape);
   shape[axis] = a->length;
   out[0] = flow_tensor_view_of(in[0], in[0]->ndim, shape, in[0]->stride,
@@ -316,22 +335,24 @@ static int grad_narrow(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow) {.name = "narrow", .nin = 1, .nout = 1, .kind = FLOW_OP_VIEW, .infer = infer_narrow,
-                 .kernel = {[FLOW_CPU] = kernel_narrow, [FLOW_CUDA] = kernel_narrow}, .grad = grad_narrow};
+FLOW_OP(narrow) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+                 .kind = FLOW_OP_VIEW, .infer = infer_narrow, .grad = grad_narrow};
+FLOW_KERNEL_REGISTER(FLOW_CPU, narrow, kernel_narrow)
+FLOW_KERNEL_REGISTER(FLOW_CUDA, narrow, kernel_narrow)
 
-static int infer_narrow_backward(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_narrow_backward(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                  flow_meta *out) {
   (void)nin;
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   out->ndim = a->nshape;
   memcpy(out->shape, a->shape, sizeof out->shape);
-  bool ok = a->nshape == in[0]->ndim && a->axis >= 0 && a->axis < a->nshape && a->start >= 0 &&
-            a->start + in[0]->shape[a->axis] <= a->shape[a->axis];
-  for (int d = 0; ok && d < a->nshape; d++) ok = d == a->axis || a->shape[d] == in[0]->shape[d];
+  bool ok = a->nshape == in[0].ndim && a->axis >= 0 && a->axis < a->nshape && a->start >= 0 &&
+            a->start + in[0].shape[a->axis] <= a->shape[a->axis];
+  for (int d = 0; ok && d < a->nshape; d++) ok = d == a->axis || a->shape[d] == in[0].shape[d];
   if (!ok) {
     char s[128], t[128];
     return flow_error_set("%s: a gradient of shape %s does not fit at %lld on axis %lld of shape %s", op->name,
-                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s), (long long)a->start,
+                          flow_shape_str(in[0].ndim, in[0].shape, s, sizeof s), (long long)a->start,
                           (long long)a->axis, flow_shape_str(a->nshape, a->shape, t, sizeof t));
   }
   return 0;
@@ -348,8 +369,10 @@ static int grad_narrow_backward(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow_backward) {.name = "narrow_backward", .nin = 1, .nout = 1, .infer = infer_narrow_backward,
-                          .kernel = {[FLOW_CPU] = cpu_narrow_backward}, .grad = grad_narrow_backward};
+FLOW_OP(narrow_backward) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+                          .shard = shard_target_shape, .infer = infer_narrow_backward,
+                          .grad = grad_narrow_backward};
+FLOW_KERNEL_REGISTER(FLOW_CPU, narrow_backward, cpu_narrow_backward)
 
 static flow_tensor *narrow_backward(flow_tensor *g, const flow_meta *in, int axis, int64_t start) {
   flow_attrs at;
@@ -437,24 +460,24 @@ flow_tensor *flow_flatten(flow_tensor *t, int64_t start, int64_t end) {
 
 /* ---- cat / stack ---------------------------------------------------------------------------- */
 
-static int infer_cat(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_cat(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   int64_t ax;
   if (nin < 1) return flow_error_set("%s: needs at least one tensor", op->name);
   if (flow_check_same_dtype(op, in, nin) != 0) return -1;
-  if (in[0]->ndim == 0) return flow_error_set("%s: cannot concatenate 0-d tensors (unsqueeze them or use stack)", op->name);
-  if (flow_axis_norm(op->name, a->axis, in[0]->ndim, &ax) != 0) return -1;
-  flow_meta_from(out, in[0]);
+  if (in[0].ndim == 0) return flow_error_set("%s: cannot concatenate 0-d tensors (unsqueeze them or use stack)", op->name);
+  if (flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0) return -1;
+  *out = in[0];
   for (int i = 1; i < nin; i++) {
-    bool ok = in[i]->ndim == in[0]->ndim;
-    for (int d = 0; ok && d < in[0]->ndim; d++) ok = d == ax || in[i]->shape[d] == in[0]->shape[d];
+    bool ok = in[i].ndim == in[0].ndim;
+    for (int d = 0; ok && d < in[0].ndim; d++) ok = d == ax || in[i].shape[d] == in[0].shape[d];
     if (!ok) {
       char s0[128], s1[128];
       return flow_error_set("%s: shapes %s (input 1) and %s (input %d) differ outside the concatenation axis %lld",
-                            op->name, flow_shape_str(in[0]->ndim, in[0]->shape, s0, sizeof s0),
-                            flow_shape_str(in[i]->ndim, in[i]->shape, s1, sizeof s1), i + 1, (long long)ax);
+                            op->name, flow_shape_str(in[0].ndim, in[0].shape, s0, sizeof s0),
+                            flow_shape_str(in[i].ndim, in[i].shape, s1, sizeof s1), i + 1, (long long)ax);
     }
-    out->shape[ax] += in[i]->shape[ax];
+    out->shape[ax] += in[i].shape[ax];
   }
   return 0;
 }
@@ -477,8 +500,10 @@ static int grad_cat(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(cat) {.name = "cat", .nin = -1, .nout = 1, .infer = infer_cat, .kernel = {[FLOW_CPU] = cpu_cat},
+FLOW_OP(cat) {.nin = -1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
+              .infer = infer_cat,
               .grad = grad_cat};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cat, cpu_cat)
 
 flow_tensor *flow_cat(int n, flow_tensor *const *ts, int64_t axis) {
   flow_attrs at;
@@ -514,15 +539,15 @@ flow_tensor *flow_stack(int n, flow_tensor *const *ts, int64_t axis) {
 /* ---- tril / triu ------------------------------------------------------------------------------ */
 
 /* attrs: k (diagonal offset); which triangle is kept is the op itself (tril or triu). */
-static int infer_tri(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
+static int infer_tri(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                      flow_meta *out) {
   (void)nin; (void)a;
-  if (in[0]->ndim < 2) {
+  if (in[0].ndim < 2) {
     char s[128];
     return flow_error_set("%s: needs a tensor of at least 2 dimensions (got shape %s)", op->name,
-                          flow_shape_str(in[0]->ndim, in[0]->shape, s, sizeof s));
+                          flow_shape_str(in[0].ndim, in[0].shape, s, sizeof s));
   }
-  flow_meta_from(out, in[0]);
+  *out = in[0];
   return 0;
 }
 
@@ -543,10 +568,14 @@ static int grad_tri(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(tril) {.name = "tril", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_tril},
+FLOW_OP(tril) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
+               .infer = infer_tri,
                .grad = grad_tri};
-FLOW_OP(triu) {.name = "triu", .nin = 1, .nout = 1, .infer = infer_tri, .kernel = {[FLOW_CPU] = cpu_triu},
+FLOW_KERNEL_REGISTER(FLOW_CPU, tril, cpu_tril)
+FLOW_OP(triu) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(triangle, 0),
+               .infer = infer_tri,
                .grad = grad_tri};
+FLOW_KERNEL_REGISTER(FLOW_CPU, triu, cpu_triu)
 
 flow_tensor *flow_tri(flow_tensor *t, int64_t k, bool upper) {
   flow_attrs at;

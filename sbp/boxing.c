@@ -10,7 +10,7 @@
 
 #include "../core/error.h"
 #include "../core/nccl.h"
-#include "../ops/elementwise.h"
+#include "../kernels/registry.h"
 #include "cost.h"
 
 /* ---- planning --------------------------------------------------------------------------------- */
@@ -151,29 +151,6 @@ static int copy_box(flow_device dev, char *dst, const int64_t *dshape, const int
     while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
     if (d < 0) return 0;
   }
-}
-
-flow_tensor *flow_boxing_dense(flow_tensor *t) {
-  if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
-  if (t->device.type != FLOW_CPU) { /* the device's own strided copy, on a plain view */
-    flow_tensor *plain = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
-    flow_tensor *c = plain ? flow_contiguous(plain) : NULL;
-    flow_tensor_decref(plain);
-    return c;
-  }
-  flow_tensor *d = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
-  if (!d) return NULL;
-  size_t es = flow_dtype_size(t->dtype);
-  int64_t n = flow_tensor_numel(t), idx[FLOW_MAX_DIMS] = {0};
-  const char *base = (const char *)t->storage->data;
-  char *out = flow_tensor_data(d);
-  for (int64_t e = 0; e < n; e++) {
-    int64_t off = t->offset;
-    for (int i = 0; i < t->ndim; i++) off += idx[i] * t->stride[i];
-    memcpy(out + e * (int64_t)es, base + off * (int64_t)es, es);
-    for (int i = t->ndim - 1; i >= 0 && ++idx[i] == t->shape[i]; i--) idx[i] = 0;
-  }
-  return d;
 }
 
 static flow_tensor *zeros(flow_dtype dt, flow_device dev, int ndim, const int64_t *shape) {
@@ -401,7 +378,7 @@ flow_tensor *flow_boxing_run(const flow_boxing_plan *plan, const flow_placement 
                    flow_shape_str(local->ndim, local->shape, a, sizeof a), flow_shape_str(ndim, sub, b, sizeof b));
     return NULL;
   }
-  flow_tensor *x = flow_boxing_dense(local);
+  flow_tensor *x = flow_kernel_dense(local);
   flow_nd_sbp cur = *src;
   for (int i = 0; x && i < plan->nsteps; i++) {
     const flow_boxing_step *s = &plan->steps[i];

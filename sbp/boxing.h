@@ -40,7 +40,4 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
  * NCCL (a test switch: the specs check the packing on machines without a GPU). */
 extern bool flow_boxing_pack_blocks;
 
-/* A dense copy of a strided local tensor, or t itself (new reference) when already dense. */
-flow_tensor *flow_boxing_dense(flow_tensor *t);
-
 #endif

@@ -1,12 +1,9 @@
 /* SBP signature rules by op family (signature.h). Each rule lists the 1-D signatures under which
  * running the op on shards gives the shards of the logical result (ONEFLOW-NOTES.md, "Op
- * signatures"). Rules read logical shapes and attrs only; they never see data. */
+ * signatures"). Rules read logical shapes, attrs and the op's flags only; they never see data. */
 #include "signature.h"
 
 #include <stdint.h>
-#include <string.h>
-
-typedef void (*rule_fn)(const flow_sig_query *q, flow_sig_list *l);
 
 static flow_sbp S(int a) { return flow_sbp_split(a); }
 static const flow_sbp B = {FLOW_SBP_B, 0}, P = {FLOW_SBP_P, 0};
@@ -27,23 +24,13 @@ static void all_same(const flow_sig_query *q, flow_sig_list *l, flow_sbp v) {
   for (int j = 0; j < q->nout; j++) s->out[j] = v;
 }
 
-static bool name_in(const char *name, const char *const *list) {
-  for (; *list; list++)
-    if (strcmp(name, *list) == 0) return true;
-  return false;
-}
-
 static int norm_axis(int64_t axis, int ndim) { return (int)(axis < 0 ? axis + ndim : axis); }
 
 /* ---- elementwise with broadcasting ----------------------------------------------------------- */
 
-/* dropout is linear in x: the mask depends only on the logical index (the dispatcher gives the
- * kernel its shard's box) */
-static const char *const linear_unary[] = {"neg", "cast", "contiguous", "copy", "to_device", "zero_", "dropout", NULL};
-static const char *const sum_like[] = {"add", "sub", "add_", "copy_", NULL};
-
-/* Output axis i split: each input splits the matching axis, or is broadcast where it has size 1. */
-static void r_elementwise(const flow_sig_query *q, flow_sig_list *l) {
+/* Output axis i split: each input splits the matching axis, or is broadcast where it has size 1.
+ * Partial sums pass where the op's flags say it is linear. */
+void flow_sbp_rule_elementwise(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
   int nd = q->out_ndim[0];
   for (int i = 0; i < nd; i++) {
     if (q->out_shape[0][i] == 1) continue;
@@ -55,14 +42,12 @@ static void r_elementwise(const flow_sig_query *q, flow_sig_list *l) {
     }
     for (int o = 0; o < q->nout; o++) s->out[o] = q->out_ndim[o] == nd ? S(i) : B;
   }
-  if ((q->nin == 1 && name_in(q->op, linear_unary)) || (q->nin == 2 && name_in(q->op, sum_like)))
-    all_same(q, l, P);
-  bool mul = strcmp(q->op, "mul") == 0 || strcmp(q->op, "mul_") == 0;
-  if (q->nin == 2 && (mul || strcmp(q->op, "div") == 0)) { /* linear in the first factor */
+  if (flags & FLOW_SBP_LINEAR) all_same(q, l, P);
+  if (q->nin == 2 && (flags & FLOW_SBP_P_FIRST)) {
     flow_sbp_sig *s = add(l);
     if (s) { s->in[0] = P; s->out[0] = P; }
   }
-  if (q->nin == 2 && strcmp(q->op, "mul") == 0) { /* not mul_: its destination keeps its SBP */
+  if (q->nin == 2 && (flags & FLOW_SBP_P_SECOND)) {
     flow_sbp_sig *s = add(l);
     if (s) { s->in[1] = P; s->out[0] = P; }
   }
@@ -70,7 +55,9 @@ static void r_elementwise(const flow_sig_query *q, flow_sig_list *l) {
 
 /* ---- reductions ------------------------------------------------------------------------------ */
 
-static void r_reduce(const flow_sig_query *q, flow_sig_list *l) {
+/* Split on a kept axis stays split; split on a reduced axis gives partial sums, which only a
+ * linear reduction (sum) allows; the others are split on kept axes only. */
+void flow_sbp_rule_reduce(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
   const flow_attrs *a = q->attrs;
   int nd = q->in_ndim[0], removed = 0;
   bool mask[FLOW_MAX_DIMS];
@@ -79,7 +66,7 @@ static void r_reduce(const flow_sig_query *q, flow_sig_list *l) {
     int d = norm_axis(a->axes[i], nd);
     if (d >= 0 && d < nd) mask[d] = true;
   }
-  bool sum = strcmp(q->op, "sum") == 0;
+  bool sum = flags & FLOW_SBP_LINEAR;
   for (int i = 0; i < nd; i++) {
     if (mask[i] && !sum) { removed++; continue; }
     flow_sbp_sig *s = add(l);
@@ -93,7 +80,8 @@ static void r_reduce(const flow_sig_query *q, flow_sig_list *l) {
 
 /* ---- matmul: Y = op(A) op(B), batched ---------------------------------------------------------- */
 
-static void r_matmul(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_matmul(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int an = q->in_ndim[0], bn = q->in_ndim[1], on = q->out_ndim[0];
   bool ta = q->attrs->flags & FLOW_ATTR_TRANS_A, tb = q->attrs->flags & FLOW_ATTR_TRANS_B;
   flow_sbp_sig *s;
@@ -117,16 +105,17 @@ static void r_matmul(const flow_sig_query *q, flow_sig_list *l) {
 
 /* ---- ops normalising over one axis: split on any other ------------------------------------- */
 
-static void r_softmax(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_softmax(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int nd = q->in_ndim[0], ax = norm_axis(q->attrs->axis, nd);
   for (int i = 0; i < nd; i++)
     if (i != ax) all_same(q, l, S(i));
 }
 
-/* layer_norm: x then weight/bias; outputs y, mean, rstd. layer_norm_grad: dy, dmean, drstd, x,
- * mean, rstd then weight; outputs dx and the partial weight and bias gradients. */
-static void r_layer_norm(const flow_sig_query *q, flow_sig_list *l) {
-  bool grad = strcmp(q->op, "layer_norm_grad") == 0;
+/* layer_norm: x then weight/bias; outputs y, mean, rstd. layer_norm_grad (FLOW_SBP_BACKWARD): dy,
+ * dmean, drstd, x, mean, rstd then weight; outputs dx and the partial weight and bias gradients. */
+void flow_sbp_rule_layer_norm(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  bool grad = flags & FLOW_SBP_BACKWARD;
   int rows = grad ? 6 : 1, nd = q->in_ndim[grad ? 3 : 0];
   for (int i = 0; i < nd - 1; i++) {
     flow_sbp_sig *s = add(l);
@@ -137,13 +126,15 @@ static void r_layer_norm(const flow_sig_query *q, flow_sig_list *l) {
 }
 
 /* attention over [B, H, T, D]: batch and heads split; every tensor has both axes first */
-static void r_attention(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_attention(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   for (int i = 0; i < 2; i++) all_same(q, l, S(i));
 }
 
 /* ---- views and shape ops ----------------------------------------------------------------------- */
 
-static void r_permute(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_permute(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   const flow_attrs *a = q->attrs;
   for (int i = 0; i < a->naxes; i++) {
     flow_sbp_sig *s = add(l);
@@ -155,14 +146,16 @@ static void r_permute(const flow_sig_query *q, flow_sig_list *l) {
 }
 
 /* split on any axis but the one the op works along (narrow, cat) */
-static void r_except_axis(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_along_axis(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int nd = q->out_ndim[0], ax = norm_axis(q->attrs->axis, nd);
   for (int i = 0; i < nd; i++)
     if (i != ax) all_same(q, l, S(i));
   all_same(q, l, P);
 }
 
-static void r_triangle(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_triangle(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   for (int i = 0; i < q->in_ndim[0] - 2; i++) all_same(q, l, S(i));
   all_same(q, l, P);
 }
@@ -170,7 +163,8 @@ static void r_triangle(const flow_sig_query *q, flow_sig_list *l) {
 /* view: input axis i stays split as output axis j when the elements before them agree and the
  * shards cover the same flat ranges (equal sizes, or both divisible by p). The dispatcher gives
  * the kernel the shard's shape. */
-static void r_view(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_view(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int64_t pin = 1;
   for (int i = 0; i < q->in_ndim[0]; i++) {
     int64_t pout = 1, n = q->in_shape[0][i];
@@ -189,7 +183,8 @@ static void r_view(const flow_sig_query *q, flow_sig_list *l) {
   all_same(q, l, P);
 }
 
-static void r_expand(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_expand(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int lead = q->out_ndim[0] - q->in_ndim[0];
   for (int i = 0; i < q->in_ndim[0]; i++) {
     if (q->in_shape[0][i] != q->out_shape[0][i + lead] || q->in_shape[0][i] == 1) continue;
@@ -204,7 +199,8 @@ static void r_expand(const flow_sig_query *q, flow_sig_list *l) {
 /* embedding(ids, weight [V, D]): ids split -> rows split; weight split on D -> output split on D;
  * weight split on V (ids whole) -> partial sums: each rank looks up the ids in its rows, zero rows
  * for the others (the dispatcher gives the kernel its rows' offset). */
-static void r_embedding(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_embedding(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   flow_sbp_sig *s;
   if ((s = add(l))) { s->in[1] = S(0); s->out[0] = P; }
   for (int i = 0; i < q->in_ndim[0]; i++)
@@ -214,7 +210,8 @@ static void r_embedding(const flow_sig_query *q, flow_sig_list *l) {
 }
 
 /* index_select(t, idx) along attrs.axis: split t on any other axis */
-static void r_index_select(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_index_select(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int nd = q->in_ndim[0], ax = norm_axis(q->attrs->axis, nd);
   flow_sbp_sig *s;
   for (int i = 0; i < nd; i++)
@@ -224,7 +221,8 @@ static void r_index_select(const flow_sig_query *q, flow_sig_list *l) {
 
 /* scatter_add(t, idx, src) along attrs.axis: rows of idx/src split -> partial sums (t partial
  * too, so it is counted once); any other axis where idx spans t splits all three alike. */
-static void r_scatter_add(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_scatter_add(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
   int nd = q->in_ndim[0], ax = norm_axis(q->attrs->axis, nd);
   flow_sbp_sig *s;
   if ((s = add(l))) { s->in[0] = P; s->in[1] = S(ax); s->in[2] = S(ax); s->out[0] = P; }
@@ -233,14 +231,14 @@ static void r_scatter_add(const flow_sig_query *q, flow_sig_list *l) {
   if ((s = add(l))) { s->in[0] = P; s->in[2] = P; s->out[0] = P; }
 }
 
-/* cross_entropy(logits [..., C], target [...]) -> loss, lse [...]; cross_entropy_grad(logits,
- * target, lse, g, glse) -> dlogits. Rows split on any batch axis: per-row losses stay split, a sum
- * becomes partial. A mean divides by the local count of targets, so it has no split signature (the
+/* cross_entropy(logits [..., C], target [...]) -> loss, lse [...]; cross_entropy_grad
+ * (FLOW_SBP_BACKWARD: logits, target, lse, g, glse) -> dlogits. Rows split on any batch axis:
+ * per-row losses stay split, a sum becomes partial. A mean divides by the local count of targets, so it has no split signature (the
  * global layer lowers a global mean to sum / count). CE_MEAN is ops/nn.c's flag bit. */
 #define CE_MEAN_FLAG (1 << 17)
-static void r_cross_entropy(const flow_sig_query *q, flow_sig_list *l) {
+void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
   if (q->attrs->flags & CE_MEAN_FLAG) return;
-  bool grad = strcmp(q->op, "cross_entropy_grad") == 0;
+  bool grad = flags & FLOW_SBP_BACKWARD;
   int rows = q->in_ndim[0] - 1;
   for (int i = 0; i < rows; i++) {
     flow_sbp_sig *s = add(l);
@@ -254,69 +252,12 @@ static void r_cross_entropy(const flow_sig_query *q, flow_sig_list *l) {
   }
 }
 
-/* ---- the table --------------------------------------------------------------------------------- */
+/* ---- candidates -------------------------------------------------------------------------------- */
 
-static const struct family {
-  const char *name;
-  rule_fn rule;
-  const char *const ops[40];
-} families[] = {
-    {"elementwise", r_elementwise,
-     {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "sin", "cos",
-      "clamp", "cast", "contiguous", "copy", "to_device", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
-      "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "add_", "copy_", "mul_", "zero_", "adamw_",
-      "relu_grad", NULL}},
-    {"elementwise", r_elementwise,
-     {"gelu_grad", "tanh_grad", "sigmoid_grad", "clamp_grad", "abs_grad", "exp_grad", "log_grad", "sqrt_grad",
-      "rsqrt_grad", "dropout", "fill_", NULL}},
-    {"cross_entropy", r_cross_entropy, {"cross_entropy", "cross_entropy_grad", NULL}},
-    {"reduce", r_reduce, {"sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", NULL}},
-    {"matmul", r_matmul, {"matmul", NULL}},
-    {"softmax", r_softmax, {"softmax", "log_softmax", "softmax_grad", "log_softmax_grad", NULL}},
-    {"layer_norm", r_layer_norm, {"layer_norm", "layer_norm_grad", NULL}},
-    {"attention", r_attention, {"scaled_dot_product_attention", "scaled_dot_product_attention_grad", NULL}},
-    {"permute", r_permute, {"permute", NULL}},
-    {"along an axis", r_except_axis, {"narrow", "narrow_backward", "cat", NULL}},
-    {"triangle", r_triangle, {"tril", "triu", NULL}},
-    {"view", r_view, {"view", NULL}},
-    {"expand", r_expand, {"expand", NULL}},
-    {"embedding", r_embedding, {"embedding", NULL}},
-    {"index_select", r_index_select, {"index_select", NULL}},
-    {"scatter_add", r_scatter_add, {"scatter_add", NULL}},
-};
-
-static const struct family *lookup(const char *op) {
-  for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
-    if (name_in(op, families[f].ops)) return &families[f];
-  return NULL;
-}
-
-/* Op names are the registry's own strings: remember each one's family by its address. */
-static const struct family *find(const char *op) {
-  enum { SLOTS = 512 };
-  static struct { const char *name; const struct family *f; } memo[SLOTS];
-  size_t h = ((uintptr_t)op >> 3) % SLOTS;
-  for (size_t k = 0; k < SLOTS; k++, h = (h + 1) % SLOTS) {
-    if (memo[h].name == op) return memo[h].f;
-    if (!memo[h].name) {
-      memo[h].name = op;
-      memo[h].f = lookup(op);
-      return memo[h].f;
-    }
-  }
-  return lookup(op);
-}
-
-const char *flow_sbp_family(const char *op) {
-  const struct family *f = find(op);
-  return f ? f->name : NULL;
-}
-
-bool flow_sbp_candidates(const flow_sig_query *q, flow_sig_list *out) {
+bool flow_sbp_candidates(const flow_sbp_rule *rule, const flow_sig_query *q, flow_sig_list *out) {
   out->n = 0;
   all_same(q, out, B);
-  const struct family *f = find(q->op);
-  if (!f || q->nin > FLOW_SIG_MAX_IO || q->nout > FLOW_SIG_MAX_IO) return false;
-  f->rule(q, out);
+  if (!rule || q->nin > FLOW_SIG_MAX_IO || q->nout > FLOW_SIG_MAX_IO) return false;
+  rule->fn(q, rule->flags, out);
   return true;
 }

@@ -1,6 +1,7 @@
-/* SBP signatures: for an op (by name) and the logical shapes of its inputs and outputs, the 1-D
- * signatures it can run under (DESIGN.md section 4). The n-D signature is chosen per mesh axis
- * (the Cartesian product of 1-D ones) by the dispatcher, cheapest boxing first. */
+/* SBP signature rules: for an op's rule (carried by the op's definition, ops/op.h) and the logical
+ * shapes of its inputs and outputs, the 1-D signatures it can run under (DESIGN.md section 4). The
+ * n-D signature is chosen per mesh axis (the Cartesian product of 1-D ones) by the dispatcher,
+ * cheapest boxing first. No rule here knows an op by name. */
 #ifndef FLOW_SIGNATURE_H
 #define FLOW_SIGNATURE_H
 
@@ -21,7 +22,6 @@ typedef struct flow_sig_list {
 } flow_sig_list;
 
 typedef struct flow_sig_query {
-  const char *op;
   int nin, nout;
   int in_ndim[FLOW_SIG_MAX_IO];
   int64_t in_shape[FLOW_SIG_MAX_IO][FLOW_MAX_DIMS];
@@ -31,10 +31,45 @@ typedef struct flow_sig_query {
   int p;                       /* ranks on the mesh axis being decided */
 } flow_sig_query;
 
-/* Fill the candidates (the all-broadcast one always comes first). Returns false when no rule
- * knows the op: it then runs on broadcast inputs only. */
-bool flow_sbp_candidates(const flow_sig_query *q, flow_sig_list *out);
-/* The rule family that knows the op ("elementwise", "matmul", ...), or NULL. */
-const char *flow_sbp_family(const char *op);
+/* What an op adds to its family's rule: where the op is linear, partial sums pass through it. */
+enum {
+  FLOW_SBP_LINEAR = 1 << 0,    /* linear in all inputs together: (P, ..., P) -> P */
+  FLOW_SBP_P_FIRST = 1 << 1,   /* linear in input 1 alone: (P, B) -> P */
+  FLOW_SBP_P_SECOND = 1 << 2,  /* linear in input 2 alone: (B, P) -> P */
+  FLOW_SBP_BACKWARD = 1 << 3,  /* the family's gradient op (layer_norm_grad, cross_entropy_grad) */
+};
+
+typedef void (*flow_sbp_rule_fn)(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+
+/* An op's SBP rule: its family's builder and the op's flags. */
+typedef struct flow_sbp_rule {
+  const char *family;          /* for the explain trace */
+  flow_sbp_rule_fn fn;
+  unsigned flags;
+} flow_sbp_rule;
+
+/* The rule of family `id` with flags, for an op definition: .sbp = FLOW_SBP_RULE(matmul, 0). */
+#define FLOW_SBP_RULE(id, flags) (&(const flow_sbp_rule){#id, flow_sbp_rule_##id, (flags)})
+
+/* The families (what each allows is documented above its builder in signature.c). */
+void flow_sbp_rule_elementwise(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_reduce(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_matmul(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_softmax(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_layer_norm(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_attention(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_permute(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_along_axis(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_triangle(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_view(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_expand(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_embedding(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_index_select(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_scatter_add(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+
+/* Fill the candidates (the all-broadcast one always comes first). Returns false when the op has
+ * no rule (NULL): it then runs on broadcast inputs only. */
+bool flow_sbp_candidates(const flow_sbp_rule *rule, const flow_sig_query *q, flow_sig_list *out);
 
 #endif

@@ -2,6 +2,7 @@
  * masked_fill. */
 #include <string.h>
 
+#include "../registry.h"
 #include "cpu.h"
 #include "iter.h"
 
@@ -62,6 +63,8 @@ int flow_cpu_copy(flow_tensor *out, const flow_tensor *x) {
   }
   return 0;
 }
+
+__attribute__((constructor)) static void register_copy(void) { flow_kernel_set_copy(FLOW_CPU, flow_cpu_copy); }
 
 int flow_cpu_fill(flow_tensor *out, double v) {
   char one[8];

@@ -305,6 +305,6 @@ static FLOW_KERNEL(k_attention_grad) {
 }
 
 void flow_cuda_register_attention(void) {
-  cuda_attach("scaled_dot_product_attention", k_attention);
-  cuda_attach("scaled_dot_product_attention_grad", k_attention_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, scaled_dot_product_attention, k_attention);
+  FLOW_KERNEL_ADD(FLOW_CUDA, scaled_dot_product_attention_grad, k_attention_grad);
 }

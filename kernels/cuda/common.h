@@ -1,5 +1,5 @@
 /* Shared pieces of the CUDA kernels (C++, nvcc only): element types and their float conversions,
- * strided N-d geometry with broadcasting, launch checks and registry attachment. */
+ * strided N-d geometry with broadcasting, launch checks; kernels register with FLOW_KERNEL_ADD. */
 #ifndef FLOW_CUDA_COMMON_H
 #define FLOW_CUDA_COMMON_H
 
@@ -12,7 +12,7 @@ extern "C" {
 #include "../../core/cuda.h"
 #include "../../core/error.h"
 #include "../../core/tensor.h"
-#include "../../ops/op.h"
+#include "../registry.h"
 }
 
 typedef __nv_bfloat16 bf16;
@@ -182,9 +182,6 @@ __device__ __forceinline__ bool index_ok(BadIndex *rec, int op, int64_t i, int64
   }
   return false;
 }
-
-/* Attach fn as the CUDA kernel of the registered op `name` (skipped if the op does not exist). */
-void cuda_attach(const char *name, flow_kernel_fn fn);
 
 /* Per-file registration, called by flow_cuda_register_kernels. */
 void flow_cuda_register_elementwise(void);

@@ -311,12 +311,12 @@ static FLOW_KERNEL(k_batch_norm_grad) {
 }
 
 void flow_cuda_register_conv(void) {
-  cuda_attach("conv2d", k_conv2d);
-  cuda_attach("conv2d_grad", k_conv2d_grad);
-  cuda_attach("max_pool2d", k_max_pool2d);
-  cuda_attach("avg_pool2d", k_avg_pool2d);
-  cuda_attach("max_pool2d_grad", k_max_pool2d_grad);
-  cuda_attach("avg_pool2d_grad", k_avg_pool2d_grad);
-  cuda_attach("batch_norm", k_batch_norm);
-  cuda_attach("batch_norm_grad", k_batch_norm_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, conv2d, k_conv2d);
+  FLOW_KERNEL_ADD(FLOW_CUDA, conv2d_grad, k_conv2d_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, max_pool2d, k_max_pool2d);
+  FLOW_KERNEL_ADD(FLOW_CUDA, avg_pool2d, k_avg_pool2d);
+  FLOW_KERNEL_ADD(FLOW_CUDA, max_pool2d_grad, k_max_pool2d_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, avg_pool2d_grad, k_avg_pool2d_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, batch_norm, k_batch_norm);
+  FLOW_KERNEL_ADD(FLOW_CUDA, batch_norm_grad, k_batch_norm_grad);
 }

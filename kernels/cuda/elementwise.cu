@@ -45,24 +45,6 @@ void geo_init(Geo *g, const flow_tensor *const *ops, int nops) {
   g->small = flow_tensor_numel(o) < ((int64_t)1 << 31);
 }
 
-static const char *unmatched[32];
-static int nunmatched;
-
-void cuda_attach(const char *name, flow_kernel_fn fn) {
-  flow_op *op = (flow_op *)flow_op_find(name);
-  if (op) op->kernel[FLOW_CUDA] = fn;
-  else if (nunmatched < 32) {
-    for (int i = 0; i < nunmatched; i++)
-      if (unmatched[i] == name) return;
-    unmatched[nunmatched++] = name;
-  }
-}
-
-extern "C" int flow_cuda_unmatched_kernels(const char *const **names) {
-  *names = unmatched;
-  return nunmatched;
-}
-
 /* ---- the dense fast path -------------------------------------------------------------------------
  * When every operand covers the same elements densely (the geometry collapsed to one axis of stride
  * 1: no broadcasting, no strides) and starts 16-byte aligned, each thread moves 16 bytes per
@@ -530,17 +512,48 @@ static FLOW_KERNEL(k_where) { return cuda_where(out[0], in[0], in[1], in[2]); }
 static FLOW_KERNEL(k_masked_fill) { return cuda_masked_fill(out[0], in[0], in[1], a->scalar); }
 
 void flow_cuda_register_elementwise(void) {
-  static const struct { const char *name; flow_kernel_fn fn; } table[] = {
-    {"add", k_add}, {"sub", k_sub}, {"mul", k_mul}, {"div", k_div}, {"pow", k_pow},
-    {"maximum", k_maximum}, {"minimum", k_minimum}, {"eq", k_eq}, {"ne", k_ne}, {"lt", k_lt},
-    {"le", k_le}, {"gt", k_gt}, {"ge", k_ge}, {"add_", k_add_}, {"mul_", k_mul_}, {"copy_", k_copy_},
-    {"contiguous", k_copy}, {"cast", k_copy}, {"full", k_full}, {"fill_", k_fill_}, {"zero_", k_fill_},
-    {"neg", k_neg}, {"abs", k_abs}, {"exp", k_exp}, {"log", k_log}, {"sqrt", k_sqrt},
-    {"rsqrt", k_rsqrt}, {"tanh", k_tanh}, {"sigmoid", k_sigmoid}, {"relu", k_relu},
-    {"gelu", k_gelu}, {"clamp", k_clamp}, {"where", k_where}, {"masked_fill", k_masked_fill},
-    {"abs_grad", k_abs_grad}, {"exp_grad", k_exp_grad}, {"log_grad", k_log_grad}, {"sqrt_grad", k_sqrt_grad},
-    {"rsqrt_grad", k_rsqrt_grad}, {"tanh_grad", k_tanh_grad}, {"sigmoid_grad", k_sigmoid_grad},
-    {"relu_grad", k_relu_grad}, {"gelu_grad", k_gelu_grad}, {"clamp_grad", k_clamp_grad},
-  };
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) cuda_attach(table[i].name, table[i].fn);
+  FLOW_KERNEL_ADD(FLOW_CUDA, add, k_add);
+  FLOW_KERNEL_ADD(FLOW_CUDA, sub, k_sub);
+  FLOW_KERNEL_ADD(FLOW_CUDA, mul, k_mul);
+  FLOW_KERNEL_ADD(FLOW_CUDA, div, k_div);
+  FLOW_KERNEL_ADD(FLOW_CUDA, pow, k_pow);
+  FLOW_KERNEL_ADD(FLOW_CUDA, maximum, k_maximum);
+  FLOW_KERNEL_ADD(FLOW_CUDA, minimum, k_minimum);
+  FLOW_KERNEL_ADD(FLOW_CUDA, eq, k_eq);
+  FLOW_KERNEL_ADD(FLOW_CUDA, ne, k_ne);
+  FLOW_KERNEL_ADD(FLOW_CUDA, lt, k_lt);
+  FLOW_KERNEL_ADD(FLOW_CUDA, le, k_le);
+  FLOW_KERNEL_ADD(FLOW_CUDA, gt, k_gt);
+  FLOW_KERNEL_ADD(FLOW_CUDA, ge, k_ge);
+  FLOW_KERNEL_ADD(FLOW_CUDA, add_, k_add_);
+  FLOW_KERNEL_ADD(FLOW_CUDA, mul_, k_mul_);
+  FLOW_KERNEL_ADD(FLOW_CUDA, copy_, k_copy_);
+  FLOW_KERNEL_ADD(FLOW_CUDA, contiguous, k_copy);
+  FLOW_KERNEL_ADD(FLOW_CUDA, cast, k_copy);
+  FLOW_KERNEL_ADD(FLOW_CUDA, full, k_full);
+  FLOW_KERNEL_ADD(FLOW_CUDA, fill_, k_fill_);
+  FLOW_KERNEL_ADD(FLOW_CUDA, zero_, k_fill_);
+  FLOW_KERNEL_ADD(FLOW_CUDA, neg, k_neg);
+  FLOW_KERNEL_ADD(FLOW_CUDA, abs, k_abs);
+  FLOW_KERNEL_ADD(FLOW_CUDA, exp, k_exp);
+  FLOW_KERNEL_ADD(FLOW_CUDA, log, k_log);
+  FLOW_KERNEL_ADD(FLOW_CUDA, sqrt, k_sqrt);
+  FLOW_KERNEL_ADD(FLOW_CUDA, rsqrt, k_rsqrt);
+  FLOW_KERNEL_ADD(FLOW_CUDA, tanh, k_tanh);
+  FLOW_KERNEL_ADD(FLOW_CUDA, sigmoid, k_sigmoid);
+  FLOW_KERNEL_ADD(FLOW_CUDA, relu, k_relu);
+  FLOW_KERNEL_ADD(FLOW_CUDA, gelu, k_gelu);
+  FLOW_KERNEL_ADD(FLOW_CUDA, clamp, k_clamp);
+  FLOW_KERNEL_ADD(FLOW_CUDA, where, k_where);
+  FLOW_KERNEL_ADD(FLOW_CUDA, masked_fill, k_masked_fill);
+  FLOW_KERNEL_ADD(FLOW_CUDA, abs_grad, k_abs_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, exp_grad, k_exp_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, log_grad, k_log_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, sqrt_grad, k_sqrt_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, rsqrt_grad, k_rsqrt_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, tanh_grad, k_tanh_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, sigmoid_grad, k_sigmoid_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, relu_grad, k_relu_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, gelu_grad, k_gelu_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, clamp_grad, k_clamp_grad);
 }

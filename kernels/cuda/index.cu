@@ -141,8 +141,8 @@ static FLOW_KERNEL(k_embedding) {
 }
 
 void flow_cuda_register_index(void) {
-  cuda_attach("gather", k_gather);
-  cuda_attach("scatter_add", k_scatter_add);
-  cuda_attach("index_select", k_index_select);
-  cuda_attach("embedding", k_embedding);
+  FLOW_KERNEL_ADD(FLOW_CUDA, gather, k_gather);
+  FLOW_KERNEL_ADD(FLOW_CUDA, scatter_add, k_scatter_add);
+  FLOW_KERNEL_ADD(FLOW_CUDA, index_select, k_index_select);
+  FLOW_KERNEL_ADD(FLOW_CUDA, embedding, k_embedding);
 }

@@ -184,8 +184,8 @@ static FLOW_KERNEL(k_linear) {
 }
 
 void flow_cuda_register_matmul(void) {
-  cuda_attach("matmul", k_matmul);
-  cuda_attach("linear", k_linear);
+  FLOW_KERNEL_ADD(FLOW_CUDA, matmul, k_matmul);
+  FLOW_KERNEL_ADD(FLOW_CUDA, linear, k_linear);
 }
 
 int flow_cuda_bench_gemm(flow_tensor *c, const flow_tensor *a, const flow_tensor *b, int iters, double *secs) {

@@ -477,13 +477,13 @@ static FLOW_KERNEL(k_adamw) {
 }
 
 void flow_cuda_register_nn(void) {
-  cuda_attach("softmax", k_softmax);
-  cuda_attach("log_softmax", k_log_softmax);
-  cuda_attach("softmax_grad", k_softmax_grad);
-  cuda_attach("log_softmax_grad", k_log_softmax_grad);
-  cuda_attach("layer_norm", k_layer_norm);
-  cuda_attach("layer_norm_grad", k_layer_norm_grad);
-  cuda_attach("cross_entropy", k_cross_entropy);
-  cuda_attach("cross_entropy_grad", k_cross_entropy_grad);
-  cuda_attach("adamw_", k_adamw);
+  FLOW_KERNEL_ADD(FLOW_CUDA, softmax, k_softmax);
+  FLOW_KERNEL_ADD(FLOW_CUDA, log_softmax, k_log_softmax);
+  FLOW_KERNEL_ADD(FLOW_CUDA, softmax_grad, k_softmax_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, log_softmax_grad, k_log_softmax_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, layer_norm, k_layer_norm);
+  FLOW_KERNEL_ADD(FLOW_CUDA, layer_norm_grad, k_layer_norm_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, cross_entropy, k_cross_entropy);
+  FLOW_KERNEL_ADD(FLOW_CUDA, cross_entropy_grad, k_cross_entropy_grad);
+  FLOW_KERNEL_ADD(FLOW_CUDA, adamw_, k_adamw);
 }

@@ -75,7 +75,7 @@ static FLOW_KERNEL(k_dropout) {
 }
 
 void flow_cuda_register_random(void) {
-  cuda_attach("rand", k_rand);
-  cuda_attach("randn", k_randn);
-  cuda_attach("dropout", k_dropout);
+  FLOW_KERNEL_ADD(FLOW_CUDA, rand, k_rand);
+  FLOW_KERNEL_ADD(FLOW_CUDA, randn, k_randn);
+  FLOW_KERNEL_ADD(FLOW_CUDA, dropout, k_dropout);
 }

@@ -241,12 +241,12 @@ static FLOW_KERNEL(k_arg_backward) {
 }
 
 void flow_cuda_register_reduce(void) {
-  cuda_attach("sum", k_sum);
-  cuda_attach("mean", k_mean);
-  cuda_attach("var", k_var);
-  cuda_attach("max", k_max);
-  cuda_attach("min", k_min);
-  cuda_attach("argmax", k_argmax);
-  cuda_attach("argmin", k_argmin);
-  cuda_attach("argreduce_backward", k_arg_backward);
+  FLOW_KERNEL_ADD(FLOW_CUDA, sum, k_sum);
+  FLOW_KERNEL_ADD(FLOW_CUDA, mean, k_mean);
+  FLOW_KERNEL_ADD(FLOW_CUDA, var, k_var);
+  FLOW_KERNEL_ADD(FLOW_CUDA, max, k_max);
+  FLOW_KERNEL_ADD(FLOW_CUDA, min, k_min);
+  FLOW_KERNEL_ADD(FLOW_CUDA, argmax, k_argmax);
+  FLOW_KERNEL_ADD(FLOW_CUDA, argmin, k_argmin);
+  FLOW_KERNEL_ADD(FLOW_CUDA, argreduce_backward, k_arg_backward);
 }

@@ -1,4 +1,4 @@
-/* flow_cuda_register_kernels: attaches every CUDA kernel file's kernels to the op registry, and
+/* flow_cuda_register_kernels: registers every CUDA kernel file's kernels in the kernel table, and
  * gives the ops that have no CUDA kernel of their own (arange, linspace, eye, randint) one that
  * runs their CPU kernel on host copies: slow, but the same numbers as on the CPU (randint
  * included: its draws are counter-based, so element i does not depend on the device). */
@@ -8,9 +8,9 @@
 /* Copy inputs to the host, run the op's CPU kernel, copy the outputs back. */
 int flow_cuda_via_host(const char *name, flow_tensor *const *in, int nin, flow_tensor **out, int nout,
                        const flow_attrs *a) {
-  const flow_op *op = flow_op_find(name);
+  flow_kernel_fn cpu = flow_kernel_find(FLOW_CPU, name);
   const flow_device_impl *dev = flow_device_get(FLOW_CUDA);
-  if (!op || !op->kernel[FLOW_CPU] || !dev) return flow_error_set("%s: no CPU kernel to run for cuda", name);
+  if (!cpu || !dev) return flow_error_set("%s: no CPU kernel to run for cuda", name);
   flow_tensor *hin[16] = {NULL}, *hout[8] = {NULL};
   if (nin > 16 || nout > 8) return flow_error_set("%s: too many tensors for the host fallback", name);
   int rc = 0;
@@ -27,7 +27,7 @@ int flow_cuda_via_host(const char *name, flow_tensor *const *in, int nin, flow_t
   if (rc == 0) {
     flow_attrs ha = *a;
     ha.device = FLOW_DEVICE_CPU;
-    rc = op->kernel[FLOW_CPU](hin, nin, hout, nout, &ha);
+    rc = cpu(hin, nin, hout, nout, &ha);
   }
   for (int j = 0; j < nout && rc == 0; j++)
     rc = dev->copy(flow_tensor_data(out[j]), out[j]->device, flow_tensor_data(hout[j]), FLOW_DEVICE_CPU,
@@ -37,8 +37,12 @@ int flow_cuda_via_host(const char *name, flow_tensor *const *in, int nin, flow_t
   return rc;
 }
 
-#define VIA_HOST(id) \
-  static FLOW_KERNEL(host_##id) { return flow_cuda_via_host(#id, in, nin, out, nout, a); }
+/* the host fallback for op `id`, unless a CUDA kernel of its own was registered */
+#define VIA_HOST(id)                                                                          \
+  static FLOW_KERNEL(host_##id) { return flow_cuda_via_host(#id, in, nin, out, nout, a); }    \
+  static void register_host_##id(void) {                                                     \
+    if (!flow_kernel_find(FLOW_CUDA, #id)) FLOW_KERNEL_ADD(FLOW_CUDA, id, host_##id);         \
+  }
 VIA_HOST(arange)
 VIA_HOST(linspace)
 VIA_HOST(eye)
@@ -46,14 +50,11 @@ VIA_HOST(randint)
 
 void flow_cuda_register_kernels(void) {
   flow_cuda_set_sync_check(flow_cuda_raise_bad_index);
-  static const struct { const char *name; flow_kernel_fn fn; } fallback[] = {
-    {"arange", host_arange}, {"linspace", host_linspace}, {"eye", host_eye},
-    {"randint", host_randint},
-  };
-  for (size_t i = 0; i < sizeof fallback / sizeof fallback[0]; i++) {
-    const flow_op *op = flow_op_find(fallback[i].name);
-    if (op && !op->kernel[FLOW_CUDA]) cuda_attach(fallback[i].name, fallback[i].fn);
-  }
+  flow_kernel_set_copy(FLOW_CUDA, flow_cuda_copy);
+  register_host_arange();
+  register_host_linspace();
+  register_host_eye();
+  register_host_randint();
   flow_cuda_register_elementwise();
   flow_cuda_register_reduce();
   flow_cuda_register_matmul();

@@ -66,8 +66,8 @@ static FLOW_KERNEL(k_tril) { return tri(in, out, a, false); }
 static FLOW_KERNEL(k_triu) { return tri(in, out, a, true); }
 
 void flow_cuda_register_shape(void) {
-  cuda_attach("narrow_backward", k_narrow_backward);
-  cuda_attach("cat", k_cat);
-  cuda_attach("tril", k_tril);
-  cuda_attach("triu", k_triu);
+  FLOW_KERNEL_ADD(FLOW_CUDA, narrow_backward, k_narrow_backward);
+  FLOW_KERNEL_ADD(FLOW_CUDA, cat, k_cat);
+  FLOW_KERNEL_ADD(FLOW_CUDA, tril, k_tril);
+  FLOW_KERNEL_ADD(FLOW_CUDA, triu, k_triu);
 }

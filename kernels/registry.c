@@ -1,0 +1,73 @@
+/* The kernel table (registry.h): a list per device type, searched by name (lookups are rare: the
+ * op layer caches them per op; registrations happen at start-up and when CUDA opens), and each
+ * device's dense copy. */
+#include "registry.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "../core/error.h"
+
+enum { MAX_KERNELS = 256 };
+
+static struct table {
+  int n;
+  const char *names[MAX_KERNELS];
+  flow_kernel_fn fns[MAX_KERNELS];
+} tables[FLOW_NDEVTYPES];
+
+static atomic_uint generation;
+
+static int slot(const struct table *t, const char *op) {
+  for (int i = 0; i < t->n; i++)
+    if (strcmp(t->names[i], op) == 0) return i;
+  return -1;
+}
+
+int flow_kernel_register(flow_devtype dev, const char *op, flow_kernel_fn fn) {
+  struct table *t = &tables[dev];
+  int i = slot(t, op);
+  if (i < 0) {
+    if (t->n == MAX_KERNELS) return flow_error_set("%s: the kernel table is full (raise MAX_KERNELS)", op);
+    i = t->n++;
+    t->names[i] = op;
+  }
+  t->fns[i] = fn;
+  atomic_fetch_add(&generation, 1);
+  return 0;
+}
+
+flow_kernel_fn flow_kernel_find(flow_devtype dev, const char *op) {
+  int i = slot(&tables[dev], op);
+  return i < 0 ? NULL : tables[dev].fns[i];
+}
+
+unsigned flow_kernel_generation(void) { return atomic_load(&generation); }
+
+int flow_kernel_names(flow_devtype dev, const char *const **names) {
+  *names = tables[dev].names;
+  return tables[dev].n;
+}
+
+/* ---- dense copies ------------------------------------------------------------------------------ */
+
+static flow_copy_fn copies[FLOW_NDEVTYPES];
+
+void flow_kernel_set_copy(flow_devtype dev, flow_copy_fn fn) { copies[dev] = fn; }
+
+flow_tensor *flow_kernel_dense(flow_tensor *t) {
+  if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
+  flow_copy_fn copy = copies[t->device.type];
+  if (!copy) {
+    char name[32];
+    flow_device_name(t->device, name, sizeof name);
+    flow_error_set("no dense copy for device %s", name);
+    return NULL;
+  }
+  flow_tensor *d = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
+  if (d && copy(d, t) != 0) {
+    flow_tensor_decref(d);
+    d = NULL;
+  }
+  return d;
+}
