@@ -102,6 +102,9 @@ if command -v mpirun >/dev/null && ! grep -q '^FLOW_MPI:BOOL=OFF' "$BUILD/CMakeC
 fi
 [ "$gpu" = 1 ] && run train_gpt_cuda 120 "$BUILD/flowlua" scripts/train_gpt.lua --device cuda --amp bf16 --steps 300 --log-every 100 \
   --eval-every 300 --sample-len 40
+# graph mode (nn.Graph on the actor engine) against eager, the same model, bf16 autocast
+[ "$gpu" = 1 ] && run train_gpt_cuda_graph 120 "$BUILD/flowlua" scripts/train_gpt.lua --device cuda --amp bf16 --mode graph \
+  --steps 300 --log-every 100 --eval-every 300 --sample-len 40
 run gpu_matmul 90 "$BUILD/flowlua" scripts/bench/gpu_matmul.lua 8192 20
 run gpt_gpu_small 60 "$BUILD/flowlua" scripts/bench/gpt_gpu.lua --layers 2 --dim 128 --heads 4 --seq 128 --batch 4 \
   --vocab 256 --steps 3 --warmup 1
