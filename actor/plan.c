@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "../core/comm.h"
-#include "../ops/eager_global.h"
 #include "../ops/elementwise.h"
 
 #define ALIGN 64
@@ -46,13 +45,13 @@ struct flow_plan {
   flow_tensor *const *feed;  /* this run's inputs */
   flow_tensor *arena[FLOW_NDEVTYPES];
   int64_t arena_bytes, arena_bound, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
+  int fused;                 /* adds fused into their first input's buffer */
   const flow_placement *placement; /* the ranks that must agree on the outcome of a run, or NULL */
 };
 
 static int stream_of(const flow_gnode *n) {
   if (n->kind == FLOW_GNODE_INPUT) return FLOW_STREAM_COPY;
-  if (n->kind == FLOW_GNODE_BOX || n->op == &flow_op_to_global) return FLOW_STREAM_COMM;
-  return FLOW_STREAM_COMPUTE;
+  return flow_gnode_communicates(n) ? FLOW_STREAM_COMM : FLOW_STREAM_COMPUTE;
 }
 
 static bool owns_memory(const flow_gnode *n) {
@@ -292,9 +291,12 @@ static const char *node_name(const flow_gnode *n) {
 flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
   int rnum = o && o->register_num > 0 ? o->register_num : 1;
   flow_graph_prune(g);
+  int fused = o && o->no_fusion ? 0 : flow_graph_fuse_add_to_output(g);
+  if (fused < 0) return NULL;
   flow_plan *p = calloc(1, sizeof *p);
   if (!p) { flow_error_set("nn.Graph: out of memory"); return NULL; }
   p->g = g;
+  p->fused = fused;
   p->task_of = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
   p->tasks = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof(ptask));
   p->v = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(pvalue));
@@ -476,6 +478,8 @@ void flow_plan_memory_of(const flow_plan *p, flow_plan_memory *m) {
   m->captured_bytes = p->captured_bytes;
   m->measured_peak = p->measured_peak;
 }
+
+int flow_plan_fused(const flow_plan *p) { return p->fused; }
 
 int flow_plan_ntasks(const flow_plan *p, int stream) {
   int n = 0;

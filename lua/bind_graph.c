@@ -74,7 +74,7 @@ static int g_tag(lua_State *L) {
 static int g_compile(lua_State *L) {
   lgraph *x = check(L, "graph:compile");
   if (x->tracing) return luaL_error(L, "graph:compile: the graph is still being traced");
-  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1)};
+  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1), .no_fusion = lua_isboolean(L, 3) && !lua_toboolean(L, 3)};
   if (o.register_num < 1) return luaL_error(L, "graph:compile: register_num must be at least 1 (got %d)", o.register_num);
   if (!(x->plan = flow_plan_build(x->g, &o))) return flow_lua_error(L);
   return 0;
@@ -148,7 +148,7 @@ static int g_memory(lua_State *L) {
   return 1;
 }
 
-/* graph:stats() -> {nodes, live, boxings, tasks = {compute, collective, copy}} */
+/* graph:stats() -> {nodes, live, boxings, fused, tasks = {compute, collective, copy}} */
 static int g_stats(lua_State *L) {
   lgraph *x = check(L, "graph:stats");
   int boxes = 0, live = 0;
@@ -161,6 +161,7 @@ static int g_stats(lua_State *L) {
   lua_pushinteger(L, live); lua_setfield(L, -2, "live");
   lua_pushinteger(L, boxes); lua_setfield(L, -2, "boxings");
   if (x->plan) {
+    lua_pushinteger(L, flow_plan_fused(x->plan)); lua_setfield(L, -2, "fused");
     lua_createtable(L, 0, 3);
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE)); lua_setfield(L, -2, "compute");
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM)); lua_setfield(L, -2, "collective");

@@ -21,7 +21,8 @@ Graph.__index = Graph
 
 local options = { model = "table", optimizer = "table", lr_scheduler = "function", clip_grad_norm = "number",
                   build = "function", config = "table" }
-local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string" }
+local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string",
+                         allow_fuse_add_to_output = "boolean" }
 
 local function check_options(t, known, what)
   for k, v in pairs(t) do
@@ -118,12 +119,12 @@ function Graph:_compile(args)
   g:finish()
   for i, p in ipairs(params) do p.grad = saved[i] end
   if not ok then error(err, 0) end
-  g:compile(self.register_num)
+  g:compile(self.register_num, self.config.allow_fuse_add_to_output ~= false)
   self.compiles = self.compiles + 1
   if (self.config.debug or 0) > 0 then
     local st = g:stats()
-    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings; tasks %d compute, %d collective, %d copy"):format(
-      self.compiles, st.nodes, st.live, st.boxings, st.tasks.compute, st.tasks.collective, st.tasks.copy))
+    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings, %d adds fused; tasks %d compute, %d collective, %d copy"):format(
+      self.compiles, st.nodes, st.live, st.boxings, st.fused, st.tasks.compute, st.tasks.collective, st.tasks.copy))
   end
   return g
 end
