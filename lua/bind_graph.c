@@ -5,6 +5,7 @@
 
 #include "../actor/plan.h"
 #include "../core/comm.h"
+#include "../ops/autograd.h"
 #include "bind.h"
 
 #define GRAPH_MT "flow.LazyGraph"
@@ -209,6 +210,24 @@ static int l_allgather_strings(lua_State *L) {
   return 1;
 }
 
+/* flow._seed_scale(s) -> previous: the implicit backward seed's scale (see autograd.h). */
+static int l_seed_scale(lua_State *L) {
+  lua_pushnumber(L, flow_autograd_set_seed_scale(luaL_checknumber(L, 1)));
+  return 1;
+}
+
+/* flow._split_ways(t, axis) -> how many shards axis is split into over t's mesh (1: not split). */
+static int l_split_ways(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "_split_ways");
+  lua_Integer axis = luaL_checkinteger(L, 2);
+  const flow_global *g = flow_global_of(t);
+  int ways = 1;
+  for (int m = 0; g && m < g->sbp.n; m++)
+    if (g->sbp.v[m].kind == FLOW_SBP_S && g->sbp.v[m].axis == axis) ways *= g->placement->shape[m];
+  lua_pushinteger(L, ways);
+  return 1;
+}
+
 void flow_lua_open_graph(lua_State *L) {
   static const luaL_Reg methods[] = {{"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output},
                                      {"tag", g_tag}, {"compile", g_compile}, {"feed", g_feed}, {"run", g_run},
@@ -230,4 +249,8 @@ void flow_lua_open_graph(lua_State *L) {
   lua_setfield(L, -2, "_graph");
   lua_pushcfunction(L, l_allgather_strings);
   lua_setfield(L, -2, "_allgather_strings");
+  lua_pushcfunction(L, l_seed_scale);
+  lua_setfield(L, -2, "_seed_scale");
+  lua_pushcfunction(L, l_split_ways);
+  lua_setfield(L, -2, "_split_ways");
 }

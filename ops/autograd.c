@@ -30,11 +30,13 @@ typedef struct flow_node {
 } flow_node;
 
 static _Thread_local bool grad_on = true;
+static _Thread_local double seed_scale = 1;
 static flow_leaf_grad_hook leaf_hook;
 
 bool flow_grad_enabled(void) { return grad_on; }
 bool flow_grad_set_enabled(bool on) { bool prev = grad_on; grad_on = on; return prev; }
 void flow_autograd_set_leaf_hook(flow_leaf_grad_hook hook) { leaf_hook = hook; }
+double flow_autograd_set_seed_scale(double s) { double prev = seed_scale; seed_scale = s; return prev; }
 
 static void drop_saved(flow_node *n) {
   for (int i = 0; i < n->nin; i++) { flow_tensor_decref(n->saved_in[i]); n->saved_in[i] = NULL; }
@@ -260,6 +262,11 @@ int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph) {
                             "(got shape %s); pass a gradient", flow_shape_str(t->ndim, t->shape, s, sizeof s));
     }
     g0 = flow_ones_like(t);
+    if (g0 && seed_scale != 1) {
+      flow_tensor *scaled = flow_mul_scalar(g0, seed_scale);
+      flow_tensor_decref(g0);
+      g0 = scaled;
+    }
     if (!g0) return -1;
   } else {
     if (!flow_shape_eq(grad->ndim, grad->shape, t->ndim, t->shape)) {

@@ -46,16 +46,15 @@ function M.new(opts)
   local rn = config.register_num or 1
   if rn < 1 or math.type(rn) ~= "integer" then error(("nn.Graph config: register_num must be an integer >= 1 (got %s)"):format(rn), 2) end
   local acc = config.grad_accumulation_steps or 1
-  if acc ~= 1 then
-    error(("nn.Graph config: grad_accumulation_steps = %s: micro-batches (the unpack/repeat/acc actors) are not built "
-      .. "yet; only 1 is supported"):format(tostring(acc)), 2)
+  if math.type(acc) ~= "integer" or acc < 1 then
+    error(("nn.Graph config: grad_accumulation_steps must be an integer >= 1 (got %s)"):format(tostring(acc)), 2)
   end
   if config.amp and config.amp ~= "bf16" and config.amp ~= "off" then
     error(("nn.Graph config: amp must be \"bf16\" or \"off\" (got %q)"):format(config.amp), 2)
   end
   local self = setmetatable({
     model = opts.model, optimizer = opts.optimizer, lr_scheduler = opts.lr_scheduler, clip = opts.clip_grad_norm,
-    build = opts.build, config = config, register_num = rn, plans = {}, compiles = 0, last = nil,
+    build = opts.build, config = config, register_num = rn, accumulation = acc, plans = {}, compiles = 0, last = nil,
   }, Graph)
   return self
 end
@@ -88,6 +87,52 @@ local function params_of(self)
   return out
 end
 
+-- Micro-batch k of M of a batch tensor (axis 0). A tensor split over ranks on axis 0 is unpacked
+-- shard by shard: each rank's k-th slice of its own rows, so no data moves (the micro-batch is
+-- still split, with 1/M of the rows); any other tensor is sliced as a whole.
+local function micro_batch(t, k, M)
+  local s = t:shape()
+  if #s == 0 then error("nn.Graph: grad_accumulation_steps needs batch tensors (axis 0); got a 0-d input", 0) end
+  local ways = flow._split_ways(t, 0)
+  local rows = s[1] // ways
+  if s[1] % ways ~= 0 or rows % M ~= 0 then
+    error(("nn.Graph: grad_accumulation_steps = %d does not divide the batch: %d rows%s"):format(M, s[1],
+      ways > 1 and (" split over %d ranks (%d each)"):format(ways, rows) or ""), 0)
+  end
+  local mb = rows // M
+  if ways == 1 then return flow.narrow(t, 0, k * mb, mb) end
+  local grouped = { ways, rows }
+  for i = 2, #s do grouped[#grouped + 1] = s[i] end
+  local out = { ways * mb }
+  for i = 2, #s do out[#out + 1] = s[i] end
+  return flow.reshape(flow.narrow(flow.reshape(t, grouped), 1, k * mb, mb), out)
+end
+
+-- Run build once per micro-batch (inputs unpacked, variables the same, each backward seeded with
+-- 1/M so the accumulated gradients are the whole batch's); outputs are averaged over them.
+function Graph:_trace_micro_batches(lazy, n)
+  local M = self.accumulation
+  local function run(inputs)
+    local function go() return table.pack(self.build(self, table.unpack(inputs, 1, n))) end
+    if self.config.amp == "bf16" then return flow.autocast("bfloat16", go) end
+    return go()
+  end
+  if M == 1 then return run(lazy) end
+  local sum
+  for k = 0, M - 1 do
+    local micro = {}
+    for i = 1, n do micro[i] = flow.is_tensor(lazy[i]) and micro_batch(lazy[i], k, M) or lazy[i] end
+    local prev = flow._seed_scale(1 / M)
+    local ok, outs = pcall(run, micro)
+    flow._seed_scale(prev)
+    if not ok then error(outs, 0) end
+    if not sum then sum = outs
+    else for i = 1, outs.n do sum[i] = sum[i] + outs[i] end end
+  end
+  for i = 1, sum.n do if flow.is_tensor(sum[i]) then sum[i] = sum[i] / M end end
+  return sum
+end
+
 function Graph:_compile(args)
   local g = flow._graph.new()
   local opt = self.optimizer
@@ -102,8 +147,7 @@ function Graph:_compile(args)
       local a = args[i]
       lazy[i] = flow.is_tensor(a) and g:input(a) or a
     end
-    local function run_build() return table.pack(self.build(self, table.unpack(lazy, 1, args.n))) end
-    local outs = self.config.amp == "bf16" and flow.autocast("bfloat16", run_build) or run_build()
+    local outs = self:_trace_micro_batches(lazy, args.n)
     if opt then
       if self.clip then flow.optim.clip_grad_norm(params, self.clip) end
       opt:apply(function(gi) g:tag(gi) end)
