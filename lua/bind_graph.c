@@ -6,6 +6,7 @@
 #include "../actor/plan.h"
 #include "../core/comm.h"
 #include "../ops/autograd.h"
+#include "../ops/eager_global.h"
 #include "bind.h"
 
 #define GRAPH_MT "flow.LazyGraph"
@@ -216,6 +217,12 @@ static int l_seed_scale(lua_State *L) {
   return 1;
 }
 
+/* flow._partial_leaf_grads(on) -> previous (see eager_global.h). */
+static int l_partial_leaf_grads(lua_State *L) {
+  lua_pushboolean(L, flow_global_set_partial_leaf_grads(lua_toboolean(L, 1)));
+  return 1;
+}
+
 /* flow._split_ways(t, axis) -> how many shards axis is split into over t's mesh (1: not split). */
 static int l_split_ways(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "_split_ways");
@@ -251,6 +258,8 @@ void flow_lua_open_graph(lua_State *L) {
   lua_setfield(L, -2, "_allgather_strings");
   lua_pushcfunction(L, l_seed_scale);
   lua_setfield(L, -2, "_seed_scale");
+  lua_pushcfunction(L, l_partial_leaf_grads);
+  lua_setfield(L, -2, "_partial_leaf_grads");
   lua_pushcfunction(L, l_split_ways);
   lua_setfield(L, -2, "_split_ways");
 }

@@ -22,7 +22,7 @@ Graph.__index = Graph
 local options = { model = "table", optimizer = "table", lr_scheduler = "function", clip_grad_norm = "number",
                   build = "function", config = "table" }
 local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string",
-                         allow_fuse_add_to_output = "boolean" }
+                         allow_fuse_add_to_output = "boolean", zero_stage = "number" }
 
 local function check_options(t, known, what)
   for k, v in pairs(t) do
@@ -49,6 +49,11 @@ function M.new(opts)
   if math.type(acc) ~= "integer" or acc < 1 then
     error(("nn.Graph config: grad_accumulation_steps must be an integer >= 1 (got %s)"):format(tostring(acc)), 2)
   end
+  local zero = config.zero_stage or 0
+  if math.type(zero) ~= "integer" or zero < 0 or zero > 3 then
+    error(("nn.Graph config: zero_stage must be 0, 1, 2 or 3 (got %s)"):format(tostring(zero)), 2)
+  end
+  if zero > 0 and not opts.optimizer then error("nn.Graph config: zero_stage needs an optimizer", 2) end
   if config.amp and config.amp ~= "bf16" and config.amp ~= "off" then
     error(("nn.Graph config: amp must be \"bf16\" or \"off\" (got %q)"):format(config.amp), 2)
   end
@@ -133,11 +138,104 @@ function Graph:_trace_micro_batches(lazy, n)
   return sum
 end
 
+-------------------------------------------------------------------------------- ZeRO
+
+-- ZeRO over the data-parallel axis (mesh axis 0, where the parameters are broadcast), as SBP:
+-- stage 1 keeps the optimizer state split S(0) there; stage 2 also reduce-scatters the gradients
+-- (P -> S(0)) instead of all-reducing them; stage 3 also stores the parameters split and the
+-- trace all-gathers each (S(0) -> B) before use, its gradient coming back by reduce-scatter.
+local function sharded(sbp)
+  if type(sbp) ~= "table" then return flow.sbp.split(0) end
+  local z = {}
+  for i, v in ipairs(sbp) do z[i] = v end
+  z[1] = flow.sbp.split(0)
+  return z
+end
+
+local function broadcast_on_axis0(sbp)
+  return (type(sbp) == "table" and sbp[1] or sbp) == flow.sbp.broadcast
+end
+
+function Graph:_setup_zero()
+  local stage = self.config.zero_stage or 0
+  if self.zero ~= nil or stage == 0 then return end
+  self.zero = false
+  local params = params_of(self)
+  local P = params[1] and params[1].is_global and params[1].placement
+  if not P or P.shape[1] == 1 then
+    io.stderr:write(("nn.Graph: warning: zero_stage = %d with data parallelism 1 (%s): nothing to shard, running without ZeRO\n"):format(
+      stage, P and "mesh axis 0 has one rank" or "local parameters"))
+    return
+  end
+  local z = { stage = stage, placement = P, shard = {}, full = {} }
+  for _, p in ipairs(params) do
+    if not p.is_global or p.placement ~= P or not broadcast_on_axis0(p.sbp) then
+      error(("nn.Graph: zero_stage needs every parameter broadcast over mesh axis 0 (the data-parallel axis) of %s; "
+        .. "a parameter of shape {%s} has sbp %s"):format(tostring(P), table.concat(p:shape(), ","), tostring(p.sbp)), 0)
+    end
+    z.shard[p], z.full[p] = sharded(p.sbp), p.sbp
+  end
+  local opt = self.optimizer
+  opt:init_state()
+  flow.no_grad(function()
+    for i, p in opt:each() do
+      for key, t in pairs(opt.state[i] or {}) do opt.state[i][key] = t:to_global(P, z.shard[p]) end
+    end
+    if stage == 3 then
+      local map = {}
+      for _, p in ipairs(params) do
+        local s = p:to_global(P, z.shard[p]):detach()
+        s:requires_grad_(true)
+        map[p] = s
+        z.shard[s], z.full[s] = z.shard[p], z.full[p]
+      end
+      if self.model then self.model:swap_parameters(map) end
+      opt:swap_parameters(map)
+    end
+  end)
+  self.zero = z
+end
+
+-- The optimizer pass under ZeRO: every update runs on this rank's shard of the parameter, its
+-- gradient and its state; stages 1-2 all-gather the updated shards into the parameter.
+function Graph:_zero_updates(g)
+  local z, opt = self.zero, self.optimizer
+  local P = z.placement
+  local work, grads = {}, {}
+  flow.no_grad(function()
+    for i, p, grp in opt:each() do
+      if p.grad then
+        local gs = p.grad:to_global(P, z.shard[p]) -- B -> S(0) a local slice; P -> S(0) a reduce-scatter
+        work[#work + 1] = { i, p, gs, grp }
+        grads[#grads + 1] = gs
+      end
+    end
+    if self.clip then flow.optim.clip_grads(grads, self.clip) end
+    for _, w in ipairs(work) do
+      local i, p, gs, grp = w[1], w[2], w[3], w[4]
+      g:tag(grp.index)
+      if z.stage == 3 then
+        opt:update(i, p, gs, grp)
+      else
+        local ps = p:to_global(P, z.shard[p])
+        opt:update(i, ps, gs, grp)
+        p:copy_(ps:to_global(P, z.full[p]))
+      end
+    end
+    g:tag(0)
+  end)
+end
+
 function Graph:_compile(args)
+  self:_setup_zero()
   local g = flow._graph.new()
   local opt = self.optimizer
   local params = params_of(self)
   if opt then opt:init_state() end
+  local z = self.zero
+  -- ZeRO-3: the trace sees each parameter all-gathered where the model reads it
+  local restore_params = function() end
+  local partial = z and z.stage >= 2 and flow._partial_leaf_grads(true)
   local saved = {}
   for i, p in ipairs(params) do saved[i] = p.grad; p.grad = nil end
   g:begin()
@@ -147,8 +245,16 @@ function Graph:_compile(args)
       local a = args[i]
       lazy[i] = flow.is_tensor(a) and g:input(a) or a
     end
+    if z and z.stage == 3 and self.model then
+      local gathered = {}
+      for _, p in ipairs(params) do gathered[p] = p:to_global(z.placement, z.full[p]) end
+      restore_params = self.model:swap_parameters(gathered)
+    end
     local outs = self:_trace_micro_batches(lazy, args.n)
-    if opt then
+    restore_params()
+    if z then
+      self:_zero_updates(g)
+    elseif opt then
       if self.clip then flow.optim.clip_grad_norm(params, self.clip) end
       opt:apply(function(gi) g:tag(gi) end)
       g:tag(0)
@@ -161,6 +267,8 @@ function Graph:_compile(args)
     end
   end)
   g:finish()
+  restore_params()
+  if z and z.stage >= 2 then flow._partial_leaf_grads(partial) end
   for i, p in ipairs(params) do p.grad = saved[i] end
   if not ok then error(err, 0) end
   g:compile(self.register_num, self.config.allow_fuse_add_to_output ~= false)

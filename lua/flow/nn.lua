@@ -251,6 +251,23 @@ function Module:to(device)
   return self
 end
 
+-- Replace parameters by map[t] wherever they appear (tied ones stay tied); returns a function
+-- that puts the previous ones back. nn.Graph uses it (ZeRO-3 shards the parameters, and its
+-- trace gathers them before use).
+function Module:swap_parameters(map)
+  local undo = {}
+  each_parameter(self, "", function(owner, k, _, t)
+    local new = map[t]
+    if new ~= nil then
+      undo[#undo + 1] = { owner, k, t }
+      rawset(owner, k, new)
+    end
+  end)
+  return function()
+    for i = #undo, 1, -1 do rawset(undo[i][1], undo[i][2], undo[i][3]) end
+  end
+end
+
 -- Make every parameter a global tensor on placement with sbp (data parallel: sbp = broadcast).
 -- Every parameter becomes a global leaf on `placement`. `sbp` is one SBP (list) for all, or a
 -- function (name, tensor) -> SBP choosing per parameter (tensor parallel layouts). A tensor
