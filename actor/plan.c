@@ -46,7 +46,7 @@ struct flow_plan {
   flow_tensor *arena[FLOW_NDEVTYPES];
   int64_t arena_bytes, arena_bound, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
   int fused;                 /* adds fused into their first input's buffer */
-  const flow_placement *placement; /* the ranks that must agree on the outcome of a run, or NULL */
+  bool global;               /* global tensors: every rank runs it, and all agree on the outcome */
 };
 
 static int stream_of(const flow_gnode *n) {
@@ -119,6 +119,7 @@ static int act_box(void *ctx, int64_t piece, const int *in_slot, const int *out_
     if (!x) return -1;
     flow_device_get(x->device.type)->zero(flow_tensor_data(x), x->device, flow_tensor_nbytes(x));
   }
+  if (getenv("BOXDBG")) { char a[64], b[64], c[64], d[64]; fprintf(stderr, "[%d] box node %d %s %s -> %s %s shape0 %lld\n", flow_comm_rank(), t->node, flow_placement_str(n->box.src_p, c, sizeof c), flow_nd_sbp_str(&n->box.src, a, sizeof a), flow_placement_str(n->box.dst_p, d, sizeof d), flow_nd_sbp_str(&n->box.dst, b, sizeof b), (long long)n->box.shape[0]); }
   flow_tensor *y = flow_box_run(&n->box, x);
   flow_tensor_decref(zeros);
   if (!y) return -1;
@@ -328,11 +329,7 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
     pos[n] = next_pos[t->stream]++;
     p->task_of[n] = p->ntasks++;
     for (int i = 0; i < x->nin; i++) nread[x->in[i]]++;
-    for (int i = 0; i < x->nin && !p->placement; i++) {
-      int r = flow_graph_root(g, x->in[i]);
-      p->placement = g->values[x->in[i]].placement ? g->values[x->in[i]].placement : g->values[r].placement;
-    }
-    if (x->kind == FLOW_GNODE_BOX && !p->placement) p->placement = x->box.src_p;
+    p->global |= x->kind == FLOW_GNODE_BOX || (x->nout && g->values[x->out0].placement);
   }
   /* registers: one per value somebody reads; the rest keep one slot, outside the runtime */
   for (int n = 0; n < g->nnodes; n++) {
@@ -415,20 +412,21 @@ void flow_plan_set_feed(flow_plan *p, int tag, double lr, int64_t step) {
 
 /* ---- running ------------------------------------------------------------------------------------ */
 
-/* Every rank of the placement learns whether any failed; the lowest failing rank's message wins. */
+/* Every rank learns whether any failed; the lowest failing rank's message wins. A graph of global
+ * tensors is traced by every rank (SPMD), and its stages may live on different placements, so the
+ * world agrees. */
 static int agree_on_outcome(const flow_plan *p, int rc) {
-  if (!p->placement || p->placement->nranks < 2 || p->placement->me < 0) return rc;
-  flow_comm *c = flow_comm_for_ranks(p->placement->ranks, p->placement->nranks);
-  if (!c) return -1;
+  flow_comm *c = flow_comm_world();
+  if (!p->global || !c || c->size < 2) return rc;
   long long lo, hi;
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", rc == 0 ? "" : flow_error_get());
-  if (c->ops->minmax(c, rc == 0 ? LLONG_MAX : p->placement->me, &lo, &hi) != 0) return -1;
+  if (c->ops->minmax(c, rc == 0 ? LLONG_MAX : c->rank, &lo, &hi) != 0) return -1;
   if (lo == LLONG_MAX) return 0;
   if (c->ops->broadcast(c, msg, sizeof msg, FLOW_U8, (int)lo) != 0) return -1;
   msg[sizeof msg - 1] = 0;
   if (strncmp(msg, "[rank ", 6) == 0) return flow_error_set("nn.Graph: %s", msg);
-  return flow_error_set("nn.Graph: [rank %d] %s", p->placement->ranks[lo], msg);
+  return flow_error_set("nn.Graph: [rank %d] %s", (int)lo, msg);
 }
 
 int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **outputs) {

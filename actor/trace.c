@@ -270,12 +270,14 @@ int flow_graph_output(flow_graph *g, const flow_tensor *t) {
   return 0;
 }
 
-/* Creation order is a topological order, so one backward sweep marks everything an output or a
- * write of captured state (an optimizer update) needs. */
+/* Creation order is a topological order, so one backward sweep marks everything an output, a
+ * write of captured state (an optimizer update) or a communication needs. Communication stays even
+ * when this rank has no use for its result: another rank may (a pipeline stage sends what only
+ * the next stage reads), and every rank must take part in the same transfers in the same order. */
 int flow_graph_prune(flow_graph *g) {
   for (int n = 0; n < g->nnodes; n++) {
     flow_gnode *x = &g->nodes[n];
-    x->live = x->kind == FLOW_GNODE_INPUT;
+    x->live = x->kind == FLOW_GNODE_INPUT || flow_gnode_communicates(x);
     if (x->kind == FLOW_GNODE_OP && x->op->kind == FLOW_OP_INPLACE) {
       int root = flow_graph_root(g, x->in[0]);
       x->live = g->nodes[g->values[root].node].kind == FLOW_GNODE_CAPTURE;

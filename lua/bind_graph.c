@@ -217,6 +217,23 @@ static int l_seed_scale(lua_State *L) {
   return 1;
 }
 
+/* flow._graph.tracing(): is a graph being traced on this thread (ops record instead of run)? */
+static int l_tracing(lua_State *L) {
+  lua_pushboolean(L, flow_lazy_tracing());
+  return 1;
+}
+
+/* flow._defer_backward(on) -> previous; flow._run_deferred_backward() (see autograd.h). */
+static int l_defer_backward(lua_State *L) {
+  lua_pushboolean(L, flow_autograd_defer(lua_toboolean(L, 1)));
+  return 1;
+}
+
+static int l_run_deferred_backward(lua_State *L) {
+  if (flow_autograd_run_deferred() != 0) return flow_lua_error(L);
+  return 0;
+}
+
 /* flow._partial_leaf_grads(on) -> previous (see eager_global.h). */
 static int l_partial_leaf_grads(lua_State *L) {
   lua_pushboolean(L, flow_global_set_partial_leaf_grads(lua_toboolean(L, 1)));
@@ -253,11 +270,17 @@ void flow_lua_open_graph(lua_State *L) {
   lua_setfield(L, -2, "new");
   lua_pushcfunction(L, l_memory);
   lua_setfield(L, -2, "memory");
+  lua_pushcfunction(L, l_tracing);
+  lua_setfield(L, -2, "tracing");
   lua_setfield(L, -2, "_graph");
   lua_pushcfunction(L, l_allgather_strings);
   lua_setfield(L, -2, "_allgather_strings");
   lua_pushcfunction(L, l_seed_scale);
   lua_setfield(L, -2, "_seed_scale");
+  lua_pushcfunction(L, l_defer_backward);
+  lua_setfield(L, -2, "_defer_backward");
+  lua_pushcfunction(L, l_run_deferred_backward);
+  lua_setfield(L, -2, "_run_deferred_backward");
   lua_pushcfunction(L, l_partial_leaf_grads);
   lua_setfield(L, -2, "_partial_leaf_grads");
   lua_pushcfunction(L, l_split_ways);

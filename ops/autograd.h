@@ -21,6 +21,11 @@ int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph);
  * each backward with 1/M, so the summed gradients are those of the whole batch. Returns the
  * previous scale. Per thread. */
 double flow_autograd_set_seed_scale(double s);
+/* While deferring, backward calls are queued instead of run; run_deferred runs them in call order
+ * (a pipeline traces every micro-batch's forward before the backwards: GPipe's order). Per thread;
+ * defer returns the previous setting. */
+bool flow_autograd_defer(bool on);
+int flow_autograd_run_deferred(void);
 
 /* The global layer may convert a gradient before it lands in leaf->grad (e.g. box P -> B so a
  * broadcast parameter gets an all-reduced gradient). Returns a new reference or NULL on error. */

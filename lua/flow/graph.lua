@@ -123,6 +123,9 @@ function Graph:_trace_micro_batches(lazy, n)
     return go()
   end
   if M == 1 then return run(lazy) end
+  -- on a pipeline every micro-batch's forward is traced before the backwards (GPipe's order), so
+  -- a stage's stream runs forwards ahead while later stages work on earlier micro-batches
+  local defer = self.stages ~= nil and flow._defer_backward(true)
   local sum
   for k = 0, M - 1 do
     local micro = {}
@@ -130,12 +133,76 @@ function Graph:_trace_micro_batches(lazy, n)
     local prev = flow._seed_scale(1 / M)
     local ok, outs = pcall(run, micro)
     flow._seed_scale(prev)
-    if not ok then error(outs, 0) end
+    if not ok then
+      if self.stages then flow._defer_backward(defer); pcall(flow._run_deferred_backward) end
+      error(outs, 0)
+    end
     if not sum then sum = outs
     else for i = 1, outs.n do sum[i] = sum[i] + outs[i] end end
   end
+  if self.stages then
+    flow._defer_backward(defer)
+    flow._run_deferred_backward()
+  end
   for i = 1, sum.n do if flow.is_tensor(sum[i]) then sum[i] = sum[i] / M end end
   return sum
+end
+
+-------------------------------------------------------------------------------- pipeline stages
+
+-- Put a module's computation on `placement` (a pipeline stage): its parameters move there now
+-- (in the model and the optimizer; a tensor tied to an earlier stage's module stays there), and
+-- in the trace its tensor inputs are boxed to that placement (send/recv between placements).
+function Graph:set_stage(module, placement)
+  if type(module) ~= "table" or not module._order then error("nn.Graph:set_stage: expected a module", 2) end
+  if type(placement) ~= "userdata" or not pcall(function() return placement.ranks end) or not placement.ranks then
+    error(("nn.Graph:set_stage: expected a placement (got %s)"):format(tostring(placement)), 2)
+  end
+  if next(self.plans) then error("nn.Graph:set_stage: stages must be set before the first call", 2) end
+  self.stages = self.stages or {}
+  self.staged = self.staged or {}
+  self.stages[#self.stages + 1] = { module = module, placement = placement }
+  local map = {}
+  flow.no_grad(function()
+    for _, p in ipairs(module:parameters()) do
+      if not self.staged[p] and not (p.is_global and p.placement == placement) then
+        local q = p:to_global(placement, p.is_global and p.sbp or flow.sbp.broadcast):detach()
+        q:requires_grad_(true)
+        map[p] = q
+        self.staged[q] = true
+      end
+      self.staged[p] = true
+    end
+  end)
+  if self.model then self.model:swap_parameters(map) else module:swap_parameters(map) end
+  local opt = self.optimizer
+  if opt then
+    opt:swap_parameters(map)
+    for i, p in opt:each() do -- state made before the move follows its parameter
+      for key, t in pairs(opt.state[i] or {}) do
+        if p.is_global and t.placement ~= p.placement then opt.state[i][key] = t:to_global(p.placement, p.sbp) end
+      end
+    end
+  end
+  return self
+end
+
+-- While tracing, each staged module boxes its inputs to its placement.
+function Graph:_enter_stages()
+  for _, st in ipairs(self.stages or {}) do
+    local P, forward = st.placement, st.module.forward
+    rawset(st.module, "forward", function(m, ...)
+      local args = table.pack(...)
+      for i = 1, args.n do
+        local a = args[i]
+        if flow.is_tensor(a) and a.is_global and a.placement ~= P then args[i] = a:to_global(P, a.sbp) end
+      end
+      return forward(m, table.unpack(args, 1, args.n))
+    end)
+  end
+  return function()
+    for _, st in ipairs(self.stages or {}) do rawset(st.module, "forward", nil) end
+  end
 end
 
 -------------------------------------------------------------------------------- ZeRO
@@ -239,7 +306,9 @@ function Graph:_compile(args)
   local saved = {}
   for i, p in ipairs(params) do saved[i] = p.grad; p.grad = nil end
   g:begin()
-  local ok, err = pcall(function()
+  -- debug >= 2: trace errors carry the Lua traceback of the build code that raised them
+  local handler = (self.config.debug or 0) >= 2 and debug.traceback or function(e) return e end
+  local ok, err = xpcall(function()
     local lazy = {}
     for i = 1, args.n do
       local a = args[i]
@@ -250,8 +319,19 @@ function Graph:_compile(args)
       for _, p in ipairs(params) do gathered[p] = p:to_global(z.placement, z.full[p]) end
       restore_params = self.model:swap_parameters(gathered)
     end
-    local outs = self:_trace_micro_batches(lazy, args.n)
+    local leave = self:_enter_stages()
+    local ok_trace, outs = pcall(self._trace_micro_batches, self, lazy, args.n)
+    leave()
+    if not ok_trace then error(outs, 0) end
     restore_params()
+    if self.stages then -- results come back to where the inputs live, so every rank can read them
+      local home
+      for i = 1, args.n do if flow.is_tensor(args[i]) and args[i].is_global then home = home or args[i].placement end end
+      for i = 1, outs.n do
+        local o = outs[i]
+        if home and flow.is_tensor(o) and o.is_global and o.placement ~= home then outs[i] = o:to_global(home, o.sbp) end
+      end
+    end
     if z then
       self:_zero_updates(g)
     elseif opt then
@@ -265,7 +345,7 @@ function Graph:_compile(args)
       end
       g:output(outs[i])
     end
-  end)
+  end, handler)
   g:finish()
   restore_params()
   if z and z.stage >= 2 then flow._partial_leaf_grads(partial) end
