@@ -233,11 +233,8 @@ void flow_sbp_rule_scatter_add(const flow_sig_query *q, unsigned flags, flow_sig
 
 /* cross_entropy(logits [..., C], target [...]) -> loss, lse [...]; cross_entropy_grad
  * (FLOW_SBP_BACKWARD: logits, target, lse, g, glse) -> dlogits. Rows split on any batch axis:
- * per-row losses stay split, a sum becomes partial. A mean divides by the local count of targets, so it has no split signature (the
- * global layer lowers a global mean to sum / count). CE_MEAN is ops/nn.c's flag bit. */
-#define CE_MEAN_FLAG (1 << 17)
+ * per-row losses stay split, a sum becomes partial. */
 void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
-  if (q->attrs->flags & CE_MEAN_FLAG) return;
   bool grad = flags & FLOW_SBP_BACKWARD;
   int rows = q->in_ndim[0] - 1;
   for (int i = 0; i < rows; i++) {
@@ -258,6 +255,7 @@ bool flow_sbp_candidates(const flow_sbp_rule *rule, const flow_sig_query *q, flo
   out->n = 0;
   all_same(q, out, B);
   if (!rule || q->nin > FLOW_SIG_MAX_IO || q->nout > FLOW_SIG_MAX_IO) return false;
+  if (q->attrs && (q->attrs->flags & rule->whole_when)) return true;
   rule->fn(q, rule->flags, out);
   return true;
 }
