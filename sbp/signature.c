@@ -103,6 +103,21 @@ void flow_sbp_rule_matmul(const flow_sig_query *q, unsigned flags, flow_sig_list
   if ((s = add(l))) { s->in[1] = P; s->out[0] = P; }
 }
 
+/* ---- linear: Y [N, out] = X [N, in] W [out, in]^T + b [out] ------------------------------------ */
+
+/* Rows of X split -> rows of Y; out features split (W's rows with b) -> Y's columns; in features
+ * split (X's and W's columns) -> partial sums of X W^T, so b goes partial too and is counted once
+ * (B -> P keeps it on one rank). Y is linear in (X, b) together and in (W, b) together. */
+void flow_sbp_rule_linear(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)q; (void)flags;
+  flow_sbp_sig *s;
+  if ((s = add(l))) { s->in[0] = S(0); s->out[0] = S(0); }
+  if ((s = add(l))) { s->in[1] = S(0); s->in[2] = S(0); s->out[0] = S(1); }
+  if ((s = add(l))) { s->in[0] = S(1); s->in[1] = S(1); s->in[2] = P; s->out[0] = P; }
+  if ((s = add(l))) { s->in[0] = P; s->in[2] = P; s->out[0] = P; }
+  if ((s = add(l))) { s->in[1] = P; s->in[2] = P; s->out[0] = P; }
+}
+
 /* ---- ops normalising over one axis: split on any other ------------------------------------- */
 
 void flow_sbp_rule_softmax(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {

@@ -60,6 +60,7 @@ typedef struct flow_sbp_rule {
 void flow_sbp_rule_elementwise(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_reduce(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_matmul(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_linear(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_softmax(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_layer_norm(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_attention(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
