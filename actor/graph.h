@@ -53,6 +53,10 @@ typedef struct flow_graph {
   int ninputs;
   int noutputs, *outputs;    /* value ids */
   int tag;                   /* the tag new nodes get */
+  /* activation checkpointing: nodes [first, last] traced inside a marked module's forward, and
+   * the values that forward returned */
+  int nsegments;
+  struct flow_gsegment { int first, last, nout, *out; } *segments;
 } flow_graph;
 
 flow_graph *flow_graph_new(void);
@@ -69,6 +73,16 @@ flow_tensor *flow_graph_input(flow_graph *g, const flow_tensor *t);
 int flow_graph_output(flow_graph *g, const flow_tensor *t);
 /* The value a lazy tensor of g stands for, or -1 + error naming `what`. */
 int flow_graph_value_of(const flow_graph *g, const flow_tensor *t, const char *what);
+
+/* Activation checkpointing: bracket the trace of a marked module's forward (end gets the values
+ * it returned). */
+int flow_graph_segment_begin(flow_graph *g);
+int flow_graph_segment_end(flow_graph *g, int begin, flow_tensor *const *outs, int nout);
+/* The recompute pass: inside each segment, a value read after the segment ends (by backward:
+ * an activation saved for a gradient) is recomputed from the segment's inputs just before its
+ * first such reader, so the forward's copy dies inside the segment. The segment's results stay.
+ * Returns the number of nodes added. Run before pruning. */
+int flow_graph_recompute(flow_graph *g);
 
 /* The dead-node pass: nodes that reach no output and write no captured tensor are dropped
  * (their `live` flag stays false). Returns the number of live nodes. */

@@ -46,6 +46,7 @@ struct flow_plan {
   flow_tensor *arena[FLOW_NDEVTYPES];
   int64_t arena_bytes, arena_bound, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
   int fused;                 /* adds fused into their first input's buffer */
+  int recomputed;            /* nodes the recompute pass added (activation checkpointing) */
   bool global;               /* global tensors: every rank runs it, and all agree on the outcome */
 };
 
@@ -291,6 +292,8 @@ static const char *node_name(const flow_gnode *n) {
 
 flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
   int rnum = o && o->register_num > 0 ? o->register_num : 1;
+  int recomputed = flow_graph_recompute(g);
+  if (recomputed < 0) return NULL;
   flow_graph_prune(g);
   int fused = o && o->no_fusion ? 0 : flow_graph_fuse_add_to_output(g);
   if (fused < 0) return NULL;
@@ -298,6 +301,7 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
   if (!p) { flow_error_set("nn.Graph: out of memory"); return NULL; }
   p->g = g;
   p->fused = fused;
+  p->recomputed = recomputed;
   p->task_of = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
   p->tasks = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof(ptask));
   p->v = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(pvalue));
@@ -478,6 +482,7 @@ void flow_plan_memory_of(const flow_plan *p, flow_plan_memory *m) {
 }
 
 int flow_plan_fused(const flow_plan *p) { return p->fused; }
+int flow_plan_recomputed(const flow_plan *p) { return p->recomputed; }
 
 int flow_plan_ntasks(const flow_plan *p, int stream) {
   int n = 0;

@@ -47,5 +47,6 @@ char *flow_plan_trace_events(const flow_plan *p, int rank);
 
 int flow_plan_ntasks(const flow_plan *p, int stream);
 int flow_plan_fused(const flow_plan *p);
+int flow_plan_recomputed(const flow_plan *p);
 
 #endif

@@ -30,6 +30,8 @@ void flow_graph_free(flow_graph *g) {
     free(g->nodes[n].in);
     free(g->nodes[n].ctrl);
   }
+  for (int i = 0; i < g->nsegments; i++) free(g->segments[i].out);
+  free(g->segments);
   free(g->nodes);
   free(g->values);
   free(g->outputs);
@@ -335,4 +337,153 @@ int flow_graph_fuse_add_to_output(flow_graph *g) {
   free(last);
   free(comm);
   return fused;
+}
+
+/* ---- activation checkpointing: the recompute pass ------------------------------------------------- */
+
+int flow_graph_segment_begin(flow_graph *g) { return g->nnodes; }
+
+int flow_graph_segment_end(flow_graph *g, int begin, flow_tensor *const *outs, int nout) {
+  struct flow_gsegment *s = realloc(g->segments, (size_t)(g->nsegments + 1) * sizeof *s);
+  if (!s) return flow_error_set("nn.Graph: out of memory");
+  g->segments = s;
+  struct flow_gsegment *seg = &s[g->nsegments];
+  seg->first = begin;
+  seg->last = g->nnodes - 1;
+  seg->nout = 0;
+  seg->out = malloc((size_t)(nout ? nout : 1) * sizeof(int));
+  if (!seg->out) return flow_error_set("nn.Graph: out of memory");
+  for (int i = 0; i < nout; i++)
+    if (outs[i]->lazy && (int)(outs[i]->lazy >> 32) == g->id) seg->out[seg->nout++] = (int)(uint32_t)outs[i]->lazy - 1;
+  g->nsegments++;
+  return 0;
+}
+
+static int in_list(const int *a, int n, int v) {
+  for (int i = 0; i < n; i++)
+    if (a[i] == v) return 1;
+  return 0;
+}
+
+/* Clone node n (inside a segment) with inputs remapped through map[] (internal value -> clone);
+ * the clone's outputs are recorded in map. Appends to g; returns the clone's index or -1. */
+static int clone_node(flow_graph *g, int n, int *map) {
+  int c = new_node(g, g->nodes[n].kind);
+  if (c < 0) return -1;
+  flow_gnode *src = &g->nodes[n], *dst = &g->nodes[c];
+  dst->op = src->op;
+  dst->attrs = src->attrs;
+  dst->box = src->box;
+  dst->tag = src->tag;
+  dst->in = malloc((size_t)(src->nin ? src->nin : 1) * sizeof(int));
+  if (!dst->in) return flow_error_set("nn.Graph: out of memory");
+  dst->nin = src->nin;
+  for (int i = 0; i < src->nin; i++) dst->in[i] = map[src->in[i]] >= 0 ? map[src->in[i]] : src->in[i];
+  for (int j = 0; j < src->nout; j++) {
+    const flow_gvalue o = g->values[src->out0 + j];
+    int v = new_value(g, c, o.dtype, o.device, o.ndim, o.shape);
+    if (v < 0) return -1;
+    g->values[v].alias = o.alias >= 0 && map[o.alias] >= 0 ? map[o.alias] : o.alias;
+    map[src->out0 + j] = v;
+  }
+  return c;
+}
+
+/* Put the nodes in the order order[0..nnodes) (a topological order), renumbering node ids. */
+static int reorder(flow_graph *g, const int *order) {
+  int n = g->nnodes;
+  int *newid = malloc((size_t)n * sizeof *newid);
+  flow_gnode *nodes = malloc((size_t)g->capnodes * sizeof *nodes);
+  if (!newid || !nodes) { free(newid); free(nodes); return flow_error_set("nn.Graph: out of memory"); }
+  for (int k = 0; k < n; k++) {
+    newid[order[k]] = k;
+    nodes[k] = g->nodes[order[k]];
+  }
+  for (int k = 0; k < n; k++)
+    for (int c = 0; c < nodes[k].nctrl; c++) nodes[k].ctrl[c] = newid[nodes[k].ctrl[c]];
+  for (int v = 0; v < g->nvalues; v++) g->values[v].node = newid[g->values[v].node];
+  free(g->nodes);
+  g->nodes = nodes;
+  free(newid);
+  return 0;
+}
+
+int flow_graph_recompute(flow_graph *g) {
+  int nseg = g->nsegments, nbase = g->nnodes, added = 0;
+  /* per segment: where its clones go (before its first late reader; -1: none) and their range */
+  int *at = malloc((size_t)(nseg ? nseg : 1) * 3 * sizeof *at), *lo = at + nseg, *hi = lo + nseg;
+  if (!at) return flow_error_set("nn.Graph: out of memory");
+  int rc = 0;
+  for (int si = 0; si < nseg && rc == 0; si++) {
+    const struct flow_gsegment *s = &g->segments[si];
+    at[si] = -1;
+    lo[si] = hi[si] = g->nnodes;
+    int nvals = g->nvalues;
+    int *map = malloc((size_t)nvals * 2 * sizeof *map), *need = map + nvals;
+    if (!map) { rc = flow_error_set("nn.Graph: out of memory"); break; }
+    for (int v = 0; v < nvals; v++) {
+      map[v] = -1;
+      need[v] = 0;
+    }
+    /* values made inside the segment (not its results) and read after it: saved activations */
+    /* made by an op of the segment (captured tensors are shared, never recomputed) */
+#define MADE(v) (g->values[v].node >= s->first && g->values[v].node <= s->last && \
+                 g->nodes[g->values[v].node].kind != FLOW_GNODE_CAPTURE)
+#define INSIDE(v) (MADE(v) && !in_list(s->out, s->nout, v))
+    for (int n = s->last + 1; n < nbase; n++) {
+      const flow_gnode *x = &g->nodes[n];
+      for (int i = 0; i < x->nin; i++)
+        if (INSIDE(x->in[i])) {
+          need[x->in[i]] = 1;
+          if (at[si] < 0) at[si] = n;
+        }
+    }
+    if (at[si] >= 0) {
+      /* the segment's nodes they need, transitively; an in-place write inside stops the pass for
+       * this segment (recomputing it would write twice) */
+      for (int n = s->last; n >= s->first && rc == 0; n--) {
+        const flow_gnode *x = &g->nodes[n];
+        bool wanted = false;
+        for (int j = 0; j < x->nout; j++) wanted |= need[x->out0 + j];
+        if (!wanted) continue;
+        if (x->kind != FLOW_GNODE_OP || x->op->kind == FLOW_OP_INPLACE || x->op->kind == FLOW_OP_SOURCE) {
+          at[si] = -1; /* a boxing, an in-place write or a source inside: keep this segment's activations */
+          break;
+        }
+        for (int i = 0; i < x->nin; i++)
+          if (MADE(x->in[i])) need[x->in[i]] = 1;
+      }
+    }
+    if (at[si] >= 0) {
+      for (int n = s->first; n <= s->last && rc == 0; n++) {
+        bool wanted = false;
+        for (int j = 0; j < g->nodes[n].nout; j++) wanted |= need[g->nodes[n].out0 + j];
+        if (wanted && clone_node(g, n, map) < 0) rc = -1;
+      }
+      hi[si] = g->nnodes;
+      added += hi[si] - lo[si];
+      for (int n = s->last + 1; n < nbase && rc == 0; n++) { /* late readers take the clones */
+        flow_gnode *x = &g->nodes[n];
+        for (int i = 0; i < x->nin; i++)
+          if (x->in[i] < nvals && INSIDE(x->in[i]) && map[x->in[i]] >= 0) x->in[i] = map[x->in[i]];
+      }
+    }
+#undef INSIDE
+#undef MADE
+    free(map);
+  }
+  if (rc == 0 && added > 0) {
+    int *order = malloc((size_t)g->nnodes * sizeof *order), k = 0;
+    if (!order) rc = flow_error_set("nn.Graph: out of memory");
+    for (int n = 0; rc == 0 && n < nbase; n++) {
+      for (int si = 0; si < nseg; si++)
+        if (at[si] == n)
+          for (int c = lo[si]; c < hi[si]; c++) order[k++] = c;
+      order[k++] = n;
+    }
+    if (rc == 0) rc = reorder(g, order);
+    free(order);
+  }
+  free(at);
+  return rc < 0 ? -1 : added;
 }

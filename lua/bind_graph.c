@@ -73,6 +73,25 @@ static int g_tag(lua_State *L) {
   return 0;
 }
 
+/* graph:segment_begin() -> mark; graph:segment_end(mark, results...): a checkpointed forward */
+static int g_segment_begin(lua_State *L) {
+  lgraph *x = check(L, "graph:segment_begin");
+  lua_pushinteger(L, flow_graph_segment_begin(x->g));
+  return 1;
+}
+
+static int g_segment_end(lua_State *L) {
+  lgraph *x = check(L, "graph:segment_end");
+  int begin = (int)luaL_checkinteger(L, 2), n = lua_gettop(L) - 2, k = 0;
+  flow_tensor **outs = lua_newuserdatauv(L, sizeof(flow_tensor *) * (size_t)(n ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    flow_tensor *t = flow_lua_test(L, 3 + i);
+    if (t) outs[k++] = t;
+  }
+  if (flow_graph_segment_end(x->g, begin, outs, k) != 0) return flow_lua_error(L);
+  return 0;
+}
+
 static int g_compile(lua_State *L) {
   lgraph *x = check(L, "graph:compile");
   if (x->tracing) return luaL_error(L, "graph:compile: the graph is still being traced");
@@ -150,7 +169,7 @@ static int g_memory(lua_State *L) {
   return 1;
 }
 
-/* graph:stats() -> {nodes, live, boxings, fused, tasks = {compute, collective, copy}} */
+/* graph:stats() -> {nodes, live, boxings, fused, recomputed, tasks = {compute, collective, copy}} */
 static int g_stats(lua_State *L) {
   lgraph *x = check(L, "graph:stats");
   int boxes = 0, live = 0;
@@ -164,6 +183,7 @@ static int g_stats(lua_State *L) {
   lua_pushinteger(L, boxes); lua_setfield(L, -2, "boxings");
   if (x->plan) {
     lua_pushinteger(L, flow_plan_fused(x->plan)); lua_setfield(L, -2, "fused");
+    lua_pushinteger(L, flow_plan_recomputed(x->plan)); lua_setfield(L, -2, "recomputed");
     lua_createtable(L, 0, 3);
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE)); lua_setfield(L, -2, "compute");
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM)); lua_setfield(L, -2, "collective");
@@ -254,7 +274,7 @@ static int l_split_ways(lua_State *L) {
 
 void flow_lua_open_graph(lua_State *L) {
   static const luaL_Reg methods[] = {{"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output},
-                                     {"tag", g_tag}, {"compile", g_compile}, {"feed", g_feed}, {"run", g_run},
+                                     {"tag", g_tag}, {"segment_begin", g_segment_begin}, {"segment_end", g_segment_end}, {"compile", g_compile}, {"feed", g_feed}, {"run", g_run},
                                      {"dot", g_dot}, {"trace", g_trace}, {"events", g_events}, {"memory", g_memory},
                                      {"stats", g_stats}, {"free", g_gc}, {NULL, NULL}};
   luaL_newmetatable(L, GRAPH_MT);

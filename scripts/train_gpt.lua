@@ -31,11 +31,10 @@ end
 
 if args.mode ~= "eager" and args.mode ~= "graph" then fail(("--mode %s: expected eager or graph"):format(args.mode)) end
 if args.mode ~= "graph" then
-  for _, f in ipairs({ { "pp", 1 }, { "micro_batches", 1 }, { "zero", 0 } }) do
+  for _, f in ipairs({ { "pp", 1 }, { "micro_batches", 1 }, { "zero", 0 }, { "checkpointing", false } }) do
     if args[f[1]] ~= f[2] then fail(("--%s %s needs --mode graph"):format(f[1]:gsub("_", "-"), tostring(args[f[1]]))) end
   end
 end
-if args.checkpointing then fail("--checkpointing: activation checkpointing is not built yet") end
 if args.zero < 0 or args.zero > 3 then fail(("--zero %s: expected 0, 1, 2 or 3"):format(tostring(args.zero))) end
 if args.micro_batches < 1 or args.batch % args.micro_batches ~= 0 then
   fail(("--micro-batches %d must divide --batch %d"):format(args.micro_batches, args.batch))
@@ -205,6 +204,9 @@ if args.mode == "graph" then
   }
   if args.pp > 1 then
     for _, st in ipairs(gpt.pipeline_stages(model, stage_places)) do step_graph:set_stage(st[1], st[2]) end
+  end
+  if args.checkpointing then -- each block keeps only its input; backward recomputes the rest
+    for i = 1, #model.h do step_graph:set_activation_checkpointing(model.h[i]) end
   end
 end
 

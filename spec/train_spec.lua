@@ -190,7 +190,7 @@ describe("scripts/train_gpt.lua", function()
       { "--mode graph --pp 2", "%-%-dp 1 x %-%-tp 1 x %-%-pp 2 must equal the number of ranks %(1%)" },
       { "--mode graph --micro-batches 3 --batch 8", "%-%-micro%-batches 3 must divide %-%-batch 8" },
       { "--mode graph --zero 4", "%-%-zero 4: expected 0, 1, 2 or 3" },
-      { "--checkpointing", "%-%-checkpointing: activation checkpointing is not built yet" },
+      { "--checkpointing", "%-%-checkpointing true needs %-%-mode graph" },
       { "--layer 2", "unknown flag %-%-layer %(flags: .*%-%-layers" },
       { "--device tpu", "%-%-device tpu: expected cpu or cuda" },
       { "--amp bf16", "%-%-amp bf16 needs %-%-device cuda" },

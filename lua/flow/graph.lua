@@ -187,21 +187,46 @@ function Graph:set_stage(module, placement)
   return self
 end
 
--- While tracing, each staged module boxes its inputs to its placement.
-function Graph:_enter_stages()
-  for _, st in ipairs(self.stages or {}) do
-    local P, forward = st.placement, st.module.forward
-    rawset(st.module, "forward", function(m, ...)
+-- Activation checkpointing per module: in the trace its forward is a segment, and the recompute
+-- pass rebuilds the activations backward reads from the module's inputs just before backward
+-- needs them, so only the inputs (and results) stay alive in between.
+function Graph:set_activation_checkpointing(module, on)
+  if type(module) ~= "table" or not module._order then error("nn.Graph:set_activation_checkpointing: expected a module", 2) end
+  if next(self.plans) then error("nn.Graph:set_activation_checkpointing: set it before the first call", 2) end
+  self.checkpointed = self.checkpointed or {}
+  self.checkpointed[module] = on ~= false or nil
+  return self
+end
+
+-- While tracing, a staged module boxes its inputs to its placement, and a checkpointed module's
+-- forward is bracketed as a segment. Returns the function that undoes the wrapping.
+function Graph:_enter_modules(g)
+  local wrapped = {}
+  local placement_of = {}
+  for _, st in ipairs(self.stages or {}) do placement_of[st.module] = st.placement end
+  local function wrap(module)
+    if wrapped[module] then return end
+    wrapped[module] = true
+    local P, ckpt, forward = placement_of[module], self.checkpointed and self.checkpointed[module], module.forward
+    rawset(module, "forward", function(m, ...)
       local args = table.pack(...)
-      for i = 1, args.n do
-        local a = args[i]
-        if flow.is_tensor(a) and a.is_global and a.placement ~= P then args[i] = a:to_global(P, a.sbp) end
+      if P then
+        for i = 1, args.n do
+          local a = args[i]
+          if flow.is_tensor(a) and a.is_global and a.placement ~= P then args[i] = a:to_global(P, a.sbp) end
+        end
       end
-      return forward(m, table.unpack(args, 1, args.n))
+      if not ckpt then return forward(m, table.unpack(args, 1, args.n)) end
+      local mark = g:segment_begin()
+      local outs = table.pack(forward(m, table.unpack(args, 1, args.n)))
+      g:segment_end(mark, table.unpack(outs, 1, outs.n))
+      return table.unpack(outs, 1, outs.n)
     end)
   end
+  for module in pairs(placement_of) do wrap(module) end
+  for module in pairs(self.checkpointed or {}) do wrap(module) end
   return function()
-    for _, st in ipairs(self.stages or {}) do rawset(st.module, "forward", nil) end
+    for module in pairs(wrapped) do rawset(module, "forward", nil) end
   end
 end
 
@@ -319,7 +344,7 @@ function Graph:_compile(args)
       for _, p in ipairs(params) do gathered[p] = p:to_global(z.placement, z.full[p]) end
       restore_params = self.model:swap_parameters(gathered)
     end
-    local leave = self:_enter_stages()
+    local leave = self:_enter_modules(g)
     local ok_trace, outs = pcall(self._trace_micro_batches, self, lazy, args.n)
     leave()
     if not ok_trace then error(outs, 0) end
@@ -355,8 +380,8 @@ function Graph:_compile(args)
   self.compiles = self.compiles + 1
   if (self.config.debug or 0) > 0 then
     local st = g:stats()
-    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings, %d adds fused; tasks %d compute, %d collective, %d copy"):format(
-      self.compiles, st.nodes, st.live, st.boxings, st.fused, st.tasks.compute, st.tasks.collective, st.tasks.copy))
+    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings, %d adds fused, %d recomputed; tasks %d compute, %d collective, %d copy"):format(
+      self.compiles, st.nodes, st.live, st.boxings, st.fused, st.recomputed, st.tasks.compute, st.tasks.collective, st.tasks.copy))
   end
   return g
 end

@@ -5,7 +5,7 @@
 -- Prints step time (median of --steps after --warmup) and peak storage bytes during a step, for
 -- eager and graph, and their ratios; with --dp N the batch is split over the ranks (data parallel:
 -- in the graph the gradient all-reduces run on the collective stream while backward goes on).
--- Then the add-to-output fusion on and off. Last, the actor engine's own cost: µs per act on a chain of 1000 no-op actors.
+-- Then the add-to-output fusion on and off, and activation checkpointing on every block. Last, the actor engine's own cost: µs per act on a chain of 1000 no-op actors.
 local flow = require "flow"
 local utils = require "flow.utils"
 local gpt = require "flow.gpt"
@@ -75,6 +75,14 @@ local G2 = flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0,
   build = function(self, idx, tgt) local _, l = self.model(idx, tgt); l:backward(); return l end }
 local unfused_ms = measure(function() return G2(x, y):item() end)
 
+-- the same graph with every block checkpointed (recomputed in backward)
+model, opt, x, y = setup()
+local G3 = flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0,
+  build = function(self, idx, tgt) local _, l = self.model(idx, tgt); l:backward(); return l end }
+for i = 1, #model.h do G3:set_activation_checkpointing(model.h[i]) end
+local ckpt_ms, ckpt_peak = measure(function() return G3(x, y):item() end)
+local ckpt_mem = G3:memory()
+
 local MB = 1 / 2 ^ 20
 print(("graph bench: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, dp %d, OPENBLAS_NUM_THREADS=%s"):format(
   args.layers, args.dim, args.heads, args.seq, args.batch, args.vocab, model:num_parameters() / 1e6, args.dp,
@@ -85,6 +93,8 @@ print(("fusion add-to-output: %d adds write into their input's buffer; step %.1f
   fused, graph_ms, unfused_ms, graph_ms / unfused_ms))
 print(("peak storage during a step: eager %.1f MB, graph %.1f MB -> graph/eager %.2fx"):format(eager_peak * MB,
   graph_peak * MB, graph_peak / eager_peak))
+print(("activation checkpointing (every block): arena %.1f MB vs %.1f MB -> %.2fx activation bytes; peak %.1f MB (%.2fx eager); step %.1f ms (%.2fx the graph without)"):format(
+  ckpt_mem.arena * MB, mem.arena * MB, ckpt_mem.arena / mem.arena, ckpt_peak * MB, ckpt_peak / eager_peak, ckpt_ms, ckpt_ms / graph_ms))
 print(("graph plan: arena %.1f MB (%.1f MB unpacked, %.1f MB alive at most), dedicated %.1f MB, captured %.1f MB; planned %.1f MB, measured %.1f MB"):format(
   mem.arena * MB, mem.unpacked * MB, mem.bound * MB, mem.dedicated * MB, mem.captured * MB, mem.planned * MB, mem.measured_peak * MB))
 

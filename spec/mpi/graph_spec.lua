@@ -18,8 +18,8 @@ end
 
 -- STEPS losses of AdamW + clipping, eager or through a graph; layout(model) returns the
 -- placement, batch SBP and all-broadcast SBP, or nothing (one rank, local tensors). o.config is
--- the graph's config, o.stages(model) its pipeline stages ({{module, placement}, ...}), o.rows
--- the batch size (4 by default).
+-- the graph's config, o.stages(model) its pipeline stages ({{module, placement}, ...}),
+-- o.checkpoint marks every block for activation checkpointing, o.rows is the batch size (4).
 local function train(layout, graph, o)
   o = o or {}
   flow.manual_seed(0)
@@ -36,6 +36,7 @@ local function train(layout, graph, o)
   local G = graph and flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0, config = o.config,
     build = function(self, x, y) local _, l = self.model(x, y); l:backward(); return l end }
   if o.stages then for _, st in ipairs(o.stages(model)) do G:set_stage(st[1], st[2]) end end
+  if o.checkpoint then for i = 1, #model.h do G:set_activation_checkpointing(model.h[i]) end end
   local losses = {}
   for step = 1, STEPS do
     if G then
@@ -202,6 +203,15 @@ describe("nn.Graph 3-D parallelism #mpi", function()
     local _, z3 = train(dp, true, { config = { zero_stage = 3 } })
     local a, b = plain:memory().captured, z3:memory().captured
     assert.is_true(b <= 0.3 * a, ("captured bytes: ZeRO-3 %d, none %d"):format(b, a))
+  end)
+
+  it("activation checkpointing on and off under data parallelism: the 1-rank losses", function()
+    local losses, G = train(dp, true)
+    assert_same(reference, losses)
+    local ck, G2 = train(dp, true, { checkpoint = true })
+    assert_same(reference, ck)
+    assert.is_true(G2:stats().recomputed > 0)
+    assert.equal(0, G:stats().recomputed)
   end)
 
   it("micro-batches that do not divide the batch are a clear error on every rank", function()
