@@ -53,6 +53,9 @@ typedef struct flow_graph {
   int ninputs;
   int noutputs, *outputs;    /* value ids */
   int tag;                   /* the tag new nodes get */
+  /* random ops: the generator's counter when the trace began, and how far the trace advanced it
+   * (each run reserves that many counters afresh, as an eager step would) */
+  uint64_t rng_base, rng_span;
   /* activation checkpointing: nodes [first, last] traced inside a marked module's forward, and
    * the values that forward returned */
   int nsegments;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../core/comm.h"
+#include "../core/rng.h"
 #include "../ops/elementwise.h"
 
 #define ALIGN 64
@@ -437,6 +438,15 @@ int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **output
   flow_graph *g = p->g;
   for (int i = 0; i < g->noutputs; i++) outputs[i] = NULL;
   p->feed = inputs;
+  if (g->rng_span) { /* fresh counters for the random ops, advancing the generator as eager would */
+    flow_rng_state r = flow_rng_reserve(g->rng_span);
+    for (int i = 0; i < p->ntasks; i++) {
+      const flow_gnode *n = &g->nodes[p->tasks[i].node];
+      if (n->kind != FLOW_GNODE_OP || !n->op->random) continue;
+      p->tasks[i].attrs.seed = r.seed;
+      p->tasks[i].attrs.rng_offset = n->attrs.rng_offset - g->rng_base + r.offset;
+    }
+  }
   int64_t use[FLOW_NDEVTYPES], peak;
   for (int d = 0; d < FLOW_NDEVTYPES; d++) flow_mem_reset_peak((flow_devtype)d);
   int rc = flow_rt_run(p->rt, 1);

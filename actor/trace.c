@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../ops/eager_global.h"
+#include "../core/rng.h"
 #include "../ops/elementwise.h"
 #include "graph.h"
 
@@ -42,13 +43,20 @@ int flow_graph_begin(flow_graph *g) {
   if (current) return flow_error_set("nn.Graph: a graph is already being traced on this thread (build calls a graph?)");
   current = g;
   flow_lazy_set_tracing(true);
+  g->rng_base = flow_rng_get_state().offset;
   return 0;
 }
 
+/* The trace drew no numbers: the generator goes back to where it was, and each run reserves the
+ * span the trace used. */
 void flow_graph_end(flow_graph *g) {
   if (current != g) return;
   current = NULL;
   flow_lazy_set_tracing(false);
+  flow_rng_state s = flow_rng_get_state();
+  g->rng_span = s.offset - g->rng_base;
+  s.offset = g->rng_base;
+  flow_rng_set_state(s);
 }
 
 /* ---- nodes and values ------------------------------------------------------------------------ */

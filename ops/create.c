@@ -72,11 +72,11 @@ FLOW_OP(linspace) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_r
 FLOW_KERNEL_REGISTER(FLOW_CPU, linspace, cpu_linspace)
 FLOW_OP(eye) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_eye};
 FLOW_KERNEL_REGISTER(FLOW_CPU, eye, cpu_eye)
-FLOW_OP(rand) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source};
+FLOW_OP(rand) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .random = true, .infer = infer_float_source};
 FLOW_KERNEL_REGISTER(FLOW_CPU, rand, cpu_rand)
-FLOW_OP(randn) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_float_source};
+FLOW_OP(randn) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .random = true, .infer = infer_float_source};
 FLOW_KERNEL_REGISTER(FLOW_CPU, randn, cpu_randn)
-FLOW_OP(randint) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_randint};
+FLOW_OP(randint) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .random = true, .infer = infer_randint};
 FLOW_KERNEL_REGISTER(FLOW_CPU, randint, cpu_randint)
 
 /* Run a source op on at->device; where that device has no kernel for it, make the tensor on the
@@ -224,7 +224,7 @@ static void shard_dropout(const flow_op *op, const flow_shard_ctx *c, flow_attrs
   memcpy(local->logical_shape, c->out[0].shape, sizeof local->logical_shape);
 }
 
-FLOW_OP(dropout) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(dropout) {.nin = 1, .nout = 1, .random = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                   .shard = shard_dropout, .infer = infer_dropout, .grad = grad_dropout};
 FLOW_KERNEL_REGISTER(FLOW_CPU, dropout, cpu_dropout)
 

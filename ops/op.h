@@ -80,6 +80,7 @@ struct flow_op {
   const struct flow_sbp_rule *sbp; /* NULL: global inputs are boxed to broadcast */
   flow_shard_fn shard;        /* NULL: shards take the logical attrs as they are */
   bool dense_shards;          /* global: kernels need dense shards (a viewable tensor's shard may not be) */
+  bool random;                /* draws at (attrs.seed, attrs.rng_offset): a plan feeds fresh counters each run */
   struct flow_op *next;       /* registry list, set by flow_op_register */
   /* not part of the definition: the kernel table's entries for this op, looked up by dispatch.c.
    * A kernel finds its outputs allocated (contiguous, per inference), except a FLOW_OP_VIEW op's,

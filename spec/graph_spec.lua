@@ -85,6 +85,24 @@ describe("nn.Graph against eager", function()
     end
   end)
 
+  it("dropout draws fresh masks each step, exactly as eager does (and the generator advances alike)", function()
+    local function make()
+      flow.manual_seed(1)
+      return nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.GELU(), nn.Linear(32, 4))
+    end
+    local x, y = data()
+    local m1, m2 = make(), make()
+    local o1, o2 = flow.optim.SGD(m1:parameters(), { lr = 0.1 }), flow.optim.SGD(m2:parameters(), { lr = 0.1 })
+    flow.manual_seed(7)
+    local want = eager_losses(m1, o1, x, y, 4)
+    local after_eager = flow.rand({ 3 }):totable()
+    local G = nn.Graph { model = m2, optimizer = o2, build = ce_build }
+    flow.manual_seed(7)
+    for s = 1, 4 do assert.near(want[s], G(x, y):item(), 1e-6) end
+    assert.are.same(after_eager, flow.rand({ 3 }):totable())
+    assert.is_true(want[1] ~= want[2])
+  end)
+
   it("shares parameters and optimizer state with eager code, both ways", function()
     local x, y = data()
     local m1, m2 = mlp(), mlp()
