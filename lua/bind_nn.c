@@ -13,6 +13,12 @@ static int l_matmul(lua_State *L) {
                                       flow_lua_opt_bool(L, 3, "transpose_b", 0)));
 }
 
+/* flow.linear(x, w, b): x W^T + b in one op */
+static int l_linear(lua_State *L) {
+  flow_tensor *x = flow_lua_check(L, 1, "linear"), *w = flow_lua_check(L, 2, "linear"), *b = flow_lua_check(L, 3, "linear");
+  return flow_lua_push(L, flow_linear(x, w, b));
+}
+
 static int64_t opt_axis(lua_State *L, int idx, const char *fn) {
   if (lua_isnoneornil(L, idx)) return -1;
   int ok;
@@ -100,6 +106,7 @@ static int l_adamw_(lua_State *L) {
 
 void flow_lua_open_nn(lua_State *L) {
   static const luaL_Reg fns[] = {{"matmul", l_matmul},
+                                 {"linear", l_linear},
                                  {"softmax", l_softmax},
                                  {"log_softmax", l_log_softmax},
                                  {"layer_norm", l_layer_norm},

@@ -71,7 +71,7 @@ flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool tran
 }
 
 /* Linear: Y [N, out] = X [N, in] W[out, in]^T + b [out], the bias written before the GEMM adds onto
- * it (no separate add pass). Called as flow._call("linear", {}, x, w, b) by nn.functional.linear
+ * it (no separate add pass). flow.linear (nn.functional.linear with a bias) calls it
  * when a bias is given, on local and global tensors alike. */
 static int infer_linear(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
@@ -111,3 +111,7 @@ static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
 FLOW_OP(linear) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(linear, 0),
                  .infer = infer_linear, .grad = grad_linear, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, linear, cpu_linear)
+
+flow_tensor *flow_linear(flow_tensor *x, flow_tensor *w, flow_tensor *b) {
+  return flow_op_call1(&flow_op_linear, (flow_tensor *[]){x, w, b}, 3, flow_attrs_default());
+}

@@ -17,7 +17,7 @@ function F.linear(x, weight, bias)
   local x2 = x
   if #s > 2 then x2 = flow.reshape(x, { x:numel() // s[#s], s[#s] }) end
   local y
-  if bias then y = flow._call("linear", {}, x2, weight, bias)
+  if bias then y = flow.linear(x2, weight, bias)
   else y = flow.matmul(x2, weight, { transpose_b = true }) end
   if #s > 2 then
     s[#s] = weight:shape()[1]
