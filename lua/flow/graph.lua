@@ -318,7 +318,27 @@ function Graph:_zero_updates(g)
   end)
 end
 
+-- Every rank the inputs live on must hold a stage: a rank left out would idle while the others
+-- wait on it in a collective over the inputs' placement.
+function Graph:_check_stages(args)
+  if not self.stages then return end
+  local covered = {}
+  for _, st in ipairs(self.stages) do for _, r in ipairs(st.placement.ranks) do covered[r] = true end end
+  for i = 1, args.n do
+    local a = args[i]
+    if flow.is_tensor(a) and a.is_global then
+      local missing = {}
+      for _, r in ipairs(a.placement.ranks) do if not covered[r] then missing[#missing + 1] = r end end
+      if #missing > 0 then
+        error(("nn.Graph: the pipeline stages do not cover the mesh of input %d (%s): ranks %s hold no stage"):format(
+          i, tostring(a.placement), table.concat(missing, ", ")), 0)
+      end
+    end
+  end
+end
+
 function Graph:_compile(args)
+  self:_check_stages(args)
   self:_setup_zero()
   local g = flow._graph.new()
   local opt = self.optimizer

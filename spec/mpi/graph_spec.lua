@@ -174,6 +174,32 @@ describe("nn.Graph 3-D parallelism #mpi", function()
                  stages = function(model) return gpt.pipeline_stages(model, places) end }))
   end)
 
+  it("pipeline: the trace shows the stages computing at the same time", function()
+    if ws ~= 2 then return pending("needs exactly 2 ranks") end
+    local places = stage_places(2)
+    local _, G = train(function(model)
+      model:to_global(places[1], B)
+      return flow.placement("cpu", ranks()), B, B
+    end, true, { rows = 16, config = { grad_accumulation_steps = 4 },
+                 stages = function(model) return gpt.pipeline_stages(model, places) end })
+    local x = flow.randint(0, 32, { 16, 8 }):to_global(flow.placement("cpu", ranks()), B)
+    local spans = {}
+    for r, s in ipairs(G:trace(nil, function() G(x, x) end)) do
+      spans[r] = {}
+      for ts, dur in s:gmatch('"tid":"compute","ts":([%d.]+),"dur":([%d.]+)') do
+        spans[r][#spans[r] + 1] = { tonumber(ts), tonumber(ts) + tonumber(dur) }
+      end
+    end
+    local overlap = 0
+    for _, a in ipairs(spans[1]) do
+      for _, b in ipairs(spans[2]) do
+        overlap = overlap + math.max(0, math.min(a[2], b[2]) - math.max(a[1], b[1]))
+      end
+    end
+    assert.is_true(#spans[1] > 0 and #spans[2] > 0)
+    assert.is_true(overlap > 0, "stage 0 and stage 1 never computed at the same time")
+  end)
+
   it("dp2 x pp2 and tp2 x pp2: the 1-rank losses", function()
     if ws ~= 4 then return pending("needs 4 ranks") end
     local places = stage_places(2)
@@ -212,6 +238,21 @@ describe("nn.Graph 3-D parallelism #mpi", function()
     assert_same(reference, ck)
     assert.is_true(G2:stats().recomputed > 0)
     assert.equal(0, G:stats().recomputed)
+  end)
+
+  it("stages that leave ranks of the mesh out are a clear error on every rank", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local only0 = flow.placement("cpu", { 0 })
+    local ok, err = pcall(train, function(model)
+      model:to_global(only0, B)
+      return flow.placement("cpu", ranks()), B, B
+    end, true, { stages = function(model) return gpt.pipeline_stages(model, { only0 }) end })
+    assert.is_false(ok)
+    assert.matches("the pipeline stages do not cover the mesh of input 1 .*: ranks 1", err)
+  end)
+
+  it("ZeRO with data parallelism 1 warns and trains as without it", function()
+    assert_same(reference, train(nil, true, { config = { zero_stage = 2 } }))
   end)
 
   it("micro-batches that do not divide the batch are a clear error on every rank", function()
