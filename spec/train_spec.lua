@@ -182,6 +182,29 @@ describe("scripts/train_gpt.lua", function()
     os.remove(ck)
   end)
 
+  it("graph mode: the eager losses, and checkpoints move between eager and graph both ways", function()
+    local p = text_file()
+    local ck = os.tmpname()
+    local base = ("--data %s --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 6 --warmup 2 --log-every 1 "
+      .. "--eval-every 3 --eval-iters 2 --sample-len 8 --seed 3 --dropout 0.1"):format(p)
+    local ok1, full = run(base)
+    assert.is_true(ok1, full)
+    local okg, graph = run(base .. " --mode graph")
+    assert.is_true(okg, graph)
+    local lf, lg = losses(full), losses(graph)
+    for s = 1, 6 do assert.are.equal(lf[s], lg[s]) end
+    for _, modes in ipairs({ { "eager", "graph" }, { "graph", "eager" } }) do
+      local ok2, part = run(base .. " --stop-at 3 --save " .. ck .. " --mode " .. modes[1])
+      assert.is_true(ok2, part)
+      local ok3, resumed = run(base .. " --resume " .. ck .. " --mode " .. modes[2])
+      assert.is_true(ok3, resumed)
+      local lr = losses(resumed)
+      for s = 4, 6 do assert.are.equal(lf[s], lr[s]) end
+    end
+    os.remove(p)
+    os.remove(ck)
+  end)
+
   it("rejects flags it cannot honour with a clear message", function()
     local cases = {
       { "--dp 2", "%-%-dp 2 x %-%-tp 1 x %-%-pp 1 must equal the number of ranks %(1%)" },
