@@ -45,9 +45,6 @@ if args.dp < 1 or args.tp < 1 or args.dp * args.tp * args.pp ~= flow.world_size(
     args.dp, args.tp, args.pp, flow.world_size(), args.dp * args.tp * args.pp))
 end
 local parallel = args.dp * args.tp * args.pp > 1
-if parallel and (args.save ~= "" or args.resume ~= "") then
-  fail("--save/--resume with --dp/--tp/--pp > 1 are not supported yet (checkpoints are written from one rank's local tensors)")
-end
 if args.tp > 1 and (args.heads % args.tp ~= 0 or (4 * args.dim) % args.tp ~= 0) then
   fail(("--tp %d must divide --heads %d and 4 x --dim"):format(args.tp, args.heads))
 end
@@ -144,14 +141,23 @@ print(("data: %s: %d train / %d val tokens; unigram baseline %.3f nats; uniform 
 -------------------------------------------------------------------------------- checkpoints
 
 -- One flat table: "model.<param>", "optim.<key>", and metadata (step, RNG state, config).
+-- A checkpoint holds whole (logical) tensors, whatever the layout: global ones are gathered to
+-- every rank (in one order on all ranks: it is collective) and rank 0 writes the file, so a run
+-- saved at --dp 2 --pp 2 resumes at 1 rank and the reverse.
 local function save_checkpoint(path, next_step)
   local ck = { step = next_step, layers = args.layers, dim = args.dim, heads = args.heads, seq = args.seq,
                vocab = cfg.vocab_size }
   for k, v in pairs(model:state_dict()) do ck["model." .. k] = v end -- flow.save reads device tensors too
   for k, v in pairs(opt:state_dict()) do ck["optim." .. k] = v end
+  if parallel then
+    local keys = {}
+    for k, v in pairs(ck) do if flow.is_tensor(v) and v.is_global then keys[#keys + 1] = k end end
+    table.sort(keys)
+    for _, k in ipairs(keys) do ck[k] = ck[k]:to_global(place, flow.optim.broadcast_sbp(place)):to_local() end
+  end
   local s = flow.get_rng_state() -- batches and dropout draw from it
   ck.rng_seed, ck.rng_offset = s.seed, s.offset
-  flow.save(ck, path)
+  if flow.rank() == 0 then flow.save(ck, path) end
 end
 
 local function load_checkpoint(path)
@@ -209,6 +215,14 @@ if args.mode == "graph" then
     for i = 1, #model.h do step_graph:set_activation_checkpointing(model.h[i]) end
   end
 end
+-- On a pipeline the model's modules live on different placements: its evaluation runs as a
+-- forward-only graph with the same stages (traced in eval mode).
+local eval_graph
+if args.pp > 1 then
+  eval_graph = flow.nn.Graph { model = model, config = { amp = args.amp },
+    build = function(self, x, y) local _, l = self.model(x, y); return l end }
+  for _, st in ipairs(gpt.pipeline_stages(model, stage_places)) do eval_graph:set_stage(st[1], st[2]) end
+end
 
 -- Mean loss over eval_iters batches of the val split: always the same batches (drawn at a fixed
 -- RNG state), and the training run's RNG state is put back afterwards.
@@ -220,7 +234,9 @@ local function evaluate()
   flow.no_grad(function()
     for _ = 1, args.eval_iters do
       local x, y = get_batch("val")
-      local _, loss = amp(function() return model(x, y) end)
+      local loss
+      if eval_graph then loss = eval_graph(x, y)
+      else _, loss = amp(function() return model(x, y) end) end
       total = total + loss:item()
     end
   end)
@@ -284,7 +300,9 @@ if first_loss then
   print(("done: %d steps in %s, loss %.4f -> %.4f"):format(last_step - start, utils.format_seconds(elapsed), first_loss, last_loss))
 end
 
-if args.sample_len > 0 and ds.vocab_size == 256 then
+if args.sample_len > 0 and ds.vocab_size == 256 and args.pp > 1 then
+  print("sample: skipped (generation runs eagerly, and the model is split into pipeline stages)")
+elseif args.sample_len > 0 and ds.vocab_size == 256 then
   local prompt = data.encode_bytes("The ")
   local toks = model:generate(prompt, args.sample_len, args.temperature)
   print("sample: " .. data.decode_bytes(prompt) .. data.decode_bytes(toks))

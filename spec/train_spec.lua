@@ -2,16 +2,8 @@ local flow = require "flow"
 local data = require "flow.data"
 local gpt = require "flow.gpt"
 
--- A small repetitive text: a tiny model learns it within a few steps.
-local TEXT = string.rep("the quick brown fox jumps over the lazy dog. ", 60)
-
-local function text_file()
-  local p = os.tmpname()
-  local f = assert(io.open(p, "wb"))
-  f:write(TEXT)
-  f:close()
-  return p
-end
+local script = require "support.train_script"
+local TEXT, text_file = script.TEXT, script.text_file
 
 local CFG = { vocab_size = 256, block_size = 16, n_layer = 2, n_head = 2, n_embd = 32 }
 
@@ -140,26 +132,7 @@ describe("GPT training", function()
 end)
 
 describe("scripts/train_gpt.lua", function()
-  -- Run the script in this process (no interpreter start-up): its print goes to a buffer and
-  -- os.exit becomes an error.
-  local function run(flags)
-    local argv, out = {}, {}
-    for w in flags:gmatch("%S+") do argv[#argv + 1] = w end
-    local env = setmetatable({
-      arg = argv,
-      print = function(...) out[#out + 1] = table.concat({ ... }, "\t") end,
-      os = setmetatable({ exit = function(code) error("exit " .. tostring(code), 0) end }, { __index = os }),
-      io = setmetatable({ stderr = { write = function(_, ...) out[#out + 1] = table.concat({ ... }) end } }, { __index = io }),
-    }, { __index = _G })
-    local ok, err = pcall(assert(loadfile("scripts/train_gpt.lua", "t", env)))
-    return ok, table.concat(out, "\n") .. (ok and "" or "\n" .. tostring(err))
-  end
-
-  local function losses(out)
-    local l = {}
-    for step, v in out:gmatch("step%s+(%d+)/%d+ | loss ([%d.]+)") do l[tonumber(step)] = v end
-    return l
-  end
+  local run, losses = script.run, script.losses
 
   it("resumes bit for bit (dropout included): the same losses as an uninterrupted run", function()
     local p = text_file()

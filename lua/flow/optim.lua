@@ -113,8 +113,12 @@ function Optimizer:load_state_dict(sd)
   local params = {}
   for i, p in self:each() do params[i] = p end
   local state = {}
-  for k, t in pairs(sd) do
-    local key, i = tostring(k):match("^(.+)%.(%d+)$")
+  local keys = {} -- in one order on every rank: laying state out on global parameters is collective
+  for k in pairs(sd) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local t = sd[k]
+    local key, i = k:match("^(.+)%.(%d+)$")
     if key and flow.is_tensor(t) then
       i = tonumber(i)
       local p = params[i]
@@ -124,6 +128,9 @@ function Optimizer:load_state_dict(sd)
       state[i] = state[i] or {}
       local copy = flow.tensor(t, { dtype = p.dtype }) -- a private copy: updates write in place
       if copy.device ~= p.device then copy = copy:to(p.device) end
+      if p.is_global then -- the whole value on every rank, laid out as its parameter
+        copy = copy:to_global(p.placement, optim.broadcast_sbp(p.placement)):to_global(p.placement, p.sbp)
+      end
       state[i][key] = copy
     end
   end
@@ -216,16 +223,19 @@ function optim.clip_grad_norm(params, max_norm)
   return optim.clip_grads(grads, max_norm)
 end
 
+-- Broadcast on every axis of a placement's mesh (one SBP, or a list for a 2-D mesh).
+function optim.broadcast_sbp(placement)
+  if #placement.shape == 1 then return flow.sbp.broadcast end
+  local b = {}
+  for i = 1, #placement.shape do b[i] = flow.sbp.broadcast end
+  return b
+end
+
 -- A 0-d global t moved (broadcast) to where `like` lives, when that is another placement
 -- (gradients of pipeline stages live on different placements).
 local function beside(t, like)
   if not (t.is_global and like.is_global) or t.placement == like.placement then return t end
-  local b = flow.sbp.broadcast
-  if #like.placement.shape > 1 then
-    b = {}
-    for i = 1, #like.placement.shape do b[i] = flow.sbp.broadcast end
-  end
-  return t:to_global(like.placement, b)
+  return t:to_global(like.placement, optim.broadcast_sbp(like.placement))
 end
 
 -- clip_grad_norm on a list of gradient tensors (scaled in place).

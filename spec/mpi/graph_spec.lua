@@ -261,3 +261,30 @@ describe("nn.Graph 3-D parallelism #mpi", function()
     assert.matches("grad_accumulation_steps = 3 does not divide the batch", err)
   end)
 end)
+
+describe("checkpoints across layouts #mpi", function()
+  local script = require "support.train_script"
+
+  it("saved by a graph pipeline (pp 2, with dp when 4 ranks), resumed eagerly at dp = ranks: the same continuation", function()
+    if ws ~= 2 and ws ~= 4 then return pending("needs 2 or 4 ranks") end
+    local p = script.text_file()
+    local mine = os.tmpname() -- rank 0's name for all (rank 0 writes, every rank reads)
+    local ck = flow._allgather_strings(mine)[1]
+    os.remove(mine)
+    local base = ("--data %s --layers 2 --dim 16 --heads 2 --seq 8 --batch 8 --steps 6 --warmup 2 --log-every 1 "
+      .. "--eval-every 0 --sample-len 0 --seed 3"):format(p)
+    local ok1, full = script.run(base .. " --dp " .. ws)
+    assert.is_true(ok1, full)
+    local saver = ("--mode graph --pp 2 --micro-batches 2 --dp %d --stop-at 3 --save %s"):format(ws // 2, ck)
+    local ok2, part = script.run(base .. " " .. saver)
+    assert.is_true(ok2, part)
+    flow.ones({ 1 }):to_global(flow.placement("cpu", ranks()), B) -- rank 0 has written it
+    local ok3, resumed = script.run(base .. " --dp " .. ws .. " --resume " .. ck)
+    assert.is_true(ok3, resumed)
+    local lf, lp, lr = script.losses(full), script.losses(part), script.losses(resumed)
+    for s = 1, 3 do assert.near(tonumber(lf[s]), tonumber(lp[s]), 1e-5) end
+    for s = 4, 6 do assert.near(tonumber(lf[s]), tonumber(lr[s]), 1e-5) end
+    if me == 0 then os.remove(ck) end
+    os.remove(p)
+  end)
+end)
