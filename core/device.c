@@ -2,9 +2,11 @@
 #include "device.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 
@@ -35,6 +37,7 @@ static int small_class(size_t nbytes) {
 
 /* Class of a large block and the size it is rounded up to: 2^e * (4 + q) / 4, q in 0..3. */
 static int large_class(size_t nbytes, size_t *rounded) {
+  if (nbytes > (size_t)1 << (16 + LARGE_CLASSES / 4)) return -1; /* beyond the last class */
   int e = 16;
   while (((size_t)1 << (e + 1)) < nbytes) e++;
   size_t step = (size_t)1 << (e - 2);
@@ -53,9 +56,33 @@ static void *host_alloc(size_t nbytes) {
   return p;
 }
 
+/* A request beyond physical memory would only succeed through overcommit and die later on first
+ * touch, so it is refused up front. */
+size_t flow_device_cpu_max_alloc(void) {
+  static size_t limit;
+  size_t l = __atomic_load_n(&limit, __ATOMIC_RELAXED);
+  if (l) return l;
+  const char *env = getenv("FLOW_MAX_ALLOC_BYTES");
+  char *end;
+  unsigned long long v = env ? strtoull(env, &end, 10) : 0;
+  if (env && *env && !*end && v > 0) l = (size_t)v;
+  else {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    l = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : SIZE_MAX;
+  }
+  __atomic_store_n(&limit, l, __ATOMIC_RELAXED);
+  return l;
+}
+
 /* 64-byte alignment keeps AVX-512 loads and cache lines happy. */
 static void *cpu_alloc(int index, size_t nbytes) {
   (void)index;
+  if (nbytes > flow_device_cpu_max_alloc()) {
+    flow_error_set("allocating %zu bytes (%.1f GiB) exceeds the host limit of %zu bytes (%s)", nbytes,
+                   (double)nbytes / (1 << 30), flow_device_cpu_max_alloc(),
+                   getenv("FLOW_MAX_ALLOC_BYTES") ? "FLOW_MAX_ALLOC_BYTES" : "physical memory; FLOW_MAX_ALLOC_BYTES sets another");
+    return NULL;
+  }
   int c = small_class(nbytes);
   if (c < SMALL_CLASSES) {
     block *b = small_free[c];

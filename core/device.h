@@ -33,6 +33,8 @@ const flow_device_impl *flow_device_get(flow_devtype type); /* NULL if that back
 int flow_device_parse(const char *s, flow_device *out);      /* "cpu", "cuda", "cuda:1" */
 void flow_device_name(flow_device d, char *buf, size_t n);   /* "cpu", "cuda:0" */
 bool flow_device_eq(flow_device a, flow_device b);
+/* The largest single host allocation: FLOW_MAX_ALLOC_BYTES, else physical memory. */
+size_t flow_device_cpu_max_alloc(void);
 void flow_device_cpu_empty_cache(void);   /* return cached host blocks to malloc */
 
 #endif

@@ -4,11 +4,15 @@
 #include "io.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include "device.h"
 #include "error.h"
 
 /* A JSON header larger than this is taken as a corrupt length field, not a real checkpoint. */
@@ -128,10 +132,29 @@ static int build_header(const flow_io_file *f, buf *h) {
   return 0;
 }
 
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A name that appears twice among n, or NULL (sorting a copy: n log n, for files of 100k entries).
+ * *oom is set when the copy cannot be made. */
+static const char *duplicate_name(char *const *names, int n, int *oom) {
+  *oom = 0;
+  if (n < 2) return NULL;
+  char **sorted = malloc((size_t)n * sizeof *sorted);
+  if (!sorted) { *oom = 1; return NULL; }
+  memcpy(sorted, names, (size_t)n * sizeof *sorted);
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_name);
+  const char *dup = NULL;
+  for (int i = 1; i < n && !dup; i++)
+    if (strcmp(sorted[i - 1], sorted[i]) == 0) dup = sorted[i];
+  free(sorted);
+  return dup;
+}
+
 int flow_io_save(const char *path, const flow_io_file *f) {
-  for (int i = 0; i < f->n; i++)
-    for (int j = 0; j < i; j++)
-      if (strcmp(f->names[i], f->names[j]) == 0) return flow_error_set("save: name '%s' appears twice", f->names[i]);
+  int oom;
+  const char *dup = duplicate_name(f->names, f->n, &oom);
+  if (oom) return flow_error_set("save: out of memory");
+  if (dup) return flow_error_set("save: name '%s' appears twice", dup);
   buf h = {0};
   if (build_header(f, &h) != 0) { free(h.p); return -1; }
   size_t plen = strlen(path);
@@ -404,13 +427,40 @@ static int read_tensor(FILE *fp, const char *path, const char *name, const entry
                           st_dtype_name(e->dtype), flow_shape_str(e->ndim, e->shape, s, sizeof s),
                           (unsigned long long)want, (unsigned long long)(e->end - e->begin));
   flow_tensor *t = flow_tensor_new(e->dtype, FLOW_DEVICE_CPU, e->ndim, e->shape);
-  if (!t) return -1;
+  if (!t) return flow_error_prefix("load: '%s': tensor '%s'", path, name);
   if (want && (fseeko(fp, (off_t)(data_start + e->begin), SEEK_SET) != 0 || fread(flow_tensor_data(t), 1, want, fp) != want)) {
     flow_tensor_decref(t);
     return flow_error_set("load: '%s': reading tensor '%s' failed (truncated file?)", path, name);
   }
   *out = t;
   return 0;
+}
+
+static const entry *sort_entries_base;
+static int cmp_begin(const void *a, const void *b) {
+  uint64_t x = sort_entries_base[*(const int *)a].begin, y = sort_entries_base[*(const int *)b].begin;
+  return x < y ? -1 : x > y;
+}
+
+/* safetensors requires disjoint data ranges: entries that alias the same bytes would let a small
+ * file ask for any amount of memory. Ranges are checked in order of their start (n log n). */
+static int check_ranges(const char *path, const flow_io_file *f, const entry *es) {
+  if (f->n < 2) return 0;
+  int *order = malloc((size_t)f->n * sizeof *order);
+  if (!order) return flow_error_set("load: out of memory");
+  for (int i = 0; i < f->n; i++) order[i] = i;
+  sort_entries_base = es;
+  qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
+  int rc = 0;
+  for (int k = 1; k < f->n && rc == 0; k++) {
+    const entry *a = &es[order[k - 1]], *b = &es[order[k]];
+    if (b->begin < a->end)
+      rc = flow_error_set("load: '%s': tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap (data ranges must be disjoint)",
+                          path, f->names[order[k - 1]], (unsigned long long)a->begin, (unsigned long long)a->end,
+                          f->names[order[k]], (unsigned long long)b->begin, (unsigned long long)b->end);
+  }
+  free(order);
+  return rc;
 }
 
 static int load_open(FILE *fp, const char *path, flow_io_file *f) {
@@ -431,6 +481,8 @@ static int load_open(FILE *fp, const char *path, flow_io_file *f) {
     free(hdr);
     return flow_error_set("load: '%s': cannot read the header", path);
   }
+  /* The whole header is parsed and checked before any tensor is allocated. */
+  entry *es = NULL;
   jp j = {hdr, hdr, hdr + hlen, path};
   int rc = jp_expect(&j, '{');
   if (rc == 0 && !jp_accept(&j, '}')) {
@@ -444,47 +496,82 @@ static int load_open(FILE *fp, const char *path, flow_io_file *f) {
         continue;
       }
       entry e;
-      for (int i = 0; i < f->n; i++)
-        if (strcmp(f->names[i], name) == 0) { rc = flow_error_set("load: '%s': tensor '%s' appears twice", path, name); break; }
-      if (rc == 0) rc = parse_entry(&j, name, &e);
+      rc = parse_entry(&j, name, &e);
       if (rc == 0) rc = grow((void **)&f->names, f->n, sizeof(char *));
       if (rc == 0) rc = grow((void **)&f->tensors, f->n, sizeof(flow_tensor *));
+      if (rc == 0) rc = grow((void **)&es, f->n, sizeof(entry));
       if (rc != 0) { free(name); break; }
       f->names[f->n] = name;
       f->tensors[f->n] = NULL;
-      f->n++;
-      rc = read_tensor(fp, path, name, &e, 8 + hlen, size - 8 - hlen, &f->tensors[f->n - 1]);
+      es[f->n++] = e;
     } while (rc == 0 && jp_accept(&j, ','));
     if (rc == 0) rc = jp_expect(&j, '}');
   }
   jp_ws(&j);
   if (rc == 0 && j.p != j.end) rc = jp_fail(&j, "trailing characters after the header object");
   free(hdr);
+  if (rc == 0) {
+    int oom;
+    const char *dup = duplicate_name(f->names, f->n, &oom);
+    if (oom) rc = flow_error_set("load: out of memory");
+    else if (dup) rc = flow_error_set("load: '%s': tensor '%s' appears twice", path, dup);
+  }
+  if (rc == 0) rc = check_ranges(path, f, es);
+  for (int i = 0; rc == 0 && i < f->n; i++)
+    rc = read_tensor(fp, path, f->names[i], &es[i], 8 + hlen, size - 8 - hlen, &f->tensors[i]);
+  free(es);
   return rc;
+}
+
+/* Open path for reading as `op` only if it is a regular file: a FIFO would block the open or the
+ * read forever, and a device such as /dev/zero never ends. O_NONBLOCK keeps the open itself from
+ * waiting on a FIFO's writer. Returns the descriptor, or -1 with a message. */
+static int open_regular(const char *op, const char *path) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return flow_error_set("%s: cannot open '%s': %s", op, path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return flow_error_set("%s: cannot stat '%s': %s", op, path, strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return flow_error_set("%s: '%s' is not a regular file (a directory, FIFO or device)", op, path);
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 int flow_io_load(const char *path, flow_io_file *f) {
   memset(f, 0, sizeof *f);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return flow_error_set("load: cannot open '%s': %s", path, strerror(errno));
+  int fd = open_regular("load", path);
+  if (fd < 0) return -1;
+  FILE *fp = fdopen(fd, "rb");
+  if (!fp) { close(fd); return flow_error_set("load: cannot open '%s': %s", path, strerror(errno)); }
   int rc = load_open(fp, path, f);
   fclose(fp);
   if (rc != 0) flow_io_file_free(f);
   return rc;
 }
 
+/* The text is capped at the host allocation limit (a gzip bomb stops there, not at out-of-memory). */
 int flow_io_read_file(const char *path, char **data, size_t *len) {
-  gzFile gz = gzopen(path, "rb");
-  if (!gz) return flow_error_set("read_file: cannot open '%s': %s", path, strerror(errno ? errno : ENOENT));
+  int fd = open_regular("read_file", path);
+  if (fd < 0) return -1;
+  size_t cap = flow_device_cpu_max_alloc();
+  gzFile gz = gzdopen(fd, "rb");
+  if (!gz) { close(fd); return flow_error_set("read_file: cannot open '%s': out of memory", path); }
   buf b = {0};
   buf_put(&b, "", 0);
   char chunk[1 << 16];
   int n;
-  while ((n = gzread(gz, chunk, sizeof chunk)) > 0) buf_put(&b, chunk, (size_t)n);
-  if (n < 0 || b.oom) {
+  while ((n = gzread(gz, chunk, sizeof chunk)) > 0 && b.len + (size_t)n <= cap) buf_put(&b, chunk, (size_t)n);
+  if (n < 0 || b.oom || n > 0) {
     int errnum;
     const char *msg = gzerror(gz, &errnum);
-    flow_error_set("read_file: reading '%s' failed: %s", path, b.oom ? "out of memory" : msg);
+    if (n > 0) flow_error_set("read_file: '%s' holds more than %zu bytes (the host allocation limit; FLOW_MAX_ALLOC_BYTES)", path, cap);
+    else flow_error_set("read_file: reading '%s' failed: %s", path, b.oom ? "out of memory" : msg);
     gzclose(gz);
     free(b.p);
     return -1;

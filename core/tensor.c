@@ -82,17 +82,37 @@ void flow_storage_decref(flow_storage *s) {
   cache_put(&storage_cache, s);
 }
 
+/* Saturates at INT64_MAX instead of wrapping: no tensor has that many elements (flow_shape_check
+ * refuses the shape), so a caller that sizes something from unchecked metadata fails cleanly. */
 int64_t flow_shape_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] == 0) return 0;
+  for (int i = 0; i < ndim; i++)
+    if (__builtin_mul_overflow(n, shape[i], &n)) return INT64_MAX;
   return n;
 }
 
+int flow_shape_check(int ndim, const int64_t *shape, flow_dtype dtype) {
+  char buf[160];
+  if (ndim < 0 || ndim > FLOW_MAX_DIMS)
+    return flow_error_set("tensors have at most %d dimensions (got %d)", FLOW_MAX_DIMS, ndim);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) return flow_error_set("negative size in shape %s", flow_shape_str(ndim, shape, buf, sizeof buf));
+  int64_t n = flow_shape_numel(ndim, shape), bytes;
+  if (n == INT64_MAX || __builtin_mul_overflow(n, (int64_t)flow_dtype_size(dtype), &bytes))
+    return flow_error_set("shape %s of %s is too large (its byte count does not fit in 63 bits)",
+                          flow_shape_str(ndim, shape, buf, sizeof buf), flow_dtype_name(dtype));
+  return 0;
+}
+
+/* Every stride fits: a shape that passed flow_shape_check has fewer than 2^63 elements (axes of
+ * size 0 or 1 contribute 1, so the product stays within that bound too). */
 void flow_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; i--) {
     stride[i] = s;
-    s *= shape[i] > 1 ? shape[i] : 1;
+    if (__builtin_mul_overflow(s, shape[i] > 1 ? shape[i] : 1, &s)) s = INT64_MAX;
   }
 }
 
@@ -106,16 +126,7 @@ bool flow_tensor_is_contiguous(const flow_tensor *t) {
 }
 
 static flow_tensor *header(flow_dtype dtype, flow_device dev, int ndim, const int64_t *shape) {
-  if (ndim < 0 || ndim > FLOW_MAX_DIMS) {
-    flow_error_set("tensors have at most %d dimensions (got %d)", FLOW_MAX_DIMS, ndim);
-    return NULL;
-  }
-  for (int i = 0; i < ndim; i++)
-    if (shape[i] < 0) {
-      char buf[128];
-      flow_error_set("negative size in shape %s", flow_shape_str(ndim, shape, buf, sizeof buf));
-      return NULL;
-    }
+  if (flow_shape_check(ndim, shape, dtype) != 0) return NULL;
   flow_tensor *t = cache_get(&tensor_cache, sizeof *t);
   if (!t) { flow_error_set("out of host memory"); return NULL; }
   memset(t, 0, sizeof *t);

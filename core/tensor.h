@@ -130,6 +130,8 @@ static inline bool flow_tensor_is_lazy(const flow_tensor *t) { return t->lazy !=
 static inline uint64_t flow_tensor_version(const flow_tensor *t) { return t->storage ? t->storage->version : 0; }
 
 int64_t flow_shape_numel(int ndim, const int64_t *shape);
+/* 0, or -1 with a message: ndim out of range, a negative size, or more bytes than int64 holds. */
+int flow_shape_check(int ndim, const int64_t *shape, flow_dtype dtype);
 static inline int64_t flow_tensor_numel(const flow_tensor *t) { return flow_shape_numel(t->ndim, t->shape); }
 bool flow_tensor_is_contiguous(const flow_tensor *t);
 void flow_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);

@@ -80,11 +80,17 @@ int flow_lua_push(lua_State *L, flow_tensor *t) {
   return 1;
 }
 
+int flow_lua_len(lua_State *L, int idx, lua_Integer max, const char *fn) {
+  lua_Integer n = luaL_len(L, idx);
+  if (n < 0 || n > max)
+    return luaL_error(L, "%s: a list of %I elements (expected 0..%I)", fn, (LUAI_UACINT)n, (LUAI_UACINT)max);
+  return (int)n;
+}
+
 int flow_lua_shape(lua_State *L, int idx, int64_t *shape, const char *fn) {
   int n = 0;
   if (lua_istable(L, idx)) {
-    n = (int)luaL_len(L, idx);
-    if (n > FLOW_MAX_DIMS) return luaL_error(L, "%s: at most %d dimensions (got %d)", fn, FLOW_MAX_DIMS, n);
+    n = flow_lua_len(L, idx, FLOW_MAX_DIMS, fn);
     for (int i = 0; i < n; i++) {
       lua_geti(L, idx, i + 1);
       int ok;

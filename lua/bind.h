@@ -3,6 +3,7 @@
 #ifndef FLOW_BIND_H
 #define FLOW_BIND_H
 
+#include <limits.h>
 #include <lauxlib.h>
 #include <lua.h>
 
@@ -28,6 +29,8 @@ int flow_lua_error(lua_State *L);
 
 /* A shape from a Lua list at idx ({2,3}) or from integers idx..top (2, 3). Returns ndim. */
 int flow_lua_shape(lua_State *L, int idx, int64_t *shape, const char *fn);
+/* #t for the list at idx, raising "<fn>: ..." unless 0 <= #t <= max (__len may return anything). */
+int flow_lua_len(lua_State *L, int idx, lua_Integer max, const char *fn);
 /* Axes from an integer or a list (nil: none, all axes). Returns count. */
 int flow_lua_axes(lua_State *L, int idx, int64_t *axes, const char *fn);
 /* Options table at idx (may be nil/absent): dtype and device. */

@@ -15,7 +15,7 @@ static int table_shape(lua_State *L, int idx, int64_t *shape) {
   lua_pushvalue(L, idx);
   while (lua_istable(L, -1)) {
     if (nd == FLOW_MAX_DIMS) return luaL_error(L, "tensor: nesting deeper than %d levels", FLOW_MAX_DIMS);
-    shape[nd++] = (int64_t)luaL_len(L, -1);
+    shape[nd++] = flow_lua_len(L, -1, INT_MAX, "tensor");
     if (shape[nd - 1] == 0) break;
     lua_geti(L, -1, 1);
     lua_remove(L, -2);
@@ -47,8 +47,8 @@ static void fill(lua_State *L, int idx, const int64_t *shape, int nd, int d, fil
     return;
   }
   if (!lua_istable(L, idx) || (int64_t)luaL_len(L, idx) != shape[d])
-    luaL_error(L, "tensor: bad nesting at %s: expected a list of %lld elements (got %s)", path,
-               (long long)shape[d], lua_istable(L, idx) ? "a list of another length" : luaL_typename(L, idx));
+    luaL_error(L, "tensor: bad nesting at %s: expected a list of %I elements (got %s)", path,
+               (LUAI_UACINT)shape[d], lua_istable(L, idx) ? "a list of another length" : luaL_typename(L, idx));
   size_t plen = strlen(path);
   for (int64_t i = 0; i < shape[d]; i++) {
     lua_geti(L, idx, i + 1);
@@ -160,6 +160,16 @@ static int shape_and_opts(lua_State *L, int shape_idx, int64_t *shape, int *nd, 
   return opts;
 }
 
+/* Push a tensor made by the full op for the Lua function fn: zeros, ones and the *_like forms
+ * are full underneath, so an error names fn in place of full. */
+static int push_full(lua_State *L, flow_tensor *t, int opts, const char *fn) {
+  if (!t) {
+    const char *msg = flow_error_get();
+    return luaL_error(L, "%s: %s", fn, strncmp(msg, "full: ", 6) == 0 ? msg + 6 : msg);
+  }
+  return push_created(L, t, opts);
+}
+
 /* zeros/ones/full(shape..., [value], [opts]) */
 static int create(lua_State *L, double v, int shape_idx, const char *fn) {
   int64_t shape[FLOW_MAX_DIMS];
@@ -170,7 +180,7 @@ static int create(lua_State *L, double v, int shape_idx, const char *fn) {
     lua_pushnumber(L, v);
     return global_create(L, "full", nd, shape, lua_gettop(L), opts, dt);
   }
-  return push_created(L, flow_full(nd, shape, v, dt, dev), opts);
+  return push_full(L, flow_full(nd, shape, v, dt, dev), opts, fn);
 }
 
 static int l_zeros(lua_State *L) { return create(L, 0, 1, "zeros"); }
@@ -233,10 +243,17 @@ static int l_linspace(lua_State *L) {
 
 /* eye(n, [m], [opts]): n x m (m defaults to n) with ones on the diagonal. */
 static int l_eye(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
+  int isint;
+  lua_Integer n = lua_tointegerx(L, 1, &isint);
+  if (!isint) return luaL_error(L, "eye: n must be an integer (got %s)", luaL_typename(L, 1));
+  /* eye(n), eye(n, m), eye(n, opts), eye(n, m, opts) and eye(n, nil, opts) */
   int has_m = lua_type(L, 2) == LUA_TNUMBER;
-  lua_Integer m = has_m ? luaL_checkinteger(L, 2) : n;
-  int opts = lua_istable(L, has_m ? 3 : 2) ? (has_m ? 3 : 2) : 0;
+  if (!has_m && !lua_isnoneornil(L, 2) && !lua_istable(L, 2))
+    return luaL_error(L, "eye: m must be an integer (got %s)", luaL_typename(L, 2));
+  int ok = 1;
+  lua_Integer m = has_m ? lua_tointegerx(L, 2, &ok) : n;
+  if (!ok) return luaL_error(L, "eye: m must be an integer (got %s)", lua_tostring(L, 2));
+  int opts = lua_istable(L, 2) ? 2 : lua_istable(L, 3) ? 3 : 0;
   flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
   flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
@@ -407,13 +424,17 @@ static int l_now(lua_State *L) {
   return 1;
 }
 
-static int like(lua_State *L, double v) {
-  flow_tensor *t = flow_lua_check(L, 1, "zeros_like");
-  return flow_lua_push(L, flow_full_like(t, v));
+static int like(lua_State *L, double v, const char *fn) {
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  return push_full(L, flow_full_like(t, v), 0, fn);
 }
-static int l_zeros_like(lua_State *L) { return like(L, 0); }
-static int l_ones_like(lua_State *L) { return like(L, 1); }
-static int l_full_like(lua_State *L) { return like(L, luaL_checknumber(L, 2)); }
+static int l_zeros_like(lua_State *L) { return like(L, 0, "zeros_like"); }
+static int l_ones_like(lua_State *L) { return like(L, 1, "ones_like"); }
+static int l_full_like(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TNUMBER)
+    return luaL_error(L, "full_like: the fill value must be a number (got %s)", luaL_typename(L, 2));
+  return like(L, lua_tonumber(L, 2), "full_like");
+}
 
 /* ---- printing ----------------------------------------------------------------------------- */
 

@@ -95,7 +95,7 @@ static void mesh_walk(lua_State *L, int idx, int depth, int *ndim, int *shape, i
     return;
   }
   if (!lua_istable(L, idx)) luaL_error(L, "placement: ranks must be integers or lists of them (got %s)", luaL_typename(L, idx));
-  int len = (int)luaL_len(L, idx);
+  int len = flow_lua_len(L, idx, INT_MAX, "placement");
   if (len == 0) luaL_error(L, "placement: empty rank list");
   if (depth == *ndim) {
     if (*ndim == FLOW_MAX_MESH) luaL_error(L, "placement: at most %d mesh axes", FLOW_MAX_MESH);
@@ -207,8 +207,8 @@ static void check_nd_sbp(lua_State *L, int idx, const char *fn, flow_nd_sbp *out
   if (!lua_istable(L, idx))
     luaL_error(L, "%s: sbp must be an SBP value (flow.sbp.split(k), .broadcast, .partial_sum) or a list of them (got %s)",
                fn, luaL_typename(L, idx));
-  int n = (int)luaL_len(L, idx);
-  if (n < 1 || n > FLOW_MAX_MESH) luaL_error(L, "%s: an SBP list has 1 to %d values (got %d)", fn, FLOW_MAX_MESH, n);
+  lua_Integer n = luaL_len(L, idx);
+  if (n < 1 || n > FLOW_MAX_MESH) luaL_error(L, "%s: an SBP list has 1 to %d values (got %I)", fn, FLOW_MAX_MESH, (LUAI_UACINT)n);
   out->n = n;
   for (int i = 0; i < n; i++) {
     lua_geti(L, idx, i + 1);

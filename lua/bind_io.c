@@ -19,6 +19,15 @@ static const char *number_text(lua_State *L, int idx) {
   return lua_pushstring(L, s);
 }
 
+/* A string argument or key that C reads up to its first zero byte: one holding a zero byte would
+ * name some other file or entry, so it is refused. */
+static const char *check_cstring(lua_State *L, int idx, const char *fn, const char *what) {
+  size_t n;
+  const char *s = lua_tolstring(L, idx, &n);
+  if (s && strlen(s) != n) luaL_error(L, "%s: %s contains a zero byte", fn, what);
+  return s;
+}
+
 /* The host-side contiguous copy that goes into the file (a new reference). */
 static flow_tensor *file_tensor(lua_State *L, flow_tensor *t) {
   if (t->device.type != FLOW_CPU) {
@@ -43,13 +52,15 @@ static flow_tensor *file_tensor(lua_State *L, flow_tensor *t) {
  * strings go into "__metadata__". Keys are written sorted, so equal tables give equal files. */
 static int l_save(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
-  const char *path = luaL_checkstring(L, 2);
+  luaL_checkstring(L, 2);
+  const char *path = check_cstring(L, 2, "save", "the path");
   int n = 0, nmeta = 0;
   lua_pushnil(L);
   while (lua_next(L, 1)) {
     if (lua_type(L, -2) != LUA_TSTRING)
       return luaL_error(L, "save: table keys must be strings (got a %s key)", luaL_typename(L, -2));
-    const char *k = lua_tostring(L, -2);
+    const char *k = check_cstring(L, -2, "save", "a key");
+    if (lua_type(L, -1) == LUA_TSTRING) check_cstring(L, -1, "save", "a metadata string");
     if (flow_lua_test(L, -1)) n++;
     else if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING) nmeta++;
     else if (lua_isuserdata(L, -1) && luaL_testudata(L, -1, FLOW_TENSOR_MT))
@@ -104,7 +115,8 @@ static int l_save(lua_State *L) {
 /* flow.load(path) -> table: tensors by name, plus the metadata entries (text that reads as a
  * Lua number comes back as that number, so a saved step count is a number again). */
 static int l_load(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  luaL_checkstring(L, 1);
+  const char *path = check_cstring(L, 1, "load", "the path");
   flow_io_file f;
   if (flow_io_load(path, &f) != 0) return flow_lua_error(L);
   if (!lua_checkstack(L, 8)) { flow_io_file_free(&f); return luaL_error(L, "load: Lua stack overflow"); }
@@ -123,7 +135,8 @@ static int l_load(lua_State *L) {
 }
 
 static int l_read_file(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  luaL_checkstring(L, 1);
+  const char *path = check_cstring(L, 1, "read_file", "the path");
   char *data;
   size_t len;
   if (flow_io_read_file(path, &data, &len) != 0) return flow_lua_error(L);

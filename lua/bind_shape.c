@@ -73,7 +73,7 @@ static int l_contiguous(lua_State *L) {
  * so a Lua error on a bad element leaks nothing). Borrowed references. */
 static flow_tensor **check_list(lua_State *L, int idx, const char *fn, int *n) {
   luaL_argexpected(L, lua_istable(L, idx), idx, "list of tensors");
-  *n = (int)luaL_len(L, idx);
+  *n = flow_lua_len(L, idx, INT_MAX / (int)sizeof(flow_tensor *), fn);
   flow_tensor **ts = lua_newuserdatauv(L, (size_t)(*n ? *n : 1) * sizeof *ts, 0);
   for (int i = 0; i < *n; i++) {
     lua_geti(L, idx, i + 1);
@@ -107,7 +107,7 @@ static int push_pieces(lua_State *L, flow_tensor *t, int64_t axis, int sizes_idx
     return flow_lua_error(L);
   }
   int64_t size = flow_tensor_lshape(t)[ax], at = 0;
-  int n = sizes_idx ? (int)luaL_len(L, sizes_idx) : 0;
+  int n = sizes_idx ? flow_lua_len(L, sizes_idx, INT_MAX, fn) : 0;
   if (sizes_idx) {
     int64_t total = 0;
     for (int i = 1; i <= n; i++) {

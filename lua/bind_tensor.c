@@ -56,8 +56,8 @@ static int t_item(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "item");
   if (flow_tensor_numel(t) != 1) {
     char s[128];
-    return luaL_error(L, "item: the tensor has %lld elements (shape %s); item needs exactly one",
-                      (long long)flow_tensor_numel(t), flow_shape_str(t->ndim, t->shape, s, sizeof s));
+    return luaL_error(L, "item: the tensor has %I elements (shape %s); item needs exactly one",
+                      (LUAI_UACINT)flow_tensor_numel(t), flow_shape_str(t->ndim, t->shape, s, sizeof s));
   }
   flow_tensor *h = host_copy(L, t);
   push_value(L, h->dtype, flow_tensor_data(h));

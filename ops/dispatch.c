@@ -137,11 +137,14 @@ int flow_op_call_local(const flow_op *op, flow_tensor *const *in, int nin, const
   int rc = op->infer(op, im, nin, a, meta);
   if (im != small) free(im);
   if (rc != 0) return -1;
+  /* Sizes from the user reach here unchecked by most rules: refuse what no tensor can hold. */
+  for (int j = 0; j < nout; j++)
+    if (flow_shape_check(meta[j].ndim, meta[j].shape, meta[j].dtype) != 0) return flow_error_prefix("%s", op->name);
   if (tracing) return lazy->record_op(op, in, nin, a, meta, out);
   if (op->kind == FLOW_OP_COMPUTE || op->kind == FLOW_OP_SOURCE) {
     for (int j = 0; j < nout; j++) {
       out[j] = flow_tensor_new(meta[j].dtype, meta[j].device, meta[j].ndim, meta[j].shape);
-      if (!out[j]) goto fail;
+      if (!out[j]) { flow_error_prefix("%s", op->name); goto fail; }
     }
   } else if (op->kind == FLOW_OP_INPLACE) {
     out[0] = in[0];

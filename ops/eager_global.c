@@ -526,7 +526,15 @@ static int grad_to_global(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_global) {.nin = 1, .nout = 1, .infer = infer_same,
+/* The target ids come from flow_to_global; one from anywhere else (flow._call) is refused here. */
+static int infer_to_global(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
+  if (a->k < 0 || a->k >= ntargets || a->start < -1 || a->start >= ntargets)
+    return flow_error_set("%s: no boxing target %lld (from %lld): to_global targets come from t:to_global(placement, "
+                          "sbp)", op->name, (long long)a->k, (long long)a->start);
+  return infer_same(op, in, nin, a, out);
+}
+
+FLOW_OP(to_global) {.nin = 1, .nout = 1, .infer = infer_to_global,
                     .grad = grad_to_global};
 FLOW_KERNEL_REGISTER(FLOW_CPU, to_global, kernel_local_to_global)
 FLOW_KERNEL_REGISTER(FLOW_CUDA, to_global, kernel_local_to_global)

@@ -55,10 +55,11 @@ static int infer_float_reduce(const flow_op *op, const flow_meta *in, int nin, c
   return 0;
 }
 
-/* The mask again, in a kernel: inference has already checked the axes. */
+/* The mask again, in a kernel: inference has already checked the axes. A 0-d tensor has no mask
+ * (its axis 0 or -1 means the whole tensor). */
 static void kernel_mask(const flow_attrs *a, int ndim, bool *mask) {
   for (int d = 0; d < ndim; d++) mask[d] = a->naxes == 0;
-  for (int i = 0; i < a->naxes; i++) mask[a->axes[i] < 0 ? a->axes[i] + ndim : a->axes[i]] = true;
+  for (int i = 0; ndim > 0 && i < a->naxes; i++) mask[a->axes[i] < 0 ? a->axes[i] + ndim : a->axes[i]] = true;
 }
 
 /* How many elements each output element reduces. */

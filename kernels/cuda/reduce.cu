@@ -110,7 +110,7 @@ static int cuda_reduce(flow_tensor *out, const flow_tensor *x, const bool *mask,
 
 static void mask_of(const flow_attrs *a, int ndim, bool *mask) {
   for (int d = 0; d < ndim; d++) mask[d] = a->naxes == 0;
-  for (int i = 0; i < a->naxes; i++) mask[a->axes[i] < 0 ? a->axes[i] + ndim : a->axes[i]] = true;
+  for (int i = 0; ndim > 0 && i < a->naxes; i++) mask[a->axes[i] < 0 ? a->axes[i] + ndim : a->axes[i]] = true;
 }
 
 static int64_t count_of(const flow_tensor *t, const bool *mask) {

@@ -15,7 +15,11 @@ nn.functional = F
 function F.linear(x, weight, bias)
   local s = x:shape()
   local x2 = x
-  if #s > 2 then x2 = flow.reshape(x, { x:numel() // s[#s], s[#s] }) end
+  if #s > 2 then
+    local rows = 1
+    for i = 1, #s - 1 do rows = rows * s[i] end
+    x2 = flow.reshape(x, { rows, s[#s] })
+  end
   local y
   if bias then y = flow.linear(x2, weight, bias)
   else y = flow.matmul(x2, weight, { transpose_b = true }) end
@@ -315,11 +319,25 @@ function nn.init.ones_(t) flow.no_grad(function() t:fill_(1) end) return t end
 -------------------------------------------------------------------------------- layers
 
 -- y = x W^T + b with W [out, in]; PyTorch's default init U(-1/sqrt(in), 1/sqrt(in)).
+-- Sizes of a layer's parameter matrix: non-negative integers whose product fits in an integer, so a
+-- bad size fails here, naming the layer, instead of deep inside the op that makes the matrix.
+local function check_sizes(layer, a, an, b, bn)
+  for _, v in ipairs({ { a, an }, { b, bn } }) do
+    if math.type(v[1]) ~= "integer" or v[1] < 0 then
+      error(("%s: %s must be a non-negative integer (got %s)"):format(layer, v[2], tostring(v[1])), 0)
+    end
+  end
+  if a ~= 0 and b > math.maxinteger // a then
+    error(("%s: a %d x %d parameter has too many elements"):format(layer, b, a), 0)
+  end
+end
+
 local Linear = nn.class("Linear", Module)
 nn.Linear = Linear
 function Linear:__init(in_features, out_features, bias, opts)
   if type(bias) == "table" then opts, bias = bias, bias.bias end
   opts = opts or {}
+  check_sizes("nn.Linear", in_features, "in_features", out_features, "out_features")
   self.in_features, self.out_features = in_features, out_features
   local bound = 1 / math.sqrt(in_features)
   self.weight = nn.Parameter(nn.init.uniform_(flow.zeros({ out_features, in_features }, opts), -bound, bound))
@@ -333,6 +351,7 @@ function Linear:__repr() return ("Linear(%d -> %d%s)"):format(self.in_features, 
 local Embedding = nn.class("Embedding", Module)
 nn.Embedding = Embedding
 function Embedding:__init(num, dim, opts)
+  check_sizes("nn.Embedding", num, "num_embeddings", dim, "embedding_dim")
   self.num_embeddings, self.embedding_dim = num, dim
   self.weight = nn.Parameter(flow.randn({ num, dim }, opts))
 end
