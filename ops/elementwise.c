@@ -135,28 +135,26 @@ static int grad_pow(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-/* maximum/minimum: the gradient goes to the selected input; ties split it evenly (as torch).
- * w = [a wins] + 0.5 [a == b];  da = g w,  db = g - g w. */
+/* maximum/minimum, as torch: h = g/2 where a == b, else g; each input gets h except where the
+ * other input wins (0). At a NaN neither wins, so both get g. */
 static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *g = c->gout[0], *a = c->in[0], *b = c->in[1];
   if (!g) return 0;
   bool is_max = c->op == &flow_op_maximum;
-  flow_tensor *win = is_max ? flow_gt(a, b) : flow_lt(a, b);
-  flow_tensor *tie = win ? flow_eq(a, b) : NULL;
-  flow_tensor *wf = tie ? flow_cast(win, g->dtype) : NULL;
-  flow_tensor *tf = wf ? flow_cast(tie, g->dtype) : NULL;
-  flow_tensor *th = tf ? flow_mul_scalar(tf, 0.5) : NULL;
-  flow_tensor *w = th ? flow_add(wf, th) : NULL;
-  flow_tensor *ga = w ? flow_mul(g, w) : NULL;
-  flow_decref_all((flow_tensor *[]){win, tie, wf, tf, th, w}, 6);
-  if (!ga) return -1;
+  flow_tensor *tie = flow_eq(a, b);
+  flow_tensor *half = tie ? flow_mul_scalar(g, 0.5) : NULL;
+  flow_tensor *h = half ? flow_where(tie, half, g) : NULL;
+  flow_decref_all((flow_tensor *[]){tie, half}, 2);
+  if (!h) return -1;
   int rc = 0;
-  if (c->need[1]) rc = give(gin, 1, flow_sub(g, ga), c);
-  if (rc == 0 && c->need[0]) {
-    flow_tensor_incref(ga);
-    rc = give(gin, 0, ga, c);
+  for (int i = 0; i < 2 && rc == 0; i++) {
+    if (!c->need[i]) continue;
+    /* a loses to b where a < b (maximum) or a > b (minimum); b the other way round */
+    flow_tensor *loses = is_max == (i == 0) ? flow_lt(a, b) : flow_gt(a, b);
+    rc = give(gin, i, loses ? flow_masked_fill(h, loses, 0) : NULL, c);
+    flow_tensor_decref(loses);
   }
-  flow_tensor_decref(ga);
+  flow_tensor_decref(h);
   return rc;
 }
 

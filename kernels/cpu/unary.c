@@ -171,13 +171,14 @@ GELU_GRAD(double, tanh)
 
 #define NEG(v) (-(v))
 #define ABS(v) ((v) < 0 ? -(v) : (v))
-#define RELU(v) ((v) > 0 ? (v) : 0)
+/* NaN passes (as in torch): only v < 0 maps to 0 */
+#define RELU(v) ((v) < 0 ? 0 : (v))
 #define RSQRTF(v) (1.0f / sqrtf(v))
 #define RSQRTD(v) (1.0 / sqrt(v))
 #define SIGMOIDF(v) (1.0f / (1.0f + exp_f32(-(v))))
 #define SIGMOIDD(v) (1.0 / (1.0 + exp(-(v))))
-/* NaN passes clamp unchanged, as in torch */
-#define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
+/* min(max(v, lo), hi) as torch: NaN passes unchanged, and lo > hi gives hi everywhere */
+#define CLAMP(v, lo, hi) ((v) < (lo) ? ((lo) > (hi) ? (hi) : (lo)) : ((v) > (hi) ? (hi) : (v)))
 #define CLAMPF(v) CLAMP(v, b->lo_f, b->hi_f)
 #define CLAMPD(v) CLAMP(v, b->lo_d, b->hi_d)
 #define CLAMPI(v) CLAMP(v, b->lo_i, b->hi_i)
@@ -237,7 +238,7 @@ static const flow_iter_fn forward[FLOW_NUNARY][4] = {
 #define G_RSQRT(y, g) ((g) * -0.5f * (y) * (y) * (y))            /* d x^-1/2 = -x^-3/2 / 2 */
 #define G_TANH(y, g) ((g) * (1 - (y) * (y)))
 #define G_SIGMOID(y, g) ((g) * (y) * (1 - (y)))
-#define G_RELU(y, g) ((y) > 0 ? (g) : 0)
+#define G_RELU(y, g) ((y) <= 0 ? 0 : (g))                         /* NaN passes g, as torch */
 #define G_GELUF(x, g) ((g) * gelu_grad_float(x))
 #define G_GELUD(x, g) ((g) * gelu_grad_double(x))
 /* the gradient passes where lo <= x <= hi */

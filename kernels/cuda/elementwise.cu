@@ -165,8 +165,8 @@ template <typename C> __device__ __forceinline__ C unop(int code, C v, C lo, C h
   switch (code) {
   case FLOW_UN_NEG: return -v;
   case FLOW_UN_ABS: return v < 0 ? -v : v;
-  case FLOW_UN_RELU: return v > 0 ? v : 0;
-  case FLOW_UN_CLAMP: return v < lo ? lo : (v > hi ? hi : v);
+  case FLOW_UN_RELU: return v < 0 ? 0 : v; /* NaN passes */
+  case FLOW_UN_CLAMP: return v < lo ? (lo > hi ? hi : lo) : (v > hi ? hi : v); /* lo > hi: hi */
   case FLOW_UN_EXP: return exp(v);
   case FLOW_UN_LOG: return log(v);
   case FLOW_UN_SQRT: return sqrt(v);
@@ -180,8 +180,8 @@ template <> __device__ __forceinline__ int64_t unop<int64_t>(int code, int64_t v
   switch (code) {
   case FLOW_UN_NEG: return -v;
   case FLOW_UN_ABS: return v < 0 ? -v : v;
-  case FLOW_UN_RELU: return v > 0 ? v : 0;
-  default: return v < lo ? lo : (v > hi ? hi : v);
+  case FLOW_UN_RELU: return v < 0 ? 0 : v; /* NaN passes */
+  default: return v < lo ? (lo > hi ? hi : lo) : (v > hi ? hi : v);
   }
 }
 
@@ -197,7 +197,7 @@ template <typename C> __device__ __forceinline__ C unop_grad(int code, C s, C g,
   case FLOW_UN_RSQRT: return g * (C)-0.5 * s * s * s;
   case FLOW_UN_TANH: return g * (1 - s * s);
   case FLOW_UN_SIGMOID: return g * s * (1 - s);
-  case FLOW_UN_RELU: return s > 0 ? g : 0;
+  case FLOW_UN_RELU: return s <= 0 ? 0 : g;
   case FLOW_UN_CLAMP: return s >= lo && s <= hi ? g : 0;
   default: {
     C x2 = s * s, t = tanh((C)GELU_C * (s + (C)GELU_A * x2 * s));
