@@ -5,6 +5,8 @@
 #include "../ops/elementwise.h"
 #include "bind.h"
 
+#undef l_floor /* luaconf.h's, unused here: the name is the binding of floor */
+
 /* Argument idx must be a tensor or a Lua number/boolean (checked before anything is allocated,
  * so a bad argument raises without leaking). */
 static void check_operand(lua_State *L, int idx, const char *fn) {
@@ -57,7 +59,37 @@ UNARY(rsqrt)
 UNARY(tanh)
 UNARY(sigmoid)
 UNARY(relu)
-UNARY(gelu)
+UNARY(silu)
+UNARY(sin)
+UNARY(cos)
+UNARY(erf)
+UNARY(log1p)
+UNARY(expm1)
+UNARY(sign)
+UNARY(floor)
+UNARY(ceil)
+UNARY(round)
+UNARY(trunc)
+
+/* gelu(t, {approximate = "none" | "tanh"}): "none" (torch's default) is x Phi(x) through erf */
+static int l_gelu(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "gelu");
+  flow_lua_check_opts(L, 2, "gelu", (const char *const[]){"approximate", NULL});
+  if (lua_istable(L, 2)) lua_getfield(L, 2, "approximate");
+  else lua_pushnil(L);
+  static const char *const modes[] = {"none", "tanh", NULL};
+  int tanh_form = lua_isnil(L, -1) ? 0 : luaL_checkoption(L, -1, NULL, modes);
+  return flow_lua_push(L, tanh_form ? flow_gelu_tanh(t) : flow_gelu(t));
+}
+
+/* softplus(t, {beta = 1, threshold = 20}): torch's defaults only */
+static int l_softplus(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "softplus");
+  flow_lua_check_opts(L, 2, "softplus", (const char *const[]){"beta", "threshold", NULL});
+  if (flow_lua_opt_number(L, 2, "beta", 1) != 1 || flow_lua_opt_number(L, 2, "threshold", 20) != 20)
+    return luaL_error(L, "softplus: only beta = 1 and threshold = 20 (torch's defaults) are supported");
+  return flow_lua_push(L, flow_softplus(t));
+}
 
 /* __unm receives the operand twice */
 static int l_unm(lua_State *L) { return flow_lua_push(L, flow_neg(flow_lua_check(L, 1, "neg"))); }
@@ -162,6 +194,8 @@ void flow_lua_open_elementwise(lua_State *L) {
   BOTH(add), BOTH(sub), BOTH(mul), BOTH(div), BOTH(pow), BOTH(maximum), BOTH(minimum), BOTH(eq),  \
   BOTH(ne), BOTH(lt), BOTH(le), BOTH(gt), BOTH(ge), BOTH(neg), BOTH(abs), BOTH(exp), BOTH(log),   \
   BOTH(sqrt), BOTH(rsqrt), BOTH(tanh), BOTH(sigmoid), BOTH(relu), BOTH(gelu), BOTH(clamp),        \
+  BOTH(silu), BOTH(sin), BOTH(cos), BOTH(erf), BOTH(log1p), BOTH(expm1), BOTH(softplus),          \
+  BOTH(sign), BOTH(floor), BOTH(ceil), BOTH(round), BOTH(trunc),                                  \
   BOTH(masked_fill), BOTH(cast)
   /* where is no method: t:where(...) would read differently here (t the condition) and in torch */
   static const luaL_Reg fns[] = {MATH_OPS, BOTH(where), {NULL, NULL}};

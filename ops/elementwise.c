@@ -331,7 +331,7 @@ static int infer_unary_float(const flow_op *op, const flow_meta *in, int nin, co
   return 0;
 }
 
-/* neg, abs, relu, clamp: also int64/int32. */
+/* neg, abs, relu, clamp, sign, floor, ceil, round, trunc: also int64/int32. */
 static int infer_unary_signed(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin; (void)a;
@@ -379,15 +379,21 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
   return (gin[0] = flow_neg(c->gout[0])) ? 0 : -1;
 }
 
-/* The op `id` (kernel and registration; grad rule grad_<id>); SBP_FLAGS: where it is linear. */
-#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, SBP_FLAGS)                               \
+/* Piecewise-constant unary ops (sign, floor, ...): a zero gradient (a tensor, as torch gives). */
+static int grad_zero(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  return (gin[0] = flow_zeros_like(c->gout[0])) ? 0 : -1;
+}
+
+/* The op `id` (kernel and registration) with the rule GRAD; SBP_FLAGS: where it is linear. */
+#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, SBP_FLAGS, GRAD)                         \
   static FLOW_KERNEL(cpu_##id) {                                                              \
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
   FLOW_KERNEL_REGISTER(FLOW_CPU, id, cpu_##id)                                                \
   FLOW_OP(id) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS), .infer = INFER, \
-               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};
+               .grad = GRAD, .save_in = SAVE_IN, .save_out = SAVE_OUT};
 
 /* The op `<id>_grad` and the rule grad_<id> that runs it. */
 #define UNARY_GRAD(id, CODE)                                                                  \
@@ -405,11 +411,12 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
 #define UNARY_ENTRY(id) \
   flow_tensor *flow_##id(flow_tensor *t) { return flow_op_call1(&flow_op_##id, &t, 1, flow_attrs_default()); }
 
-UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0, FLOW_SBP_LINEAR)
+UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0, FLOW_SBP_LINEAR, grad_neg)
 UNARY_ENTRY(neg)
 
 #define UNARY(id, CODE, INFER, SAVE_IN, SAVE_OUT) \
-  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, 0) UNARY_ENTRY(id)
+  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, 0, grad_##id) UNARY_ENTRY(id)
+#define STEP(id, CODE) UNARY_OP(id, CODE, infer_unary_signed, 0, 0, 0, grad_zero) UNARY_ENTRY(id)
 UNARY(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
 UNARY(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
 UNARY(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
@@ -419,8 +426,21 @@ UNARY(tanh, FLOW_UN_TANH, infer_unary_float, 0, 1)
 UNARY(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
 UNARY(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
 UNARY(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
+UNARY(gelu_tanh, FLOW_UN_GELU_TANH, infer_unary_float, 1, 0)
+UNARY(silu, FLOW_UN_SILU, infer_unary_float, 1, 0)
+UNARY(sin, FLOW_UN_SIN, infer_unary_float, 1, 0)
+UNARY(cos, FLOW_UN_COS, infer_unary_float, 1, 0)
+UNARY(erf, FLOW_UN_ERF, infer_unary_float, 1, 0)
+UNARY(log1p, FLOW_UN_LOG1P, infer_unary_float, 1, 0)
+UNARY(expm1, FLOW_UN_EXPM1, infer_unary_float, 0, 1)
+UNARY(softplus, FLOW_UN_SOFTPLUS, infer_unary_float, 1, 0)
+STEP(sign, FLOW_UN_SIGN)
+STEP(floor, FLOW_UN_FLOOR)
+STEP(ceil, FLOW_UN_CEIL)
+STEP(round, FLOW_UN_ROUND)
+STEP(trunc, FLOW_UN_TRUNC)
 UNARY_GRAD(clamp, FLOW_UN_CLAMP)
-UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0, 0)
+UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0, 0, grad_clamp)
 
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max) {
   flow_attrs at;

@@ -48,7 +48,20 @@ flow_tensor *flow_rsqrt(flow_tensor *t);
 flow_tensor *flow_tanh(flow_tensor *t);
 flow_tensor *flow_sigmoid(flow_tensor *t);
 flow_tensor *flow_relu(flow_tensor *t);
-flow_tensor *flow_gelu(flow_tensor *t);
+flow_tensor *flow_gelu(flow_tensor *t);      /* exact: x Phi(x) */
+flow_tensor *flow_gelu_tanh(flow_tensor *t); /* the tanh approximation */
+flow_tensor *flow_silu(flow_tensor *t);
+flow_tensor *flow_sin(flow_tensor *t);
+flow_tensor *flow_cos(flow_tensor *t);
+flow_tensor *flow_erf(flow_tensor *t);
+flow_tensor *flow_log1p(flow_tensor *t);
+flow_tensor *flow_expm1(flow_tensor *t);
+flow_tensor *flow_softplus(flow_tensor *t);
+flow_tensor *flow_sign(flow_tensor *t);
+flow_tensor *flow_floor(flow_tensor *t);
+flow_tensor *flow_ceil(flow_tensor *t);
+flow_tensor *flow_round(flow_tensor *t);
+flow_tensor *flow_trunc(flow_tensor *t);
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max);
 
 /* In place, no autograd (refused on a tensor that requires grad while grad mode is on); 0 or -1.
