@@ -203,9 +203,53 @@ void flow_decref_all(flow_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) flow_tensor_decref(ts[i]);
 }
 
+/* ---- type promotion, as torch.result_type ------------------------------------------------- */
+
+/* bool < integers < floats */
+static int category(flow_dtype d) { return d == FLOW_BOOL ? 0 : flow_dtype_is_float(d) ? 2 : 1; }
+
+flow_dtype flow_promote_types(flow_dtype a, flow_dtype b) {
+  if (a == b) return a;
+  int ca = category(a), cb = category(b);
+  if (ca != cb) return ca > cb ? a : b;
+  if ((a == FLOW_F16 && b == FLOW_BF16) || (a == FLOW_BF16 && b == FLOW_F16)) return FLOW_F32;
+  return flow_dtype_size(a) >= flow_dtype_size(b) ? a : b; /* u8 < i32 < i64, f16 < f32 < f64 */
+}
+
+/* torch's combine_categories: a class of lower priority (0-d tensors below tensors with axes,
+ * numbers below both) changes the result only by a higher category. -1: no operand of the class. */
+static int combine(int higher, int lower) {
+  if (higher < 0) return lower;
+  if (lower < 0 || category(higher) == 2) return higher;
+  if (higher == FLOW_BOOL || category(lower) == 2) return flow_promote_types(higher, lower);
+  return higher;
+}
+
+flow_dtype flow_result_type(int n, const flow_dtype *dtype, const int *ndim, const bool *number) {
+  int r[3] = {-1, -1, -1}; /* tensors with axes, 0-d tensors, numbers */
+  for (int i = 0; i < n; i++) {
+    int cls = number && number[i] ? 2 : ndim[i] > 0 ? 0 : 1;
+    flow_dtype d = cls == 2 && category(dtype[i]) == 2 ? FLOW_F32 : dtype[i]; /* a float number: the default dtype */
+    r[cls] = r[cls] < 0 ? (int)d : (int)flow_promote_types((flow_dtype)r[cls], d);
+  }
+  return (flow_dtype)combine(r[0], combine(r[1], r[2]));
+}
+
+flow_dtype flow_binary_dtype(const flow_op *op, const flow_dtype *dtype, const int *ndim, const bool *number) {
+  flow_dtype d = flow_result_type(2, dtype, ndim, number);
+  if (op == &flow_op_div && !flow_dtype_is_float(d)) d = FLOW_F32; /* true division */
+  return d;
+}
+
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b) {
   flow_tensor *in[2] = {a, b};
-  return flow_op_call1(op, in, 2, flow_attrs_default());
+  flow_dtype d = flow_binary_dtype(op, (flow_dtype[]){a->dtype, b->dtype},
+                                   (int[]){flow_tensor_lndim(a), flow_tensor_lndim(b)}, NULL);
+  if (a->dtype == d && b->dtype == d) return flow_op_call1(op, in, 2, flow_attrs_default());
+  flow_tensor *ca = flow_cast(a, d), *cb = ca ? flow_cast(b, d) : NULL;
+  flow_tensor *r = cb ? flow_op_call1(op, (flow_tensor *[]){ca, cb}, 2, flow_attrs_default()) : NULL;
+  flow_decref_all((flow_tensor *[]){ca, cb}, 2);
+  return r;
 }
 
 flow_tensor *flow_add(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_add, a, b); }

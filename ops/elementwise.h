@@ -13,7 +13,13 @@ extern flow_op flow_op_add, flow_op_sub, flow_op_mul, flow_op_div, flow_op_pow, 
     flow_op_contiguous, flow_op_cast, flow_op_full;
 
 /* Binary, with broadcasting; both operands of one dtype. Comparisons give bool. */
+/* a OP b in the dtype torch promotes them to (int / int is true division to float32). */
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b);
+/* torch.promote_types, and torch.result_type of n operands given their dtypes, ranks and which
+ * are Lua numbers (number may be NULL: none); flow_binary_dtype adds div's true division. */
+flow_dtype flow_promote_types(flow_dtype a, flow_dtype b);
+flow_dtype flow_result_type(int n, const flow_dtype *dtype, const int *ndim, const bool *number);
+flow_dtype flow_binary_dtype(const flow_op *op, const flow_dtype *dtype, const int *ndim, const bool *number);
 flow_tensor *flow_add(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_sub(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_mul(flow_tensor *a, flow_tensor *b);
