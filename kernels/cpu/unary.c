@@ -204,8 +204,8 @@ SOFTPLUS(double, exp, log1p)
 /* silu = x sigmoid(x) */
 #define SILUF(v) ((v) / (1.0f + expf(-(v))))
 #define SILUD(v) ((v) / (1.0 + exp(-(v))))
-/* sign: -1, 0 or 1; NaN stays NaN */
-#define SIGN(v) ((v) > 0 ? 1 : ((v) < 0 ? -1 : (v)))
+/* sign: -1, 0 or 1; NaN gives 0, as torch */
+#define SIGN(v) ((v) > 0 ? 1 : ((v) < 0 ? -1 : 0))
 /* floor, ceil, round (half to even, as torch) and trunc leave integers as they are */
 #define IDENT(v) (v)
 

@@ -181,7 +181,7 @@ template <typename C> __device__ __forceinline__ C unop(int code, C v, C lo, C h
   case FLOW_UN_LOG1P: return log1p(v);
   case FLOW_UN_EXPM1: return expm1(v);
   case FLOW_UN_SOFTPLUS: return v > 20 ? v : log1p(exp(v)); /* beta 1, threshold 20 */
-  case FLOW_UN_SIGN: return v > 0 ? (C)1 : (v < 0 ? (C)-1 : v);
+  case FLOW_UN_SIGN: return v > 0 ? (C)1 : (v < 0 ? (C)-1 : (C)0); /* NaN: 0 */
   case FLOW_UN_FLOOR: return floor(v);
   case FLOW_UN_CEIL: return ceil(v);
   case FLOW_UN_ROUND: return rint(v); /* half to even */
