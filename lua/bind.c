@@ -164,6 +164,47 @@ int flow_lua_opt_bool(lua_State *L, int idx, const char *key, int def) {
   return v;
 }
 
+void flow_lua_check_opts(lua_State *L, int idx, const char *fn, const char *const *keys) {
+  if (lua_isnoneornil(L, idx)) return;
+  if (!lua_istable(L, idx)) luaL_error(L, "%s: options must be a table (got %s)", fn, luaL_typename(L, idx));
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    int i = 0;
+    while (k && keys[i] && strcmp(k, keys[i]) != 0) i++;
+    if (!k || !keys[i]) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (int j = 0; keys[j]; j++) {
+        if (j) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, keys[j]);
+      }
+      luaL_pushresult(&b);
+      luaL_error(L, "%s: unknown option '%s' (expected %s)", fn, k ? k : luaL_tolstring(L, -2, NULL),
+                 keys[0] ? lua_tostring(L, -1) : "no options");
+    }
+  }
+}
+
+/* flow._check_opts(fn, opts, {keys...}): the same check for options read in Lua. */
+static int l_check_opts(lua_State *L) {
+  const char *fn = luaL_checkstring(L, 1);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const char *keys[64];
+  int n = (int)luaL_len(L, 3);
+  if (n > 63) return luaL_error(L, "_check_opts: at most 63 keys");
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 3, i + 1);
+    keys[i] = luaL_checkstring(L, -1); /* the strings stay alive in the keys table */
+    lua_pop(L, 1);
+  }
+  keys[n] = NULL;
+  flow_lua_check_opts(L, 2, fn, keys);
+  return 0;
+}
+
 int flow_lua_call(lua_State *L, const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a) {
   flow_tensor *out[8];
   if (flow_op_call(op, in, nin, a, out) != 0) return flow_lua_error(L);
@@ -186,6 +227,8 @@ void flow_lua_register(lua_State *L, const luaL_Reg *funcs, const luaL_Reg *meth
 
 /* Called first by luaopen_flow with the module table on top: sets up the registry slots. */
 void flow_lua_init_tables(lua_State *L) {
+  lua_pushcfunction(L, l_check_opts);
+  lua_setfield(L, -2, "_check_opts");
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
   lua_newtable(L); /* methods */

@@ -39,6 +39,10 @@ flow_device flow_lua_opt_device(lua_State *L, int idx, flow_device def);
 /* opts.key as a number / boolean / integer, or def when absent. */
 double flow_lua_opt_number(lua_State *L, int idx, const char *key, double def);
 int flow_lua_opt_bool(lua_State *L, int idx, const char *key, int def);
+/* The options table at idx (nil/absent: nothing to check) may hold only the string keys in keys
+ * (NULL-terminated); any other key raises "<fn>: unknown option '<key>' (expected ...)", so a
+ * misspelt or unsupported option never passes silently. */
+void flow_lua_check_opts(lua_State *L, int idx, const char *fn, const char *const *keys);
 /* Parse a dtype from a string at idx. */
 flow_dtype flow_lua_check_dtype(lua_State *L, int idx);
 

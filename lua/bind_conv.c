@@ -36,6 +36,7 @@ static int l_conv2d(lua_State *L) {
   flow_tensor *x = flow_lua_check(L, 1, "conv2d"), *w = flow_lua_check(L, 2, "conv2d");
   flow_tensor *b = lua_isnoneornil(L, 3) ? NULL : flow_lua_check(L, 3, "conv2d");
   int64_t stride[2], padding[2], dilation[2];
+  flow_lua_check_opts(L, 4, "conv2d", (const char *const[]){"stride", "padding", "dilation", "groups", NULL});
   opt_pair(L, 4, "stride", 1, stride, "conv2d");
   opt_pair(L, 4, "padding", 0, padding, "conv2d");
   opt_pair(L, 4, "dilation", 1, dilation, "conv2d");
@@ -58,6 +59,8 @@ static int pool(lua_State *L, const char *fn, bool max) {
   } else {
     opt_pair(L, 2, "kernel", 0, kernel, fn);
   }
+  flow_lua_check_opts(L, opts, fn, opts == 2 ? (const char *const[]){"kernel", "stride", "padding", NULL}
+                                            : (const char *const[]){"stride", "padding", NULL});
   if (kernel[0] == 0) return luaL_error(L, "%s: kernel size is required", fn);
   opt_pair(L, opts, "stride", 0, stride, fn);
   if (stride[0] == 0 && stride[1] == 0) { stride[0] = kernel[0]; stride[1] = kernel[1]; }
@@ -71,6 +74,7 @@ static int l_avg_pool2d(lua_State *L) { return pool(L, "avg_pool2d", false); }
 static int l_batch_norm(lua_State *L) {
   flow_tensor *t[5];
   for (int i = 0; i < 5; i++) t[i] = flow_lua_check(L, i + 1, "batch_norm");
+  flow_lua_check_opts(L, 6, "batch_norm", (const char *const[]){"training", "momentum", "eps", NULL});
   bool training = flow_lua_opt_bool(L, 6, "training", 0);
   double momentum = flow_lua_opt_number(L, 6, "momentum", 0.1), eps = flow_lua_opt_number(L, 6, "eps", 1e-5);
   return flow_lua_push(L, flow_batch_norm(t[0], t[1], t[2], t[3], t[4], training, momentum, eps));

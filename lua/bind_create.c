@@ -59,7 +59,11 @@ static void fill(lua_State *L, int idx, const int64_t *shape, int nd, int d, fil
   path[plen] = 0;
 }
 
+/* What creation functions accept in their options table. */
+static const char *const create_keys[] = {"dtype", "device", "requires_grad", "placement", "sbp", NULL};
+
 static int l_tensor(lua_State *L) {
+  if (lua_istable(L, 2)) flow_lua_check_opts(L, 2, "tensor", create_keys);
   if (flow_lua_test(L, 1)) { /* flow.tensor(t): a copy */
     flow_tensor *t = flow_lua_check(L, 1, "tensor");
     flow_tensor *c = flow_contiguous_copy(t);
@@ -155,6 +159,7 @@ static int shape_and_opts(lua_State *L, int shape_idx, int64_t *shape, int *nd, 
   *nd = flow_lua_shape(L, shape_idx, shape, fn);
   int top = lua_gettop(L), opts = lua_istable(L, top) && top > shape_idx ? top : 0;
   if (opts && lua_istable(L, shape_idx) && opts == shape_idx) opts = 0;
+  if (opts) flow_lua_check_opts(L, opts, fn, create_keys);
   if (!opts && top > shape_idx && !lua_istable(L, shape_idx) && !lua_isnil(L, top) && lua_type(L, top) != LUA_TNUMBER)
     return luaL_error(L, "%s: options must be a table (got %s)", fn, luaL_typename(L, top));
   return opts;
@@ -211,6 +216,7 @@ static int l_arange(lua_State *L) {
   if (!opts && !lua_isnoneornil(L, n + 1))
     return luaL_error(L, "arange: argument %d must be a number or an options table (got %s)", n + 1, luaL_typename(L, n + 1));
   double start = n == 1 ? 0 : v[0], stop = n == 1 ? v[0] : v[1], step = n == 3 ? v[2] : 1;
+  if (opts) flow_lua_check_opts(L, opts, "arange", create_keys);
   flow_dtype dt = opt_dtype(L, opts, all_int ? FLOW_I64 : FLOW_F32);
   flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
@@ -228,6 +234,7 @@ static int l_linspace(lua_State *L) {
   double a = luaL_checknumber(L, 1), b = luaL_checknumber(L, 2);
   lua_Integer n = luaL_checkinteger(L, 3);
   int opts = lua_istable(L, 4) ? 4 : 0;
+  if (opts) flow_lua_check_opts(L, opts, "linspace", create_keys);
   flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
   flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
@@ -254,6 +261,7 @@ static int l_eye(lua_State *L) {
   lua_Integer m = has_m ? lua_tointegerx(L, 2, &ok) : n;
   if (!ok) return luaL_error(L, "eye: m must be an integer (got %s)", lua_tostring(L, 2));
   int opts = lua_istable(L, 2) ? 2 : lua_istable(L, 3) ? 3 : 0;
+  if (opts) flow_lua_check_opts(L, opts, "eye", create_keys);
   flow_dtype dt = opt_dtype(L, opts, FLOW_F32);
   flow_device dev = opt_device(L, opts);
   if (has_placement(L, opts)) {
@@ -299,6 +307,7 @@ static int l_randint(lua_State *L) {
   int64_t shape[FLOW_MAX_DIMS];
   int nd = flow_lua_shape(L, 3, shape, "randint");
   int opts = lua_istable(L, 4) ? 4 : 0;
+  if (opts) flow_lua_check_opts(L, opts, "randint", create_keys);
   flow_dtype dt = opt_dtype(L, opts, FLOW_I64);
   flow_device dev = opt_device(L, opts);
   if (high <= low) return luaL_error(L, "randint: high (%I) must be greater than low (%I)", high, low);

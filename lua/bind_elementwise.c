@@ -5,6 +5,8 @@
 #include "../ops/elementwise.h"
 #include "bind.h"
 
+#undef l_floor /* luaconf.h's, unused here: the name is the binding of floor */
+
 /* Argument idx must be a tensor or a Lua number/boolean (checked before anything is allocated,
  * so a bad argument raises without leaking). */
 static void check_operand(lua_State *L, int idx, const char *fn) {
@@ -12,17 +14,43 @@ static void check_operand(lua_State *L, int idx, const char *fn) {
   if (ty != LUA_TNUMBER && ty != LUA_TBOOLEAN) flow_lua_check(L, idx, fn);
 }
 
-/* Either operand may be a Lua number; it takes the other operand's dtype and device. */
+/* The operand at idx: the tensor (a new reference), or a Lua number made a 0-d tensor of dtype on
+ * like's device. */
+static flow_tensor *operand(lua_State *L, int idx, const flow_tensor *like, flow_dtype dtype) {
+  flow_tensor *t = flow_lua_test(L, idx);
+  if (t) { flow_tensor_incref(t); return t; }
+  double v = lua_isboolean(L, idx) ? lua_toboolean(L, idx) : lua_tonumber(L, idx);
+  if (!(t = flow_scalar_tensor(v, dtype, like->device))) flow_lua_error(L);
+  return t;
+}
+
+/* The dtype op computes in for the operands 1 and 2 (tensors or Lua numbers). */
+static flow_dtype promoted(lua_State *L, const flow_op *op) {
+  flow_dtype dt[2];
+  int nd[2];
+  bool num[2];
+  for (int i = 0; i < 2; i++) {
+    const flow_tensor *t = flow_lua_test(L, i + 1);
+    num[i] = !t;
+    nd[i] = t ? flow_tensor_lndim(t) : 0;
+    dt[i] = t ? t->dtype : lua_isboolean(L, i + 1) ? FLOW_BOOL : lua_isinteger(L, i + 1) ? FLOW_I64 : FLOW_F64;
+  }
+  return flow_binary_dtype(op, dt, nd, num);
+}
+
+/* Either operand may be a Lua number: a "wrapped number" in torch's promotion (an integer counts
+ * as int64, a float as float32, a boolean as bool, and each only by its category). */
 static int binary(lua_State *L, const flow_op *op) {
   flow_tensor *ta = flow_lua_test(L, 1), *tb = flow_lua_test(L, 2);
+  if (op != &flow_op_div || lua_isnoneornil(L, 3)) flow_lua_check_opts(L, 3, op->name, (const char *const[]){NULL});
   if (ta && tb) return flow_lua_push(L, flow_binary(op, ta, tb)); /* the hot path: two tensors */
   check_operand(L, 1, op->name);
   check_operand(L, 2, op->name);
-  const flow_tensor *like = flow_lua_test(L, 1);
-  if (!like) like = flow_lua_test(L, 2);
+  const flow_tensor *like = ta ? ta : tb;
   if (!like) flow_lua_check(L, 1, op->name);
-  flow_tensor *a = flow_lua_to_tensor(L, 1, like, op->name);
-  flow_tensor *b = flow_lua_to_tensor(L, 2, like, op->name);
+  flow_dtype d = promoted(L, op);
+  flow_tensor *a = operand(L, 1, like, d);
+  flow_tensor *b = operand(L, 2, like, d);
   flow_tensor *r = flow_binary(op, a, b);
   flow_tensor_decref(a);
   flow_tensor_decref(b);
@@ -33,7 +61,36 @@ static int binary(lua_State *L, const flow_op *op) {
 BINARY(add)
 BINARY(sub)
 BINARY(mul)
-BINARY(div)
+
+/* div(a, b, {rounding_mode = nil | "trunc" | "floor"}): true division, or its quotient rounded
+ * toward zero or down; rounded, integer operands keep their promoted integer dtype (the quotient
+ * is computed in float64, exact below 2^53). */
+static int l_div(lua_State *L) {
+  flow_lua_check_opts(L, 3, "div", (const char *const[]){"rounding_mode", NULL});
+  int mode = 0;
+  if (lua_istable(L, 3)) {
+    lua_getfield(L, 3, "rounding_mode");
+    static const char *const modes[] = {"trunc", "floor", NULL};
+    if (!lua_isnil(L, -1)) mode = 1 + luaL_checkoption(L, -1, NULL, modes);
+    lua_settop(L, 2);
+  }
+  if (!mode) return binary(L, &flow_op_div);
+  check_operand(L, 1, "div");
+  check_operand(L, 2, "div");
+  flow_dtype d = promoted(L, &flow_op_sub); /* the operands' common dtype, without true division */
+  bool integral = !flow_dtype_is_float(d);
+  flow_tensor *a = flow_lua_test(L, 1), *b = flow_lua_test(L, 2);
+  const flow_tensor *like = a ? a : b;
+  if (!like) flow_lua_check(L, 1, "div");
+  flow_dtype q = integral ? FLOW_F64 : d;
+  flow_tensor *x = operand(L, 1, like, q), *y = operand(L, 2, like, q);
+  flow_tensor *xc = flow_cast(x, q), *yc = xc ? flow_cast(y, q) : NULL;
+  flow_tensor *r = yc ? flow_binary(&flow_op_div, xc, yc) : NULL;
+  flow_tensor *rr = r ? (mode == 1 ? flow_trunc(r) : flow_floor(r)) : NULL;
+  flow_tensor *out = rr ? flow_cast(rr, d) : NULL;
+  flow_decref_all((flow_tensor *[]){x, y, xc, yc, r, rr}, 6);
+  return flow_lua_push(L, out);
+}
 BINARY(pow)
 BINARY(maximum)
 BINARY(minimum)
@@ -57,7 +114,37 @@ UNARY(rsqrt)
 UNARY(tanh)
 UNARY(sigmoid)
 UNARY(relu)
-UNARY(gelu)
+UNARY(silu)
+UNARY(sin)
+UNARY(cos)
+UNARY(erf)
+UNARY(log1p)
+UNARY(expm1)
+UNARY(sign)
+UNARY(floor)
+UNARY(ceil)
+UNARY(round)
+UNARY(trunc)
+
+/* gelu(t, {approximate = "none" | "tanh"}): "none" (torch's default) is x Phi(x) through erf */
+static int l_gelu(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "gelu");
+  flow_lua_check_opts(L, 2, "gelu", (const char *const[]){"approximate", NULL});
+  if (lua_istable(L, 2)) lua_getfield(L, 2, "approximate");
+  else lua_pushnil(L);
+  static const char *const modes[] = {"none", "tanh", NULL};
+  int tanh_form = lua_isnil(L, -1) ? 0 : luaL_checkoption(L, -1, NULL, modes);
+  return flow_lua_push(L, tanh_form ? flow_gelu_tanh(t) : flow_gelu(t));
+}
+
+/* softplus(t, {beta = 1, threshold = 20}): torch's defaults only */
+static int l_softplus(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "softplus");
+  flow_lua_check_opts(L, 2, "softplus", (const char *const[]){"beta", "threshold", NULL});
+  if (flow_lua_opt_number(L, 2, "beta", 1) != 1 || flow_lua_opt_number(L, 2, "threshold", 20) != 20)
+    return luaL_error(L, "softplus: only beta = 1 and threshold = 20 (torch's defaults) are supported");
+  return flow_lua_push(L, flow_softplus(t));
+}
 
 /* __unm receives the operand twice */
 static int l_unm(lua_State *L) { return flow_lua_push(L, flow_neg(flow_lua_check(L, 1, "neg"))); }
@@ -162,6 +249,8 @@ void flow_lua_open_elementwise(lua_State *L) {
   BOTH(add), BOTH(sub), BOTH(mul), BOTH(div), BOTH(pow), BOTH(maximum), BOTH(minimum), BOTH(eq),  \
   BOTH(ne), BOTH(lt), BOTH(le), BOTH(gt), BOTH(ge), BOTH(neg), BOTH(abs), BOTH(exp), BOTH(log),   \
   BOTH(sqrt), BOTH(rsqrt), BOTH(tanh), BOTH(sigmoid), BOTH(relu), BOTH(gelu), BOTH(clamp),        \
+  BOTH(silu), BOTH(sin), BOTH(cos), BOTH(erf), BOTH(log1p), BOTH(expm1), BOTH(softplus),          \
+  BOTH(sign), BOTH(floor), BOTH(ceil), BOTH(round), BOTH(trunc),                                  \
   BOTH(masked_fill), BOTH(cast)
   /* where is no method: t:where(...) would read differently here (t the condition) and in torch */
   static const luaL_Reg fns[] = {MATH_OPS, BOTH(where), {NULL, NULL}};

@@ -9,6 +9,7 @@
 /* flow.matmul(a, b, {transpose_a =, transpose_b =}) */
 static int l_matmul(lua_State *L) {
   flow_tensor *a = flow_lua_check(L, 1, "matmul"), *b = flow_lua_check(L, 2, "matmul");
+  flow_lua_check_opts(L, 3, "matmul", (const char *const[]){"transpose_a", "transpose_b", NULL});
   return flow_lua_push(L, flow_matmul(a, b, flow_lua_opt_bool(L, 3, "transpose_a", 0),
                                       flow_lua_opt_bool(L, 3, "transpose_b", 0)));
 }
@@ -45,6 +46,7 @@ static int l_layer_norm(lua_State *L) {
   flow_tensor *x = flow_lua_check(L, 1, "layer_norm");
   flow_tensor *w = lua_isnoneornil(L, 2) ? NULL : flow_lua_check(L, 2, "layer_norm");
   flow_tensor *b = lua_isnoneornil(L, 3) ? NULL : flow_lua_check(L, 3, "layer_norm");
+  if (lua_istable(L, 4)) flow_lua_check_opts(L, 4, "layer_norm", (const char *const[]){"eps", NULL});
   double eps = lua_istable(L, 4) ? flow_lua_opt_number(L, 4, "eps", 1e-5) : luaL_optnumber(L, 4, 1e-5);
   return flow_lua_push(L, flow_layer_norm(x, w, b, eps));
 }
@@ -54,6 +56,7 @@ static int l_cross_entropy(lua_State *L) {
   flow_tensor *x = flow_lua_check(L, 1, "cross_entropy"), *t = flow_lua_check(L, 2, "cross_entropy");
   flow_reduction red = FLOW_REDUCTION_MEAN;
   lua_Integer ignore = -100;
+  flow_lua_check_opts(L, 3, "cross_entropy", (const char *const[]){"ignore_index", "reduction", NULL});
   if (lua_istable(L, 3)) {
     lua_getfield(L, 3, "reduction");
     if (!lua_isnil(L, -1)) {
@@ -81,6 +84,7 @@ static int l_cross_entropy(lua_State *L) {
 static int l_attention(lua_State *L) {
   const char *fn = "scaled_dot_product_attention";
   flow_tensor *q = flow_lua_check(L, 1, fn), *k = flow_lua_check(L, 2, fn), *v = flow_lua_check(L, 3, fn);
+  flow_lua_check_opts(L, 4, fn, (const char *const[]){"causal", "scale", NULL});
   return flow_lua_push(L, flow_scaled_dot_product_attention(q, k, v, flow_lua_opt_bool(L, 4, "causal", 0),
                                                             flow_lua_opt_number(L, 4, "scale", NAN)));
 }
@@ -91,6 +95,7 @@ static int l_adamw_(lua_State *L) {
   flow_tensor *t[4];
   for (int i = 0; i < 4; i++) t[i] = flow_lua_check(L, i + 1, "adamw_");
   if (!lua_istable(L, 5)) return luaL_error(L, "adamw_: expected an options table {lr =, step =, ...} as argument 5");
+  flow_lua_check_opts(L, 5, "adamw_", (const char *const[]){"lr", "beta1", "beta2", "eps", "weight_decay", "step", NULL});
   lua_getfield(L, 5, "step");
   int ok;
   lua_Integer step = lua_tointegerx(L, -1, &ok);

@@ -157,8 +157,14 @@ static int l_chunk(lua_State *L) {
   if (n <= 0) return luaL_error(L, "chunk: the number of chunks must be positive (got %I)", (lua_Integer)n);
   if (flow_tensor_lndim(t) == 0) return luaL_error(L, "chunk: cannot split a 0-d tensor");
   if (flow_axis_norm("chunk", axis, flow_tensor_lndim(t), &ax) != 0) return flow_lua_error(L);
-  int64_t each = (flow_tensor_lshape(t)[ax] + n - 1) / n;
-  return push_pieces(L, t, ax, 0, each ? each : 1, "chunk");
+  int64_t size = flow_tensor_lshape(t)[ax], each = (size + n - 1) / n;
+  if (size > 0) return push_pieces(L, t, ax, 0, each, "chunk");
+  lua_createtable(L, (int)n, 0); /* an empty axis gives n empty pieces, as torch */
+  for (int64_t i = 1; i <= n; i++) {
+    flow_lua_push(L, flow_narrow(t, ax, 0, 0));
+    lua_rawseti(L, -2, i);
+  }
+  return 1;
 }
 
 static int l_tril(lua_State *L) {

@@ -135,28 +135,26 @@ static int grad_pow(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-/* maximum/minimum: the gradient goes to the selected input; ties split it evenly (as torch).
- * w = [a wins] + 0.5 [a == b];  da = g w,  db = g - g w. */
+/* maximum/minimum, as torch: h = g/2 where a == b, else g; each input gets h except where the
+ * other input wins (0). At a NaN neither wins, so both get g. */
 static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *g = c->gout[0], *a = c->in[0], *b = c->in[1];
   if (!g) return 0;
   bool is_max = c->op == &flow_op_maximum;
-  flow_tensor *win = is_max ? flow_gt(a, b) : flow_lt(a, b);
-  flow_tensor *tie = win ? flow_eq(a, b) : NULL;
-  flow_tensor *wf = tie ? flow_cast(win, g->dtype) : NULL;
-  flow_tensor *tf = wf ? flow_cast(tie, g->dtype) : NULL;
-  flow_tensor *th = tf ? flow_mul_scalar(tf, 0.5) : NULL;
-  flow_tensor *w = th ? flow_add(wf, th) : NULL;
-  flow_tensor *ga = w ? flow_mul(g, w) : NULL;
-  flow_decref_all((flow_tensor *[]){win, tie, wf, tf, th, w}, 6);
-  if (!ga) return -1;
+  flow_tensor *tie = flow_eq(a, b);
+  flow_tensor *half = tie ? flow_mul_scalar(g, 0.5) : NULL;
+  flow_tensor *h = half ? flow_where(tie, half, g) : NULL;
+  flow_decref_all((flow_tensor *[]){tie, half}, 2);
+  if (!h) return -1;
   int rc = 0;
-  if (c->need[1]) rc = give(gin, 1, flow_sub(g, ga), c);
-  if (rc == 0 && c->need[0]) {
-    flow_tensor_incref(ga);
-    rc = give(gin, 0, ga, c);
+  for (int i = 0; i < 2 && rc == 0; i++) {
+    if (!c->need[i]) continue;
+    /* a loses to b where a < b (maximum) or a > b (minimum); b the other way round */
+    flow_tensor *loses = is_max == (i == 0) ? flow_lt(a, b) : flow_gt(a, b);
+    rc = give(gin, i, loses ? flow_masked_fill(h, loses, 0) : NULL, c);
+    flow_tensor_decref(loses);
   }
-  flow_tensor_decref(ga);
+  flow_tensor_decref(h);
   return rc;
 }
 
@@ -205,9 +203,53 @@ void flow_decref_all(flow_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) flow_tensor_decref(ts[i]);
 }
 
+/* ---- type promotion, as torch.result_type ------------------------------------------------- */
+
+/* bool < integers < floats */
+static int category(flow_dtype d) { return d == FLOW_BOOL ? 0 : flow_dtype_is_float(d) ? 2 : 1; }
+
+flow_dtype flow_promote_types(flow_dtype a, flow_dtype b) {
+  if (a == b) return a;
+  int ca = category(a), cb = category(b);
+  if (ca != cb) return ca > cb ? a : b;
+  if ((a == FLOW_F16 && b == FLOW_BF16) || (a == FLOW_BF16 && b == FLOW_F16)) return FLOW_F32;
+  return flow_dtype_size(a) >= flow_dtype_size(b) ? a : b; /* u8 < i32 < i64, f16 < f32 < f64 */
+}
+
+/* torch's combine_categories: a class of lower priority (0-d tensors below tensors with axes,
+ * numbers below both) changes the result only by a higher category. -1: no operand of the class. */
+static int combine(int higher, int lower) {
+  if (higher < 0) return lower;
+  if (lower < 0 || category(higher) == 2) return higher;
+  if (higher == FLOW_BOOL || category(lower) == 2) return flow_promote_types(higher, lower);
+  return higher;
+}
+
+flow_dtype flow_result_type(int n, const flow_dtype *dtype, const int *ndim, const bool *number) {
+  int r[3] = {-1, -1, -1}; /* tensors with axes, 0-d tensors, numbers */
+  for (int i = 0; i < n; i++) {
+    int cls = number && number[i] ? 2 : ndim[i] > 0 ? 0 : 1;
+    flow_dtype d = cls == 2 && category(dtype[i]) == 2 ? FLOW_F32 : dtype[i]; /* a float number: the default dtype */
+    r[cls] = r[cls] < 0 ? (int)d : (int)flow_promote_types((flow_dtype)r[cls], d);
+  }
+  return (flow_dtype)combine(r[0], combine(r[1], r[2]));
+}
+
+flow_dtype flow_binary_dtype(const flow_op *op, const flow_dtype *dtype, const int *ndim, const bool *number) {
+  flow_dtype d = flow_result_type(2, dtype, ndim, number);
+  if (op == &flow_op_div && !flow_dtype_is_float(d)) d = FLOW_F32; /* true division */
+  return d;
+}
+
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b) {
   flow_tensor *in[2] = {a, b};
-  return flow_op_call1(op, in, 2, flow_attrs_default());
+  flow_dtype d = flow_binary_dtype(op, (flow_dtype[]){a->dtype, b->dtype},
+                                   (int[]){flow_tensor_lndim(a), flow_tensor_lndim(b)}, NULL);
+  if (a->dtype == d && b->dtype == d) return flow_op_call1(op, in, 2, flow_attrs_default());
+  flow_tensor *ca = flow_cast(a, d), *cb = ca ? flow_cast(b, d) : NULL;
+  flow_tensor *r = cb ? flow_op_call1(op, (flow_tensor *[]){ca, cb}, 2, flow_attrs_default()) : NULL;
+  flow_decref_all((flow_tensor *[]){ca, cb}, 2);
+  return r;
 }
 
 flow_tensor *flow_add(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_add, a, b); }
@@ -333,7 +375,7 @@ static int infer_unary_float(const flow_op *op, const flow_meta *in, int nin, co
   return 0;
 }
 
-/* neg, abs, relu, clamp: also int64/int32. */
+/* neg, abs, relu, clamp, sign, floor, ceil, round, trunc: also int64/int32. */
 static int infer_unary_signed(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin; (void)a;
@@ -381,15 +423,21 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
   return (gin[0] = flow_neg(c->gout[0])) ? 0 : -1;
 }
 
-/* The op `id` (kernel and registration; grad rule grad_<id>); SBP_FLAGS: where it is linear. */
-#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, SBP_FLAGS)                               \
+/* Piecewise-constant unary ops (sign, floor, ...): a zero gradient (a tensor, as torch gives). */
+static int grad_zero(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  return (gin[0] = flow_zeros_like(c->gout[0])) ? 0 : -1;
+}
+
+/* The op `id` (kernel and registration) with the rule GRAD; SBP_FLAGS: where it is linear. */
+#define UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, SBP_FLAGS, GRAD)                         \
   static FLOW_KERNEL(cpu_##id) {                                                              \
     (void)nin; (void)nout;                                                                    \
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
   FLOW_KERNEL_REGISTER(FLOW_CPU, id, cpu_##id)                                                \
   FLOW_OP(id) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS), .infer = INFER, \
-               .grad = grad_##id, .save_in = SAVE_IN, .save_out = SAVE_OUT};
+               .grad = GRAD, .save_in = SAVE_IN, .save_out = SAVE_OUT};
 
 /* The op `<id>_grad` and the rule grad_<id> that runs it. */
 #define UNARY_GRAD(id, CODE)                                                                  \
@@ -407,11 +455,12 @@ static int grad_neg(const flow_grad_ctx *c, flow_tensor **gin) {
 #define UNARY_ENTRY(id) \
   flow_tensor *flow_##id(flow_tensor *t) { return flow_op_call1(&flow_op_##id, &t, 1, flow_attrs_default()); }
 
-UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0, FLOW_SBP_LINEAR)
+UNARY_OP(neg, FLOW_UN_NEG, infer_unary_signed, 0, 0, FLOW_SBP_LINEAR, grad_neg)
 UNARY_ENTRY(neg)
 
 #define UNARY(id, CODE, INFER, SAVE_IN, SAVE_OUT) \
-  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, 0) UNARY_ENTRY(id)
+  UNARY_GRAD(id, CODE) UNARY_OP(id, CODE, INFER, SAVE_IN, SAVE_OUT, 0, grad_##id) UNARY_ENTRY(id)
+#define STEP(id, CODE) UNARY_OP(id, CODE, infer_unary_signed, 0, 0, 0, grad_zero) UNARY_ENTRY(id)
 UNARY(abs, FLOW_UN_ABS, infer_unary_signed, 1, 0)
 UNARY(exp, FLOW_UN_EXP, infer_unary_float, 0, 1)
 UNARY(log, FLOW_UN_LOG, infer_unary_float, 1, 0)
@@ -421,8 +470,21 @@ UNARY(tanh, FLOW_UN_TANH, infer_unary_float, 0, 1)
 UNARY(sigmoid, FLOW_UN_SIGMOID, infer_unary_float, 0, 1)
 UNARY(relu, FLOW_UN_RELU, infer_unary_signed, 0, 1)
 UNARY(gelu, FLOW_UN_GELU, infer_unary_float, 1, 0)
+UNARY(gelu_tanh, FLOW_UN_GELU_TANH, infer_unary_float, 1, 0)
+UNARY(silu, FLOW_UN_SILU, infer_unary_float, 1, 0)
+UNARY(sin, FLOW_UN_SIN, infer_unary_float, 1, 0)
+UNARY(cos, FLOW_UN_COS, infer_unary_float, 1, 0)
+UNARY(erf, FLOW_UN_ERF, infer_unary_float, 1, 0)
+UNARY(log1p, FLOW_UN_LOG1P, infer_unary_float, 1, 0)
+UNARY(expm1, FLOW_UN_EXPM1, infer_unary_float, 0, 1)
+UNARY(softplus, FLOW_UN_SOFTPLUS, infer_unary_float, 1, 0)
+STEP(sign, FLOW_UN_SIGN)
+STEP(floor, FLOW_UN_FLOOR)
+STEP(ceil, FLOW_UN_CEIL)
+STEP(round, FLOW_UN_ROUND)
+STEP(trunc, FLOW_UN_TRUNC)
 UNARY_GRAD(clamp, FLOW_UN_CLAMP)
-UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0, 0)
+UNARY_OP(clamp, FLOW_UN_CLAMP, infer_clamp, 1, 0, 0, grad_clamp)
 
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max) {
   flow_attrs at;

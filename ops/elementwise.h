@@ -13,7 +13,13 @@ extern flow_op flow_op_add, flow_op_sub, flow_op_mul, flow_op_div, flow_op_pow, 
     flow_op_contiguous, flow_op_cast, flow_op_full;
 
 /* Binary, with broadcasting; both operands of one dtype. Comparisons give bool. */
+/* a OP b in the dtype torch promotes them to (int / int is true division to float32). */
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b);
+/* torch.promote_types, and torch.result_type of n operands given their dtypes, ranks and which
+ * are Lua numbers (number may be NULL: none); flow_binary_dtype adds div's true division. */
+flow_dtype flow_promote_types(flow_dtype a, flow_dtype b);
+flow_dtype flow_result_type(int n, const flow_dtype *dtype, const int *ndim, const bool *number);
+flow_dtype flow_binary_dtype(const flow_op *op, const flow_dtype *dtype, const int *ndim, const bool *number);
 flow_tensor *flow_add(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_sub(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_mul(flow_tensor *a, flow_tensor *b);
@@ -48,7 +54,20 @@ flow_tensor *flow_rsqrt(flow_tensor *t);
 flow_tensor *flow_tanh(flow_tensor *t);
 flow_tensor *flow_sigmoid(flow_tensor *t);
 flow_tensor *flow_relu(flow_tensor *t);
-flow_tensor *flow_gelu(flow_tensor *t);
+flow_tensor *flow_gelu(flow_tensor *t);      /* exact: x Phi(x) */
+flow_tensor *flow_gelu_tanh(flow_tensor *t); /* the tanh approximation */
+flow_tensor *flow_silu(flow_tensor *t);
+flow_tensor *flow_sin(flow_tensor *t);
+flow_tensor *flow_cos(flow_tensor *t);
+flow_tensor *flow_erf(flow_tensor *t);
+flow_tensor *flow_log1p(flow_tensor *t);
+flow_tensor *flow_expm1(flow_tensor *t);
+flow_tensor *flow_softplus(flow_tensor *t);
+flow_tensor *flow_sign(flow_tensor *t);
+flow_tensor *flow_floor(flow_tensor *t);
+flow_tensor *flow_ceil(flow_tensor *t);
+flow_tensor *flow_round(flow_tensor *t);
+flow_tensor *flow_trunc(flow_tensor *t);
 flow_tensor *flow_clamp(flow_tensor *t, bool has_min, double min, bool has_max, double max);
 
 /* In place, no autograd (refused on a tensor that requires grad while grad mode is on); 0 or -1.

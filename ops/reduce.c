@@ -225,8 +225,24 @@ static FLOW_KERNEL(cpu_argmin) {
 
 /* The gradient goes to the selected element: argreduce_backward(g, indices) puts g at the index
  * along the axis of a zero tensor of the input's shape. */
+/* Over every element torch splits g evenly among the ties: m marks the elements equal to the
+ * result (the NaNs when the result is NaN), gin = m g / sum(m). */
+static int grad_all_ties(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *x = c->in[0], *v = c->out[0], *g = c->gout[0];
+  flow_tensor *eq = flow_eq(x, v);
+  flow_tensor *xnan = eq ? flow_ne(x, x) : NULL, *vnan = xnan ? flow_ne(v, v) : NULL;
+  flow_tensor *m = vnan ? flow_where(vnan, xnan, eq) : NULL;
+  flow_tensor *mf = m ? flow_cast(m, g->dtype) : NULL;
+  flow_tensor *n = mf ? flow_sum(mf, 0, NULL, false) : NULL;
+  flow_tensor *share = n ? flow_div(g, n) : NULL;
+  gin[0] = share ? flow_mul(mf, share) : NULL;
+  flow_decref_all((flow_tensor *[]){eq, xnan, vnan, m, mf, n, share}, 7);
+  return gin[0] ? 0 : -1;
+}
+
 static int grad_arg(const flow_grad_ctx *c, flow_tensor **gin) {
   if (!c->gout[0] || !c->need[0]) return 0;
+  if (c->attrs->naxes == 0) return grad_all_ties(c, gin);
   const flow_meta *im = &c->in_meta[0];
   flow_attrs at = *c->attrs;
   at.nshape = im->ndim;
@@ -263,11 +279,11 @@ static FLOW_KERNEL(cpu_arg_backward) {
 
 FLOW_OP(max) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
               .infer = infer_arg,
-              .grad = grad_arg, .save_out = 2};
+              .grad = grad_arg, .save_in = 1, .save_out = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, max, cpu_max)
 FLOW_OP(min) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(reduce, 0),
               .infer = infer_arg,
-              .grad = grad_arg, .save_out = 2};
+              .grad = grad_arg, .save_in = 1, .save_out = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, min, cpu_min)
 FLOW_OP(argmax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
                  .infer = infer_arg};

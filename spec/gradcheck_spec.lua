@@ -248,8 +248,11 @@ local function unary_cases(make_leaf)
     {label = "transposed", inputs = {make_leaf({3, 2}, {prep = function(t) return flow.transpose(t, 0, 1) end})}},
   }
 end
-for _, name in ipairs({"neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu"}) do cases[name] = unary_cases() end
-for _, name in ipairs({"log", "sqrt", "rsqrt"}) do cases[name] = unary_cases(pos) end
+for _, name in ipairs({"neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu", "sin", "cos",
+                       "erf", "expm1", "softplus", "sign", "floor", "ceil", "round", "trunc"}) do
+  cases[name] = unary_cases()
+end
+for _, name in ipairs({"log", "sqrt", "rsqrt", "log1p"}) do cases[name] = unary_cases(pos) end
 cases.clamp = {
   {label = "min and max", inputs = {{3, 4}}, attrs = {has_min = true, scalar = -0.45, has_max = true, scalar2 = 0.55}},
   {label = "min only", inputs = {{2, 5}}, attrs = {has_min = true, scalar = 0.3}},

@@ -205,8 +205,11 @@ describe("reduction gradients (float64, central differences)", function()
     assert(gradcheck(function(x) return x:max() end, {randt({2, 3})}) < TOL)
     assert(gradcheck(function(x) return (x:transpose(0, 1):min(-1)) end, {randt({3, 4})}) < TOL)
     local x = flow.tensor({{1, 5, 5}}, {dtype = "float64", requires_grad = true})
-    x:max():backward()
-    assert.are.same({{0, 1, 0}}, x.grad:totable())
+    x:max():backward() -- over everything the ties share the gradient, as torch
+    assert.are.same({{0, 0.5, 0.5}}, x.grad:totable())
+    local y = flow.tensor({{1, 5, 5}}, {dtype = "float64", requires_grad = true})
+    flow.sum((y:max(1))):backward() -- along an axis it goes to the index returned
+    assert.are.same({{0, 1, 0}}, y.grad:totable())
   end)
 end)
 

@@ -17,15 +17,18 @@ typedef enum flow_binary_code {
 int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y);
 
 /* Elementwise unary ops: out = f(x), x and out of one dtype. Float ops take float32/float64; neg,
- * abs, relu and clamp also int64/int32. clamp reads lo/hi (pass -inf/inf for an absent bound). */
+ * abs, relu, clamp, sign, floor, ceil, round and trunc also int64/int32. clamp reads lo/hi (pass -inf/inf for an absent bound). */
 typedef enum flow_unary_code {
   FLOW_UN_NEG, FLOW_UN_ABS, FLOW_UN_EXP, FLOW_UN_LOG, FLOW_UN_SQRT, FLOW_UN_RSQRT, FLOW_UN_TANH,
-  FLOW_UN_SIGMOID, FLOW_UN_RELU, FLOW_UN_GELU, FLOW_UN_CLAMP,
+  FLOW_UN_SIGMOID, FLOW_UN_RELU, FLOW_UN_GELU, FLOW_UN_GELU_TANH, FLOW_UN_CLAMP, FLOW_UN_SILU,
+  FLOW_UN_SIN, FLOW_UN_COS, FLOW_UN_ERF, FLOW_UN_LOG1P, FLOW_UN_EXPM1, FLOW_UN_SOFTPLUS, FLOW_UN_SIGN,
+  FLOW_UN_FLOOR, FLOW_UN_CEIL, FLOW_UN_ROUND, FLOW_UN_TRUNC,
   FLOW_NUNARY
 } flow_unary_code;
 int flow_cpu_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x, double lo, double hi);
 /* gin = f'(.) * g in one pass; s is what the gradient needs: the output y = f(x) for exp, sqrt,
- * rsqrt, tanh, sigmoid, relu, and the input x for abs, log, gelu, clamp. Float dtypes only. */
+ * rsqrt, tanh, sigmoid, relu, expm1, and the input x for abs, log, gelu, gelu_tanh, clamp, silu,
+ * sin, cos, erf, log1p, softplus. Float dtypes only (sign, floor, ... have no gradient kernel). */
 int flow_cpu_unary_backward(flow_unary_code code, flow_tensor *gin, const flow_tensor *s,
                             const flow_tensor *g, double lo, double hi);
 

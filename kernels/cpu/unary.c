@@ -94,32 +94,51 @@ ELEMENT float tanh_f32(float x) {
 #define GELU_C 0.7978845608028654
 #define GELU_A 0.044715
 
-ELEMENT float gelu_f32(float x) {
+ELEMENT float gelu_tanh_f32(float x) {
   float u = (float)GELU_C * (x + (float)GELU_A * x * x * x);
   return x / (1.0f + exp_f32(-2.0f * u));
 }
 
-ELEMENT double gelu_f64(double x) {
+ELEMENT double gelu_tanh_f64(double x) {
   double u = GELU_C * (x + GELU_A * x * x * x);
   return 0.5 * x * (1.0 + tanh(u));
 }
 
 /* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u) */
 #define GELU_GRAD(T, TANH)                                                                       \
-  ELEMENT T gelu_grad_##T(T x) {                                                                \
+  ELEMENT T gelu_tanh_grad_##T(T x) {                                                                \
     T x2 = x * x, t = TANH((T)GELU_C * (x + (T)GELU_A * x2 * x));                                \
     return (T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * (T)GELU_C * (1 + 3 * (T)GELU_A * x2);   \
   }
 /* float32, the same derivative through s = sigmoid(2u) = 0.5 (1 + t), so 0.5 (1 - t^2) = 2 s (1 - s):
  * one exp and one division, where tanh_f32 evaluates a polynomial as well (1.5x faster);
  * 1 - s = e s with e = exp(-2u). */
-ELEMENT float gelu_grad_float(float x) {
+ELEMENT float gelu_tanh_grad_float(float x) {
   float x2 = x * x, e = exp_f32(-2.0f * (float)GELU_C * (x + (float)GELU_A * x2 * x));
   float s = 1.0f / (1.0f + e), s1 = e * s; /* 1 - s without cancellation */
   s1 = e == INFINITY ? 1.0f : s1;
   return s + 2.0f * x * s * s1 * (float)GELU_C * (1.0f + 3.0f * (float)GELU_A * x2);
 }
 GELU_GRAD(double, tanh)
+
+/* GELU, exact (torch's default): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2));
+ * d/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi). */
+#define INV_SQRT2PI 0.3989422804014327
+#define GELU_ERF(T, ERF) ((T)0.5 * x * (1 + ERF(x * (T)M_SQRT1_2)))
+ELEMENT float gelu_f32(float x) { return GELU_ERF(float, erff); }
+ELEMENT double gelu_f64(double x) { return GELU_ERF(double, erf); }
+ELEMENT float gelu_grad_f32(float x) {
+  return 0.5f * (1 + erff(x * (float)M_SQRT1_2)) + x * expf(-0.5f * x * x) * (float)INV_SQRT2PI;
+}
+ELEMENT double gelu_grad_f64(double x) {
+  return 0.5 * (1 + erf(x * M_SQRT1_2)) + x * exp(-0.5 * x * x) * INV_SQRT2PI;
+}
+
+/* softplus = log(1 + e^x), x itself above the threshold 20 (torch's defaults, beta = 1);
+ * d/dx = sigmoid(x) (1 above the threshold). */
+#define SOFTPLUS(T, EXP, LOG1P) ELEMENT T softplus_##T(T x) { return x > 20 ? x : LOG1P(EXP(x)); }
+SOFTPLUS(float, expf, log1pf)
+SOFTPLUS(double, exp, log1p)
 
 /* ---- the loops ---------------------------------------------------------------------------- */
 
@@ -171,16 +190,24 @@ GELU_GRAD(double, tanh)
 
 #define NEG(v) (-(v))
 #define ABS(v) ((v) < 0 ? -(v) : (v))
-#define RELU(v) ((v) > 0 ? (v) : 0)
+/* NaN passes (as in torch): only v < 0 maps to 0 */
+#define RELU(v) ((v) < 0 ? 0 : (v))
 #define RSQRTF(v) (1.0f / sqrtf(v))
 #define RSQRTD(v) (1.0 / sqrt(v))
 #define SIGMOIDF(v) (1.0f / (1.0f + exp_f32(-(v))))
 #define SIGMOIDD(v) (1.0 / (1.0 + exp(-(v))))
-/* NaN passes clamp unchanged, as in torch */
-#define CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
+/* min(max(v, lo), hi) as torch: NaN passes unchanged, and lo > hi gives hi everywhere */
+#define CLAMP(v, lo, hi) ((v) < (lo) ? ((lo) > (hi) ? (hi) : (lo)) : ((v) > (hi) ? (hi) : (v)))
 #define CLAMPF(v) CLAMP(v, b->lo_f, b->hi_f)
 #define CLAMPD(v) CLAMP(v, b->lo_d, b->hi_d)
 #define CLAMPI(v) CLAMP(v, b->lo_i, b->hi_i)
+/* silu = x sigmoid(x) */
+#define SILUF(v) ((v) / (1.0f + expf(-(v))))
+#define SILUD(v) ((v) / (1.0 + exp(-(v))))
+/* sign: -1, 0 or 1; NaN gives 0, as torch */
+#define SIGN(v) ((v) > 0 ? 1 : ((v) < 0 ? -1 : 0))
+/* floor, ceil, round (half to even, as torch) and trunc leave integers as they are */
+#define IDENT(v) (v)
 
 DEF_UNARY(neg_f32, float, NEG)
 DEF_UNARY(neg_f64, double, NEG)
@@ -208,6 +235,36 @@ DEF_UNARY(relu_i64, int64_t, RELU)
 DEF_UNARY(relu_i32, int32_t, RELU)
 DEF_UNARY(gelu_f32v, float, gelu_f32)
 DEF_UNARY(gelu_f64v, double, gelu_f64)
+DEF_UNARY(gelu_tanh_f32v, float, gelu_tanh_f32)
+DEF_UNARY(gelu_tanh_f64v, double, gelu_tanh_f64)
+DEF_UNARY(silu_f32, float, SILUF)
+DEF_UNARY(silu_f64, double, SILUD)
+DEF_UNARY(sin_f32, float, sinf)
+DEF_UNARY(sin_f64, double, sin)
+DEF_UNARY(cos_f32, float, cosf)
+DEF_UNARY(cos_f64, double, cos)
+DEF_UNARY(erf_f32, float, erff)
+DEF_UNARY(erf_f64, double, erf)
+DEF_UNARY(log1p_f32, float, log1pf)
+DEF_UNARY(log1p_f64, double, log1p)
+DEF_UNARY(expm1_f32, float, expm1f)
+DEF_UNARY(expm1_f64, double, expm1)
+DEF_UNARY(softplus_f32, float, softplus_float)
+DEF_UNARY(softplus_f64, double, softplus_double)
+DEF_UNARY(sign_f32, float, SIGN)
+DEF_UNARY(sign_f64, double, SIGN)
+DEF_UNARY(sign_i64, int64_t, SIGN)
+DEF_UNARY(sign_i32, int32_t, SIGN)
+DEF_UNARY(floor_f32, float, floorf)
+DEF_UNARY(floor_f64, double, floor)
+DEF_UNARY(ceil_f32, float, ceilf)
+DEF_UNARY(ceil_f64, double, ceil)
+DEF_UNARY(round_f32, float, rintf)
+DEF_UNARY(round_f64, double, rint)
+DEF_UNARY(trunc_f32, float, truncf)
+DEF_UNARY(trunc_f64, double, trunc)
+DEF_UNARY(ident_i64, int64_t, IDENT)
+DEF_UNARY(ident_i32, int32_t, IDENT)
 DEF_UNARY(clamp_f32, float, CLAMPF)
 DEF_UNARY(clamp_f64, double, CLAMPD)
 DEF_UNARY(clamp_i64, int64_t, CLAMPI)
@@ -225,7 +282,20 @@ static const flow_iter_fn forward[FLOW_NUNARY][4] = {
   [FLOW_UN_SIGMOID] = {sigmoid_f32, sigmoid_f64},
   [FLOW_UN_RELU] = {relu_f32, relu_f64, relu_i64, relu_i32},
   [FLOW_UN_GELU] = {gelu_f32v, gelu_f64v},
+  [FLOW_UN_GELU_TANH] = {gelu_tanh_f32v, gelu_tanh_f64v},
   [FLOW_UN_CLAMP] = {clamp_f32, clamp_f64, clamp_i64, clamp_i32},
+  [FLOW_UN_SILU] = {silu_f32, silu_f64},
+  [FLOW_UN_SIN] = {sin_f32, sin_f64},
+  [FLOW_UN_COS] = {cos_f32, cos_f64},
+  [FLOW_UN_ERF] = {erf_f32, erf_f64},
+  [FLOW_UN_LOG1P] = {log1p_f32, log1p_f64},
+  [FLOW_UN_EXPM1] = {expm1_f32, expm1_f64},
+  [FLOW_UN_SOFTPLUS] = {softplus_f32, softplus_f64},
+  [FLOW_UN_SIGN] = {sign_f32, sign_f64, sign_i64, sign_i32},
+  [FLOW_UN_FLOOR] = {floor_f32, floor_f64, ident_i64, ident_i32},
+  [FLOW_UN_CEIL] = {ceil_f32, ceil_f64, ident_i64, ident_i32},
+  [FLOW_UN_ROUND] = {round_f32, round_f64, ident_i64, ident_i32},
+  [FLOW_UN_TRUNC] = {trunc_f32, trunc_f64, ident_i64, ident_i32},
 };
 
 /* ---- backward: gin = f'(.) * g ------------------------------------------------------------ */
@@ -237,9 +307,23 @@ static const flow_iter_fn forward[FLOW_NUNARY][4] = {
 #define G_RSQRT(y, g) ((g) * -0.5f * (y) * (y) * (y))            /* d x^-1/2 = -x^-3/2 / 2 */
 #define G_TANH(y, g) ((g) * (1 - (y) * (y)))
 #define G_SIGMOID(y, g) ((g) * (y) * (1 - (y)))
-#define G_RELU(y, g) ((y) > 0 ? (g) : 0)
-#define G_GELUF(x, g) ((g) * gelu_grad_float(x))
-#define G_GELUD(x, g) ((g) * gelu_grad_double(x))
+#define G_RELU(y, g) ((y) <= 0 ? 0 : (g))                         /* NaN passes g, as torch */
+#define G_GELUF(x, g) ((g) * gelu_grad_f32(x))
+#define G_GELUD(x, g) ((g) * gelu_grad_f64(x))
+#define G_GELU_TANHF(x, g) ((g) * gelu_tanh_grad_float(x))
+#define G_GELU_TANHD(x, g) ((g) * gelu_tanh_grad_double(x))
+#define G_SILUF(x, g) ((g) * (1.0f + (x) * (1.0f - 1.0f / (1.0f + expf(-(x))))) / (1.0f + expf(-(x))))
+#define G_SILUD(x, g) ((g) * (1.0 + (x) * (1.0 - 1.0 / (1.0 + exp(-(x))))) / (1.0 + exp(-(x))))
+#define G_SINF(x, g) ((g) * cosf(x))
+#define G_SIND(x, g) ((g) * cos(x))
+#define G_COSF(x, g) (-(g) * sinf(x))
+#define G_COSD(x, g) (-(g) * sin(x))
+#define G_ERFF(x, g) ((g) * (float)M_2_SQRTPI * expf(-(x) * (x)))   /* d erf = 2/sqrt(pi) e^-x^2 */
+#define G_ERFD(x, g) ((g) * M_2_SQRTPI * exp(-(x) * (x)))
+#define G_LOG1P(x, g) ((g) / (1 + (x)))
+#define G_EXPM1(y, g) ((g) * ((y) + 1))
+#define G_SOFTPLUSF(x, g) ((x) > 20 ? (g) : (g) / (1.0f + expf(-(x))))
+#define G_SOFTPLUSD(x, g) ((x) > 20 ? (g) : (g) / (1.0 + exp(-(x))))
 /* the gradient passes where lo <= x <= hi */
 #define G_CLAMPF(x, g) ((x) >= b->lo_f && (x) <= b->hi_f ? (g) : 0)
 #define G_CLAMPD(x, g) ((x) >= b->lo_d && (x) <= b->hi_d ? (g) : 0)
@@ -255,6 +339,20 @@ DEF_BACKWARD2(sigmoid, G_SIGMOID)
 DEF_BACKWARD2(relu, G_RELU)
 DEF_BACKWARD(gelu_bf32, float, G_GELUF)
 DEF_BACKWARD(gelu_bf64, double, G_GELUD)
+DEF_BACKWARD(gelu_tanh_bf32, float, G_GELU_TANHF)
+DEF_BACKWARD(gelu_tanh_bf64, double, G_GELU_TANHD)
+DEF_BACKWARD(silu_bf32, float, G_SILUF)
+DEF_BACKWARD(silu_bf64, double, G_SILUD)
+DEF_BACKWARD(sin_bf32, float, G_SINF)
+DEF_BACKWARD(sin_bf64, double, G_SIND)
+DEF_BACKWARD(cos_bf32, float, G_COSF)
+DEF_BACKWARD(cos_bf64, double, G_COSD)
+DEF_BACKWARD(erf_bf32, float, G_ERFF)
+DEF_BACKWARD(erf_bf64, double, G_ERFD)
+DEF_BACKWARD2(log1p, G_LOG1P)
+DEF_BACKWARD2(expm1, G_EXPM1)
+DEF_BACKWARD(softplus_bf32, float, G_SOFTPLUSF)
+DEF_BACKWARD(softplus_bf64, double, G_SOFTPLUSD)
 DEF_BACKWARD(clamp_bf32, float, G_CLAMPF)
 DEF_BACKWARD(clamp_bf64, double, G_CLAMPD)
 
@@ -264,7 +362,9 @@ static const flow_iter_fn backward[FLOW_NUNARY][2] = {
   [FLOW_UN_ABS] = BROW(abs), [FLOW_UN_EXP] = BROW(exp), [FLOW_UN_LOG] = BROW(log),
   [FLOW_UN_SQRT] = BROW(sqrt), [FLOW_UN_RSQRT] = BROW(rsqrt), [FLOW_UN_TANH] = BROW(tanh),
   [FLOW_UN_SIGMOID] = BROW(sigmoid), [FLOW_UN_RELU] = BROW(relu), [FLOW_UN_GELU] = BROW(gelu),
-  [FLOW_UN_CLAMP] = BROW(clamp),
+  [FLOW_UN_CLAMP] = BROW(clamp), [FLOW_UN_GELU_TANH] = BROW(gelu_tanh), [FLOW_UN_SILU] = BROW(silu),
+  [FLOW_UN_SIN] = BROW(sin), [FLOW_UN_COS] = BROW(cos), [FLOW_UN_ERF] = BROW(erf),
+  [FLOW_UN_LOG1P] = BROW(log1p), [FLOW_UN_EXPM1] = BROW(expm1), [FLOW_UN_SOFTPLUS] = BROW(softplus),
 };
 
 /* ---- entry points ------------------------------------------------------------------------- */

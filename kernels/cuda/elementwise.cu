@@ -165,14 +165,27 @@ template <typename C> __device__ __forceinline__ C unop(int code, C v, C lo, C h
   switch (code) {
   case FLOW_UN_NEG: return -v;
   case FLOW_UN_ABS: return v < 0 ? -v : v;
-  case FLOW_UN_RELU: return v > 0 ? v : 0;
-  case FLOW_UN_CLAMP: return v < lo ? lo : (v > hi ? hi : v);
+  case FLOW_UN_RELU: return v < 0 ? 0 : v; /* NaN passes */
+  case FLOW_UN_CLAMP: return v < lo ? (lo > hi ? hi : lo) : (v > hi ? hi : v); /* lo > hi: hi */
   case FLOW_UN_EXP: return exp(v);
   case FLOW_UN_LOG: return log(v);
   case FLOW_UN_SQRT: return sqrt(v);
   case FLOW_UN_RSQRT: return 1 / sqrt(v);
   case FLOW_UN_TANH: return tanh(v);
   case FLOW_UN_SIGMOID: return 1 / (1 + exp(-v));
+  case FLOW_UN_GELU: return (C)0.5 * v * (1 + erf(v * (C)M_SQRT1_2)); /* x Phi(x) */
+  case FLOW_UN_SILU: return v / (1 + exp(-v));
+  case FLOW_UN_SIN: return sin(v);
+  case FLOW_UN_COS: return cos(v);
+  case FLOW_UN_ERF: return erf(v);
+  case FLOW_UN_LOG1P: return log1p(v);
+  case FLOW_UN_EXPM1: return expm1(v);
+  case FLOW_UN_SOFTPLUS: return v > 20 ? v : log1p(exp(v)); /* beta 1, threshold 20 */
+  case FLOW_UN_SIGN: return v > 0 ? (C)1 : (v < 0 ? (C)-1 : (C)0); /* NaN: 0 */
+  case FLOW_UN_FLOOR: return floor(v);
+  case FLOW_UN_CEIL: return ceil(v);
+  case FLOW_UN_ROUND: return rint(v); /* half to even */
+  case FLOW_UN_TRUNC: return trunc(v);
   default: return (C)0.5 * v * (1 + tanh((C)GELU_C * (v + (C)GELU_A * v * v * v))); /* GELU, tanh form */
   }
 }
@@ -180,8 +193,10 @@ template <> __device__ __forceinline__ int64_t unop<int64_t>(int code, int64_t v
   switch (code) {
   case FLOW_UN_NEG: return -v;
   case FLOW_UN_ABS: return v < 0 ? -v : v;
-  case FLOW_UN_RELU: return v > 0 ? v : 0;
-  default: return v < lo ? lo : (v > hi ? hi : v);
+  case FLOW_UN_RELU: return v < 0 ? 0 : v; /* NaN passes */
+  case FLOW_UN_SIGN: return v > 0 ? 1 : (v < 0 ? -1 : 0);
+  case FLOW_UN_FLOOR: case FLOW_UN_CEIL: case FLOW_UN_ROUND: case FLOW_UN_TRUNC: return v;
+  default: return v < lo ? (lo > hi ? hi : lo) : (v > hi ? hi : v);
   }
 }
 
@@ -197,8 +212,16 @@ template <typename C> __device__ __forceinline__ C unop_grad(int code, C s, C g,
   case FLOW_UN_RSQRT: return g * (C)-0.5 * s * s * s;
   case FLOW_UN_TANH: return g * (1 - s * s);
   case FLOW_UN_SIGMOID: return g * s * (1 - s);
-  case FLOW_UN_RELU: return s > 0 ? g : 0;
+  case FLOW_UN_RELU: return s <= 0 ? 0 : g;
   case FLOW_UN_CLAMP: return s >= lo && s <= hi ? g : 0;
+  case FLOW_UN_GELU: return g * ((C)0.5 * (1 + erf(s * (C)M_SQRT1_2)) + s * exp((C)-0.5 * s * s) * (C)0.3989422804014327);
+  case FLOW_UN_SILU: { C sg = 1 / (1 + exp(-s)); return g * sg * (1 + s * (1 - sg)); }
+  case FLOW_UN_SIN: return g * cos(s);
+  case FLOW_UN_COS: return -g * sin(s);
+  case FLOW_UN_ERF: return g * (C)M_2_SQRTPI * exp(-s * s);
+  case FLOW_UN_LOG1P: return g / (1 + s);
+  case FLOW_UN_EXPM1: return g * (s + 1);
+  case FLOW_UN_SOFTPLUS: return s > 20 ? g : g / (1 + exp(-s));
   default: {
     C x2 = s * s, t = tanh((C)GELU_C * (s + (C)GELU_A * x2 * s));
     return g * ((C)0.5 * (1 + t) + (C)0.5 * s * (1 - t * t) * (C)GELU_C * (1 + 3 * (C)GELU_A * x2));
@@ -261,7 +284,9 @@ static int cuda_unary(flow_unary_code code, flow_tensor *out, const flow_tensor 
   Geo g;
   geo_init(&g, ops, 2);
   cudaStream_t s = stream_of(out);
-  bool int_ok = code == FLOW_UN_NEG || code == FLOW_UN_ABS || code == FLOW_UN_RELU || code == FLOW_UN_CLAMP;
+  bool int_ok = code == FLOW_UN_NEG || code == FLOW_UN_ABS || code == FLOW_UN_RELU || code == FLOW_UN_CLAMP ||
+                code == FLOW_UN_SIGN || code == FLOW_UN_FLOOR || code == FLOW_UN_CEIL || code == FLOW_UN_ROUND ||
+                code == FLOW_UN_TRUNC;
   if (flow_dtype_is_int(x->dtype)) {
     if (!int_ok || x->dtype == FLOW_BOOL)
       return flow_error_set("dtype %s is not supported by this op on cuda (use a float dtype)", flow_dtype_name(x->dtype));
@@ -506,7 +531,20 @@ UNARY_AND_GRAD(tanh, FLOW_UN_TANH)
 UNARY_AND_GRAD(sigmoid, FLOW_UN_SIGMOID)
 UNARY_AND_GRAD(relu, FLOW_UN_RELU)
 UNARY_AND_GRAD(gelu, FLOW_UN_GELU)
+UNARY_AND_GRAD(gelu_tanh, FLOW_UN_GELU_TANH)
 UNARY_AND_GRAD(clamp, FLOW_UN_CLAMP)
+UNARY_AND_GRAD(silu, FLOW_UN_SILU)
+UNARY_AND_GRAD(sin, FLOW_UN_SIN)
+UNARY_AND_GRAD(cos, FLOW_UN_COS)
+UNARY_AND_GRAD(erf, FLOW_UN_ERF)
+UNARY_AND_GRAD(log1p, FLOW_UN_LOG1P)
+UNARY_AND_GRAD(expm1, FLOW_UN_EXPM1)
+UNARY_AND_GRAD(softplus, FLOW_UN_SOFTPLUS)
+UNARY(sign, FLOW_UN_SIGN)
+UNARY(floor, FLOW_UN_FLOOR)
+UNARY(ceil, FLOW_UN_CEIL)
+UNARY(round, FLOW_UN_ROUND)
+UNARY(trunc, FLOW_UN_TRUNC)
 
 static FLOW_KERNEL(k_where) { return cuda_where(out[0], in[0], in[1], in[2]); }
 static FLOW_KERNEL(k_masked_fill) { return cuda_masked_fill(out[0], in[0], in[1], a->scalar); }
@@ -556,4 +594,11 @@ void flow_cuda_register_elementwise(void) {
   FLOW_KERNEL_ADD(FLOW_CUDA, relu_grad, k_relu_grad);
   FLOW_KERNEL_ADD(FLOW_CUDA, gelu_grad, k_gelu_grad);
   FLOW_KERNEL_ADD(FLOW_CUDA, clamp_grad, k_clamp_grad);
+#define ADD_UNARY(NAME) FLOW_KERNEL_ADD(FLOW_CUDA, NAME, k_##NAME)
+#define ADD_BOTH(NAME) ADD_UNARY(NAME); FLOW_KERNEL_ADD(FLOW_CUDA, NAME##_grad, k_##NAME##_grad)
+  ADD_BOTH(gelu_tanh); ADD_BOTH(silu); ADD_BOTH(sin); ADD_BOTH(cos); ADD_BOTH(erf); ADD_BOTH(log1p);
+  ADD_BOTH(expm1); ADD_BOTH(softplus);
+  ADD_UNARY(sign); ADD_UNARY(floor); ADD_UNARY(ceil); ADD_UNARY(round); ADD_UNARY(trunc);
+#undef ADD_BOTH
+#undef ADD_UNARY
 }

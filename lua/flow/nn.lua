@@ -30,13 +30,17 @@ function F.linear(x, weight, bias)
   return y
 end
 
-function F.gelu(x) return flow.gelu(x) end
+-- opts: {approximate = "none" (erf, torch's default) | "tanh"}
+function F.gelu(x, opts) return flow.gelu(x, opts) end
 function F.relu(x) return flow.relu(x) end
+function F.silu(x) return flow.silu(x) end
+function F.softplus(x, opts) return flow.softplus(x, opts) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
 function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
 -- logits split on the class axis (vocab parallel): the composition in flow.parallel
 function F.cross_entropy(logits, target, opts)
+  flow._check_opts("cross_entropy", opts, { "ignore_index", "reduction" })
   local parallel = require "flow.parallel"
   if parallel.last_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
   return flow.cross_entropy(logits, target, opts)
@@ -63,6 +67,7 @@ local function attention_math(q, k, v, opts)
 end
 
 function F.scaled_dot_product_attention(q, k, v, opts)
+  flow._check_opts("scaled_dot_product_attention", opts, { "causal", "scale" })
   local backend = flow.backends and flow.backends.attention
   if backend == "math" then return attention_math(q, k, v, opts) end
   if backend ~= nil and backend ~= "fused" then
@@ -335,7 +340,10 @@ end
 local Linear = nn.class("Linear", Module)
 nn.Linear = Linear
 function Linear:__init(in_features, out_features, bias, opts)
-  if type(bias) == "table" then opts, bias = bias, bias.bias end
+  if type(bias) == "table" then
+    opts, bias = {}, bias.bias
+    for k, v in pairs(bias) do if k ~= "bias" then opts[k] = v end end
+  end
   opts = opts or {}
   check_sizes("nn.Linear", in_features, "in_features", out_features, "out_features")
   self.in_features, self.out_features = in_features, out_features
@@ -370,7 +378,9 @@ function LayerNorm:__repr() return ("LayerNorm(%d, eps=%g)"):format(self.dim, se
 
 local GELU = nn.class("GELU", Module)
 nn.GELU = GELU
-function GELU:forward(x) return F.gelu(x) end
+-- GELU(approximate = "none" | "tanh")
+function GELU:__init(approximate) self.approximate = approximate or "none" end
+function GELU:forward(x) return F.gelu(x, { approximate = self.approximate }) end
 
 local ReLU = nn.class("ReLU", Module)
 nn.ReLU = ReLU
@@ -404,7 +414,7 @@ function Sequential:forward(x)
   return x
 end
 
--- The transformer MLP: Linear(d, hidden) -> GELU -> Linear(hidden, d) -> Dropout.
+-- The transformer MLP: Linear(d, hidden) -> GELU (tanh form, as GPT-2) -> Linear(hidden, d) -> Dropout.
 local MLP = nn.class("MLP", Module)
 nn.MLP = MLP
 function MLP:__init(dim, hidden, dropout, opts)
@@ -413,7 +423,7 @@ function MLP:__init(dim, hidden, dropout, opts)
   self.c_proj = Linear(hidden, dim, true, opts)
   self.dropout = Dropout(dropout or 0)
 end
-function MLP:forward(x) return self.dropout(self.c_proj(F.gelu(self.c_fc(x)))) end
+function MLP:forward(x) return self.dropout(self.c_proj(F.gelu(self.c_fc(x), { approximate = "tanh" }))) end
 
 -- Multi-head causal self-attention: one fused qkv projection, heads as [B, H, T, D].
 local CausalSelfAttention = nn.class("CausalSelfAttention", Module)

@@ -74,16 +74,18 @@ cases.pow = one({pos({4, 3}), {4, 3}})
 for _, n in ipairs({"eq", "ne", "lt", "le", "gt", "ge"}) do
   cases[n] = one({{4, 3}, {3}}, nil, "broadcast")
 end
-for _, n in ipairs({"neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu", "contiguous"}) do
+for _, n in ipairs({"neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "contiguous", "silu",
+                    "sin", "cos", "erf", "expm1", "softplus", "sign", "floor", "ceil", "round", "trunc"}) do
   cases[n] = one({{5, 3}})
 end
-for _, n in ipairs({"log", "sqrt", "rsqrt"}) do cases[n] = one({pos({5, 3})}) end
+for _, n in ipairs({"log", "sqrt", "rsqrt", "log1p"}) do cases[n] = one({pos({5, 3})}) end
 cases.clamp = one({{4, 5}}, {has_min = true, scalar = -0.4, has_max = true, scalar2 = 0.5})
 cases.cast = one({{4, 3}}, {dtype = "float32"})
 cases.to_device = one({{4, 3}}, {device = "cpu"})
 cases.dropout = one({{6, 5}}, {scalar = 0.5, seed = 7})
 -- unary gradients: (dy, x or y); positive so log/sqrt/rsqrt are defined
-for _, n in ipairs({"relu", "gelu", "tanh", "sigmoid", "abs", "exp", "log", "sqrt", "rsqrt"}) do
+for _, n in ipairs({"relu", "gelu", "tanh", "sigmoid", "abs", "exp", "log", "sqrt", "rsqrt", "gelu_tanh", "silu",
+                    "sin", "cos", "erf", "log1p", "expm1", "softplus"}) do
   cases[n .. "_grad"] = one({{4, 3}, pos({4, 3})})
 end
 cases.clamp_grad = one({{4, 3}, {4, 3}}, {has_min = true, scalar = -0.4, has_max = true, scalar2 = 0.5})

@@ -58,7 +58,7 @@ def save(tensors, path):
 
 
 def gelu(x):
-    """GELU, tanh approximation (as flow.gelu)."""
+    """GELU, tanh approximation (as flow.gelu(x, {approximate = "tanh"}) in the GPT MLP)."""
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 

@@ -1,0 +1,112 @@
+-- flow against PyTorch, op by op: values, dtypes and the gradient of sum(out) for the cases in
+-- spec/reference/conformance_ref.py (same names), in float64 and float32, with NaN/inf,
+-- broadcasting, a transposed input, 0-d and size-0 tensors, a negative axis with keepdim, and the
+-- type promotion and division rules.
+local flow = require "flow"
+local F = flow.nn.functional
+
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local SCRIPT = here .. "reference/conformance_ref.py"
+local nan, inf = 0 / 0, math.huge
+local X = {-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, nan, inf, -inf}
+
+local function find_python()
+  for _, py in ipairs({os.getenv("FLOW_PYTHON") or "python3", "python3", "/usr/bin/python3"}) do
+    local probe = " -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
+    if os.execute(py .. probe .. " >/dev/null 2>&1") then return py end
+  end
+end
+
+local leaves = {}
+local function t(v, dt, grad)
+  local x = flow.tensor(v, {dtype = dt, requires_grad = grad})
+  if grad then leaves[#leaves + 1] = x end
+  return x
+end
+
+local unary = {relu = flow.relu, gelu = F.gelu, silu = F.silu, sin = flow.sin, cos = flow.cos, erf = flow.erf,
+  expm1 = flow.expm1, softplus = F.softplus, sign = flow.sign, floor = flow.floor, ceil = flow.ceil,
+  round = flow.round, trunc = flow.trunc, sigmoid = flow.sigmoid, tanh = flow.tanh, exp = flow.exp, abs = flow.abs}
+local cases, order = {}, {}
+local function case(name, fn, grad) cases[name] = {fn = fn, grad = grad}; order[#order + 1] = name end
+for _, dt in ipairs({"float64", "float32"}) do
+  local names = {}
+  for n in pairs(unary) do names[#names + 1] = n end
+  table.sort(names)
+  for _, n in ipairs(names) do case(n .. " " .. dt, function() return unary[n](t(X, dt, true)) end, true) end
+  case("gelu tanh " .. dt, function() return F.gelu(t(X, dt, true), {approximate = "tanh"}) end, true)
+  case("log1p " .. dt, function() return flow.log1p(t({0.0, 0.5, 3.0, -0.5, inf}, dt, true)) end, true)
+  case("clamp min>max " .. dt, function() return flow.clamp(t(X, dt, true), 3, 2) end, true)
+  case("max ties " .. dt, function() return flow.max(t({{1.0, 5.0}, {5.0, 2.0}}, dt, true)) end, true)
+  case("min nan " .. dt, function() return flow.min(t({1.0, nan, 0.0, nan}, dt, true)) end, true)
+  case("maximum nan/tie " .. dt, function() return flow.maximum(t({1.0, nan, 3.0, 2.0}, dt, true), t({2.0, 2.0, nan, 2.0}, dt)) end, true)
+  case("minimum broadcast " .. dt, function() return flow.minimum(t({{1.0}, {4.0}}, dt, true), t({2.0, 2.0, 5.0}, dt)) end, true)
+  case("max axis -1 keepdim " .. dt, function() return (flow.max(t({{1.0, 5.0, 5.0}, {nan, 2.0, 3.0}}, dt, true), -1, true)) end, true)
+  case("relu transposed " .. dt, function() return flow.relu(t({{1.0, -2.0, nan}, {-0.5, 3.0, 0.0}}, dt, true):transpose(0, 1)) end, true)
+  case("sin 0-d " .. dt, function() return flow.sin(t(0.7, dt, true)) end, true)
+  case("erf size-0 " .. dt, function() return flow.erf(flow.zeros({0}, {dtype = dt, requires_grad = true})) end, false)
+end
+case("int64 / int64", function() return flow.tensor({3, 4, -7}) / flow.tensor({2, 0, 2}) end)
+case("int64 + 2.0", function() return flow.tensor({1, 2}) + 2.0 end)
+case("int64 + 2", function() return flow.tensor({1, 2}) + 2 end)
+case("int32 + int64", function() return flow.tensor({1, 2}, {dtype = "int32"}) + flow.tensor({1, 2}) end)
+case("int32 + int64 0-d", function() return flow.tensor({1, 2}, {dtype = "int32"}) + flow.tensor(5) end)
+case("float32 * float64", function() return flow.tensor({1.5, 2.0}) * flow.tensor({2.0, 3.0}, {dtype = "float64"}) end)
+case("float32 * float64 0-d", function() return flow.tensor({1.5, 2.0}) * flow.tensor(2.0, {dtype = "float64"}) end)
+case("int64 * float64 0-d", function() return flow.tensor({1, 2}) * flow.tensor(0.5, {dtype = "float64"}) end)
+case("bool * float32", function() return flow.tensor({true, false}) * flow.tensor({1.5, 2.0}) end)
+case("int64 < 2.5", function() return flow.lt(flow.tensor({1, 2, 3}), 2.5):long() end)
+case("div floor int", function() return flow.div(flow.tensor({7, -7, 6}), flow.tensor({2, 2, -4}), {rounding_mode = "floor"}) end)
+case("div trunc int", function() return flow.div(flow.tensor({7, -7, 6}), 2, {rounding_mode = "trunc"}) end)
+case("div floor float", function() return flow.div(flow.tensor({7.5, -7.5}), 2, {rounding_mode = "floor"}) end)
+
+local function flat(v, out)
+  out = out or {}
+  if type(v) == "table" then for _, x in ipairs(v) do flat(x, out) end else out[#out + 1] = v end
+  return out
+end
+local function parse(s)
+  local out = {}
+  for w in s:gmatch("%S+") do out[#out + 1] = w == "nan" and nan or w == "inf" and inf or w == "-inf" and -inf or tonumber(w) end
+  return out
+end
+local function same(a, b, tol)
+  if #a ~= #b then return false, ("%d values, torch %d"):format(#a, #b) end
+  for i = 1, #b do
+    local x, y = a[i], b[i]
+    local ok = (x ~= x and y ~= y) or x == y or (math.abs(x - y) <= tol * math.max(1, math.abs(y)))
+    if not ok then return false, ("element %d: flow %.9g, torch %.9g"):format(i, x, y) end
+  end
+  return true
+end
+
+describe("conformance with PyTorch", function()
+  local python = find_python()
+  if not python then pending("python3-torch not installed") return end
+  local args = {}
+  for _, n in ipairs(order) do args[#args + 1] = "'" .. n .. "'" end
+  local p = assert(io.popen(python .. " " .. SCRIPT .. " " .. table.concat(args, " ")))
+  local want = {}
+  for line in p:lines() do
+    local name, dtype, values, grad = line:match("^(.-)|(.-)|(.-)|(.*)$")
+    want[name] = {dtype = dtype, values = parse(values), grad = parse(grad)}
+  end
+  p:close()
+  for _, name in ipairs(order) do
+    it(name, function()
+      leaves = {}
+      local c, w = cases[name], want[name]
+      assert(w, "no torch result for " .. name)
+      local out = c.fn()
+      assert.are.equal(w.dtype, out.dtype)
+      local tol = out.dtype == "float32" and 2e-6 or 1e-12
+      local ok, why = same(flat(out:totable()), w.values, tol)
+      assert(ok, "values: " .. tostring(why))
+      if c.grad then
+        flow.sum(out):backward()
+        ok, why = same(flat(leaves[1].grad:totable()), w.grad, tol)
+        assert(ok, "gradient: " .. tostring(why))
+      end
+    end)
+  end
+end)

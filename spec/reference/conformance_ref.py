@@ -1,0 +1,51 @@
+# PyTorch side of spec/conformance_spec.lua: for each case, one line
+#   name|dtype|values|grad   (values and the gradient of sum(out) as space-separated numbers)
+import math, sys, torch
+nan, inf = math.nan, math.inf
+X = [-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, nan, inf, -inf]
+LEAVES = []
+def t(v, dt, g=False):
+    x = torch.tensor(v, dtype=dt, requires_grad=g)
+    if g: LEAVES.append(x)
+    return x
+unary = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+         "sin": torch.sin, "cos": torch.cos, "erf": torch.erf, "expm1": torch.expm1, "softplus": torch.nn.functional.softplus,
+         "sign": torch.sign, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+         "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "abs": torch.abs}
+cases = {}
+for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
+    for n, f in unary.items(): cases[f"{n} {dn}"] = (lambda f=f, dt=dt: f(t(X, dt, True)), True)
+    cases[f"gelu tanh {dn}"] = (lambda dt=dt: torch.nn.functional.gelu(t(X, dt, True), approximate="tanh"), True)
+    cases[f"log1p {dn}"] = (lambda dt=dt: torch.log1p(t([0.0, 0.5, 3.0, -0.5, inf], dt, True)), True)
+    cases[f"clamp min>max {dn}"] = (lambda dt=dt: torch.clamp(t(X, dt, True), 3, 2), True)
+    cases[f"max ties {dn}"] = (lambda dt=dt: t([[1.0, 5.0], [5.0, 2.0]], dt, True).max(), True)
+    cases[f"min nan {dn}"] = (lambda dt=dt: t([1.0, nan, 0.0, nan], dt, True).min(), True)
+    cases[f"maximum nan/tie {dn}"] = (lambda dt=dt: torch.maximum(t([1.0, nan, 3.0, 2.0], dt, True), t([2.0, 2.0, nan, 2.0], dt)), True)
+    cases[f"minimum broadcast {dn}"] = (lambda dt=dt: torch.minimum(t([[1.0], [4.0]], dt, True), t([2.0, 2.0, 5.0], dt)), True)
+    cases[f"max axis -1 keepdim {dn}"] = (lambda dt=dt: t([[1.0, 5.0, 5.0], [nan, 2.0, 3.0]], dt, True).max(-1, keepdim=True)[0], True)
+    cases[f"relu transposed {dn}"] = (lambda dt=dt: torch.relu(t([[1.0, -2.0, nan], [-0.5, 3.0, 0.0]], dt, True).t()), True)
+    cases[f"sin 0-d {dn}"] = (lambda dt=dt: torch.sin(t(0.7, dt, True)), True)
+    cases[f"erf size-0 {dn}"] = (lambda dt=dt: torch.erf(t([], dt, True)), True)
+cases["int64 / int64"] = (lambda: torch.tensor([3, 4, -7]) / torch.tensor([2, 0, 2]), False)
+cases["int64 + 2.0"] = (lambda: torch.tensor([1, 2]) + 2.0, False)
+cases["int64 + 2"] = (lambda: torch.tensor([1, 2]) + 2, False)
+cases["int32 + int64"] = (lambda: torch.tensor([1, 2], dtype=torch.int32) + torch.tensor([1, 2]), False)
+cases["int32 + int64 0-d"] = (lambda: torch.tensor([1, 2], dtype=torch.int32) + torch.tensor(5), False)
+cases["float32 * float64"] = (lambda: torch.tensor([1.5, 2.0]) * torch.tensor([2.0, 3.0], dtype=torch.float64), False)
+cases["float32 * float64 0-d"] = (lambda: torch.tensor([1.5, 2.0]) * torch.tensor(2.0, dtype=torch.float64), False)
+cases["int64 * float64 0-d"] = (lambda: torch.tensor([1, 2]) * torch.tensor(0.5, dtype=torch.float64), False)
+cases["bool * float32"] = (lambda: torch.tensor([True, False]) * torch.tensor([1.5, 2.0]), False)
+cases["int64 < 2.5"] = (lambda: (torch.tensor([1, 2, 3]) < 2.5).to(torch.int64), False)
+cases["div floor int"] = (lambda: torch.div(torch.tensor([7, -7, 6]), torch.tensor([2, 2, -4]), rounding_mode="floor"), False)
+cases["div trunc int"] = (lambda: torch.div(torch.tensor([7, -7, 6]), 2, rounding_mode="trunc"), False)
+cases["div floor float"] = (lambda: torch.div(torch.tensor([7.5, -7.5]), 2, rounding_mode="floor"), False)
+def fmt(v): return " ".join(repr(float(x)) for x in v.detach().reshape(-1).tolist())
+for name in sys.argv[1:]:
+    fn, grad = cases[name]
+    LEAVES.clear()
+    out = fn()
+    g = ""
+    if grad:
+        out.sum().backward()
+        g = fmt(LEAVES[0].grad)
+    print(f"{name}|{str(out.dtype).replace('torch.', '')}|{fmt(out)}|{g}")
