@@ -154,12 +154,10 @@ static int run(const char *op, const desc *d, int nargs, const flow_onednn_arg *
 /* Whether the oneDNN path takes this call: float32, and the reference not asked for. */
 static bool takes(const flow_tensor *x) { return x->dtype == FLOW_F32 && !flow_cpu_conv_reference; }
 
-/* bf16 copy of n dense floats (round to nearest even), or NULL with the error set. */
-static uint16_t *to_bf16(const char *op, const float *p, int64_t n) {
-  uint16_t *h = malloc((size_t)(n ? n : 1) * sizeof *h);
-  if (!h) return flow_error_set("%s: out of memory for a bf16 copy", op), NULL;
-  for (int64_t i = 0; i < n; i++) h[i] = flow_float_to_bf16(p[i]);
-  return h;
+/* bf16 copy of n dense floats (a 1-d tensor), or NULL with the error set. */
+static flow_tensor *to_bf16(const char *op, const float *p, int64_t n) {
+  flow_onednn_mat m = {1, {n}, {1}, p}, out;
+  return flow_onednn_to_bf16(op, &m, &out);
 }
 
 /* ---- convolution ----------------------------------------------------------------------------- */
@@ -173,18 +171,18 @@ int flow_cpu_conv2d_forward(flow_tensor *y, const flow_tensor *x, const flow_ten
   int rc = -1;
   if (pw && (!bias || pb)) {
     bool half = flow_onednn_bf16();
-    uint16_t *hx = half ? to_bf16("conv2d", px, flow_tensor_numel(x)) : NULL;
-    uint16_t *hw = hx ? to_bf16("conv2d", pw, flow_tensor_numel(w)) : NULL;
+    flow_tensor *hx = half ? to_bf16("conv2d", px, flow_tensor_numel(x)) : NULL;
+    flow_tensor *hw = hx ? to_bf16("conv2d", pw, flow_tensor_numel(w)) : NULL;
     if (!half || hw) {
       desc d = {CONV_FWD, g, half ? dnnl_bf16 : dnnl_f32, bias != NULL, false, false, 0, 0};
-      flow_onednn_arg args[4] = {{DNNL_ARG_SRC, half ? (const void *)hx : px},
-                                 {DNNL_ARG_WEIGHTS, half ? (const void *)hw : pw},
+      flow_onednn_arg args[4] = {{DNNL_ARG_SRC, half ? flow_tensor_data(hx) : px},
+                                 {DNNL_ARG_WEIGHTS, half ? flow_tensor_data(hw) : pw},
                                  {DNNL_ARG_DST, flow_tensor_data(y)},
                                  {DNNL_ARG_BIAS, pb}};
       rc = run("conv2d", &d, bias ? 4 : 3, args);
     }
-    free(hx);
-    free(hw);
+    flow_tensor_decref(hx);
+    flow_tensor_decref(hw);
   }
   flow_tensor_decref(tx);
   flow_tensor_decref(tw);
@@ -201,13 +199,13 @@ int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, 
   int rc = -1;
   if (pw) {
     bool half = flow_onednn_bf16();
-    uint16_t *hy = half ? to_bf16("conv2d", py, flow_tensor_numel(dy)) : NULL;
-    uint16_t *hx = hy ? to_bf16("conv2d", px, flow_tensor_numel(x)) : NULL;
-    uint16_t *hw = hx ? to_bf16("conv2d", pw, flow_tensor_numel(w)) : NULL;
+    flow_tensor *hy = half ? to_bf16("conv2d", py, flow_tensor_numel(dy)) : NULL;
+    flow_tensor *hx = hy ? to_bf16("conv2d", px, flow_tensor_numel(x)) : NULL;
+    flow_tensor *hw = hx ? to_bf16("conv2d", pw, flow_tensor_numel(w)) : NULL;
     if (!half || hw) {
       dnnl_data_type_t dt = half ? dnnl_bf16 : dnnl_f32;
-      const void *vy = half ? (const void *)hy : py, *vx = half ? (const void *)hx : px;
-      const void *vw = half ? (const void *)hw : pw;
+      const void *vy = half ? flow_tensor_data(hy) : py, *vx = half ? flow_tensor_data(hx) : px;
+      const void *vw = half ? flow_tensor_data(hw) : pw;
       desc dd = {CONV_BWD_DATA, g, dt, true, false, false, 0, 0};
       desc dwd = {CONV_BWD_WEIGHTS, g, dt, true, false, false, 0, 0};
       flow_onednn_arg a1[3] = {{DNNL_ARG_DIFF_DST, vy}, {DNNL_ARG_WEIGHTS, vw}, {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)}};
@@ -216,9 +214,9 @@ int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, 
       rc = run("conv2d", &dd, 3, a1);
       if (rc == 0) rc = run("conv2d", &dwd, 4, a2);
     }
-    free(hy);
-    free(hx);
-    free(hw);
+    flow_tensor_decref(hy);
+    flow_tensor_decref(hx);
+    flow_tensor_decref(hw);
   }
   flow_tensor_decref(ty);
   flow_tensor_decref(tx);

@@ -199,7 +199,7 @@ int64_t flow_onednn_primitives_built(void) {
   return n;
 }
 
-/* ---- GEMM ------------------------------------------------------------------------------------ */
+/* ---- GEMM operands -------------------------------------------------------------------------- */
 
 /* A size-1 axis may carry any stride; give it the one a plain layout would, so oneDNN sees the
  * row- or column-major matrix (with a leading dimension) it has fast kernels for. */
@@ -216,35 +216,64 @@ static void tidy_strides(flow_onednn_mat *m) {
   }
 }
 
-/* f32 -> bf16, round to nearest even (NaN stays NaN). */
-static inline uint16_t to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-  return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+static void key_mat(flow_onednn_key *k, const flow_onednn_mat *m) {
+  for (int d = 0; d < m->ndim; d++) {
+    flow_onednn_key_add(k, m->dims[d]);
+    flow_onednn_key_add(k, m->strides[d]);
+  }
 }
 
-/* A dense bf16 copy of m: [batch..., rows, cols] row-major. */
-static uint16_t *bf16_copy(const flow_onednn_mat *m, int64_t *numel) {
-  int n = m->ndim;
-  int64_t rows = m->dims[n - 2], cols = m->dims[n - 1], batches = flow_shape_numel(n - 2, m->dims);
-  *numel = batches * rows * cols;
-  uint16_t *out = malloc((size_t)(*numel ? *numel : 1) * sizeof *out);
-  if (!out) return NULL;
-  int64_t rs = m->strides[n - 2], cs = m->strides[n - 1];
-  for (int64_t b = 0; b < batches; b++) {
-    int64_t off = 0, rest = b;
-    for (int d = n - 3; d >= 0; d--) {
-      off += (rest % m->dims[d]) * m->strides[d];
-      rest /= m->dims[d];
-    }
-    const float *src = m->data + off;
-    uint16_t *dst = out + b * rows * cols;
-    for (int64_t r = 0; r < rows; r++)
-      for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = to_bf16(src[r * rs + c * cs]);
-  }
-  return out;
+/* ---- bf16 copies ---------------------------------------------------------------------------- */
+
+typedef struct reorder_desc { const flow_onednn_mat *from, *to; } reorder_desc;
+
+static dnnl_status_t md_of(dnnl_memory_desc_t *md, const flow_onednn_mat *m, dnnl_data_type_t dt) {
+  return dnnl_memory_desc_init_by_strides(md, m->ndim, m->dims, dt, m->strides);
 }
+
+static dnnl_status_t build_reorder(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const void *ctx) {
+  const reorder_desc *r = ctx;
+  dnnl_memory_desc_t from, to;
+  dnnl_status_t st;
+  if ((st = md_of(&from, r->from, dnnl_f32)) || (st = md_of(&to, r->to, dnnl_bf16))) return st;
+  return dnnl_reorder_primitive_desc_create(pd, &from, eng, &to, eng, NULL);
+}
+
+flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_onednn_mat *out) {
+  int n = m->ndim;
+  *out = *m;
+  /* dense, in m's orientation: a column-major matrix stays column-major so both sides stream */
+  bool colmajor = n >= 2 && m->strides[n - 2] == 1 && m->strides[n - 1] != 1;
+  int64_t s = 1;
+  if (colmajor) {
+    out->strides[n - 2] = 1;
+    out->strides[n - 1] = m->dims[n - 2];
+    s = m->dims[n - 2] * m->dims[n - 1];
+  }
+  for (int d = n - 1 - (colmajor ? 2 : 0); d >= 0; d--) {
+    out->strides[d] = s;
+    s *= m->dims[d];
+  }
+  /* from the caching allocator: fresh pages on every call would cost more than the conversion */
+  flow_tensor *h = flow_tensor_new(FLOW_BF16, FLOW_DEVICE_CPU, 1, &s);
+  if (!h) return NULL;
+  out->data = flow_tensor_data(h);
+  if (s == 0) return h;
+  reorder_desc r = {m, out};
+  flow_onednn_key key = {0};
+  flow_onednn_key_add(&key, 'R');
+  flow_onednn_key_add(&key, n);
+  key_mat(&key, m);
+  key_mat(&key, out);
+  flow_onednn_arg args[2] = {{DNNL_ARG_FROM, m->data}, {DNNL_ARG_TO, out->data}};
+  if (flow_onednn_run(op, &key, build_reorder, &r, 2, args) != 0) {
+    flow_tensor_decref(h);
+    return NULL;
+  }
+  return h;
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------------ */
 
 typedef struct gemm_desc {
   const flow_onednn_mat *a, *b, *c;
@@ -252,10 +281,6 @@ typedef struct gemm_desc {
   bool bias;
   float alpha, beta;
 } gemm_desc;
-
-static dnnl_status_t md_of(dnnl_memory_desc_t *md, const flow_onednn_mat *m, dnnl_data_type_t dt) {
-  return dnnl_memory_desc_init_by_strides(md, m->ndim, m->dims, dt, m->strides);
-}
 
 static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const void *ctx) {
   const gemm_desc *g = ctx;
@@ -282,13 +307,6 @@ static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, co
   if (po) dnnl_post_ops_destroy(po);
   dnnl_primitive_attr_destroy(attr);
   return st;
-}
-
-static void key_mat(flow_onednn_key *k, const flow_onednn_mat *m) {
-  for (int d = 0; d < m->ndim; d++) {
-    flow_onednn_key_add(k, m->dims[d]);
-    flow_onednn_key_add(k, m->strides[d]);
-  }
 }
 
 /* With K = 0 the product is zero: C = beta C + bias. */
@@ -318,26 +336,20 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
     return 0;
   }
   flow_onednn_mat a = *a0, b = *b0, c = *c0;
-  bool half = flow_onednn_bf16();
-  uint16_t *ha = NULL, *hb = NULL;
-  if (half) {
-    int64_t na, nb;
-    ha = bf16_copy(&a, &na);
-    hb = ha ? bf16_copy(&b, &nb) : NULL;
-    if (!hb) {
-      free(ha);
-      return flow_error_set("%s: out of memory for bf16 copies of the operands", op);
-    }
-    flow_onednn_mat *m[2] = {&a, &b};
-    for (int i = 0; i < 2; i++)
-      for (int64_t d = n - 1, s = 1; d >= 0; d--) {
-        m[i]->strides[d] = s;
-        s *= m[i]->dims[d];
-      }
-  }
   tidy_strides(&a);
   tidy_strides(&b);
   tidy_strides(&c);
+  bool half = flow_onednn_bf16();
+  flow_tensor *ha = NULL, *hb = NULL;
+  if (half) {
+    flow_onednn_mat a16, b16;
+    if (!(ha = flow_onednn_to_bf16(op, &a, &a16)) || !(hb = flow_onednn_to_bf16(op, &b, &b16))) {
+      flow_tensor_decref(ha);
+      return -1;
+    }
+    a = a16;
+    b = b16;
+  }
   gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta};
   flow_onednn_key key = {0};
   flow_onednn_key_add(&key, 'G');
@@ -350,13 +362,13 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
   union { float f; uint32_t u; } al = {alpha}, be = {beta};
   flow_onednn_key_add(&key, al.u);
   flow_onednn_key_add(&key, be.u);
-  flow_onednn_arg args[4] = {{DNNL_ARG_SRC, half ? (const void *)ha : a.data},
-                             {DNNL_ARG_WEIGHTS, half ? (const void *)hb : b.data},
+  flow_onednn_arg args[4] = {{DNNL_ARG_SRC, a.data},
+                             {DNNL_ARG_WEIGHTS, b.data},
                              {DNNL_ARG_DST, c.data},
                              {DNNL_ARG_BIAS, bias}};
   int rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
-  free(ha);
-  free(hb);
+  flow_tensor_decref(ha);
+  flow_tensor_decref(hb);
   return rc;
 }
 

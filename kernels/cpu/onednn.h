@@ -65,6 +65,10 @@ typedef struct flow_onednn_mat {
 int flow_onednn_gemm(const char *op, const flow_onednn_mat *a, const flow_onednn_mat *b, const flow_onednn_mat *c,
                      const float *bias, float alpha, float beta);
 
+/* A bf16 copy of m (rounded to nearest even by oneDNN's reorder): a new 1-d bf16 tensor holding
+ * it, with *out describing it, dense in m's orientation. NULL with the error set. */
+flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_onednn_mat *out);
+
 /* The BLAS-style form of the same GEMM, for kernels working on one matrix at a time:
  * C [M, N] (leading dimension ldc) = alpha op(A) op(B) + beta C, A and B row-major with leading
  * dimensions lda, ldb, op transposing when ta / tb. */
