@@ -1,7 +1,8 @@
 /* The reference kernels of conv2d (im2col + GEMM), max/avg pool2d and batch norm on the CPU,
  * forward and backward, float32 and float64, NCHW: float64 runs here, float32 on oneDNN
- * (conv_onednn.c), and the specs check one against the other. The kernels after `#else` are written once against `real`: this file
- * includes itself once per dtype (Torch7's THGenerate pattern). */
+ * (conv_onednn.c), and the specs check one against the other. The kernels after `#else` are
+ * written once against `real`: this file includes itself once per dtype (Torch7's THGenerate
+ * pattern). */
 #ifndef real
 
 #include <math.h>

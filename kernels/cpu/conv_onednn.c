@@ -208,9 +208,11 @@ int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, 
       const void *vw = half ? flow_tensor_data(hw) : pw;
       desc dd = {CONV_BWD_DATA, g, dt, true, false, false, 0, 0};
       desc dwd = {CONV_BWD_WEIGHTS, g, dt, true, false, false, 0, 0};
-      flow_onednn_arg a1[3] = {{DNNL_ARG_DIFF_DST, vy}, {DNNL_ARG_WEIGHTS, vw}, {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)}};
+      flow_onednn_arg a1[3] = {{DNNL_ARG_DIFF_DST, vy}, {DNNL_ARG_WEIGHTS, vw},
+                               {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)}};
       flow_onednn_arg a2[4] = {{DNNL_ARG_DIFF_DST, vy}, {DNNL_ARG_SRC, vx},
-                               {DNNL_ARG_DIFF_WEIGHTS, flow_tensor_data(dw)}, {DNNL_ARG_DIFF_BIAS, flow_tensor_data(db)}};
+                               {DNNL_ARG_DIFF_WEIGHTS, flow_tensor_data(dw)},
+                               {DNNL_ARG_DIFF_BIAS, flow_tensor_data(db)}};
       rc = run("conv2d", &dd, 3, a1);
       if (rc == 0) rc = run("conv2d", &dwd, 4, a2);
     }
@@ -262,10 +264,8 @@ int flow_cpu_pool2d_backward(flow_tensor *dx, const flow_tensor *dy, const flow_
   void *work = ws ? malloc(ws) : NULL;
   float *scratch = ws ? malloc((size_t)flow_tensor_numel(dy) * sizeof(float) + 1) : NULL;
   int rc = -1;
-  if (!py || (max && !px)) {
-  } else if (ws && (!work || !scratch)) {
-    flow_error_set("pool2d: out of memory for a %zu-byte workspace", ws);
-  } else {
+  if (ws && (!work || !scratch)) flow_error_set("pool2d: out of memory for a %zu-byte workspace", ws);
+  else if (py && (px || !max)) {
     flow_onednn_arg fa[3] = {{DNNL_ARG_SRC, px}, {DNNL_ARG_DST, scratch}, {DNNL_ARG_WORKSPACE, work}};
     flow_onednn_arg ba[3] = {{DNNL_ARG_DIFF_DST, py}, {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)},
                              {DNNL_ARG_WORKSPACE, work}};
@@ -307,7 +307,8 @@ static void moments(const float *x, int64_t N, int64_t C, int64_t S, float *mean
 int flow_cpu_batchnorm_forward(flow_tensor *y, const flow_tensor *x, const flow_tensor *w, const flow_tensor *b,
                                flow_tensor *rm, flow_tensor *rv, bool training, double momentum, double eps) {
   int64_t S = flow_shape_numel(x->ndim - 2, x->shape + 2), N = x->shape[0], C = x->shape[1];
-  if (!takes(x) || N * S == 0) return flow_cpu_batchnorm_forward_reference(y, x, w, b, rm, rv, training, momentum, eps);
+  if (!takes(x) || N * S == 0)
+    return flow_cpu_batchnorm_forward_reference(y, x, w, b, rm, rv, training, momentum, eps);
   flow_conv_geom g = {.N = N, .C = C};
   desc d = {BN_FWD, &g, dnnl_f32, false, false, training, S, (float)eps};
   float *stats = malloc((size_t)(4 * C + 1) * sizeof(float));   /* scale, shift, mean, var */
@@ -346,7 +347,8 @@ int flow_cpu_batchnorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
                                 const flow_tensor *x, const flow_tensor *w, const flow_tensor *rm,
                                 const flow_tensor *rv, bool training, double eps) {
   int64_t S = flow_shape_numel(x->ndim - 2, x->shape + 2), N = x->shape[0], C = x->shape[1];
-  if (!takes(x) || N * S == 0) return flow_cpu_batchnorm_backward_reference(dx, dw, db, dy, x, w, rm, rv, training, eps);
+  if (!takes(x) || N * S == 0)
+    return flow_cpu_batchnorm_backward_reference(dx, dw, db, dy, x, w, rm, rv, training, eps);
   flow_conv_geom g = {.N = N, .C = C};
   desc d = {BN_BWD, &g, dnnl_f32, false, false, training, S, (float)eps};
   float *stats = malloc((size_t)(6 * C + 1) * sizeof(float));   /* scale and shift, mean, var, d(scale and shift) */
@@ -364,8 +366,8 @@ int flow_cpu_batchnorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
       gather(mean, rm);
       gather(var, rv);
     }
-    flow_onednn_arg args[7] = {{DNNL_ARG_SRC, px},     {DNNL_ARG_DIFF_DST, py},    {DNNL_ARG_SCALE_SHIFT, scale},
-                               {DNNL_ARG_MEAN, mean},  {DNNL_ARG_VARIANCE, var},   {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)},
+    flow_onednn_arg args[7] = {{DNNL_ARG_SRC, px},     {DNNL_ARG_DIFF_DST, py},  {DNNL_ARG_SCALE_SHIFT, scale},
+                               {DNNL_ARG_MEAN, mean},  {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)},
                                {DNNL_ARG_DIFF_SCALE_SHIFT, dss}};
     rc = run("batch_norm", &d, 7, args);
     if (rc == 0) {

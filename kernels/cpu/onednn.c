@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,12 +63,10 @@ bool flow_onednn_bf16_native(void) {
 bool flow_onednn_bf16(void) {
   if (flow_autocast_dtype() != FLOW_BF16) return false;
   pthread_once(&once, init);
-  static _Atomic bool told;
-  if (!bf16_native && !told) {
-    told = true;
+  static atomic_bool told;
+  if (!bf16_native && !atomic_exchange(&told, true))
     fprintf(stderr, "flowlua: bf16 autocast on cpu runs in float32 here (%s)\n",
             bf16_forced_off ? "FLOW_NO_BF16 is set" : "this CPU has neither AVX512-BF16 nor AMX");
-  }
   return bf16_native;
 }
 
