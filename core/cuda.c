@@ -10,14 +10,6 @@
 #include "error.h"
 
 bool flow_cuda_allow_tf32 = false;
-static _Thread_local flow_dtype autocast_dtype = FLOW_F32;
-
-flow_dtype flow_cuda_autocast_dtype(void) { return autocast_dtype; }
-flow_dtype flow_cuda_set_autocast(flow_dtype dtype) {
-  flow_dtype prev = autocast_dtype;
-  autocast_dtype = dtype;
-  return prev;
-}
 
 static int device_count;
 static char unavailable_reason[160] = "this build has no CUDA support";

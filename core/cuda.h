@@ -56,10 +56,7 @@ int flow_cuda_empty_cache(int index);
  * call, e.g. "cudaMalloc: out of memory". */
 int flow_cuda_check(int status, const char *call);
 
-/* Settings read by the CUDA kernels: tf32 for float32 matmul, and autocast (AMP). Autocast is per
- * thread: FLOW_F32 (off) or the low-precision dtype matmul/attention inputs are cast to. */
+/* Read by the CUDA kernels: tf32 for float32 matmul (autocast lives in autocast.h). */
 extern bool flow_cuda_allow_tf32;
-flow_dtype flow_cuda_autocast_dtype(void);
-flow_dtype flow_cuda_set_autocast(flow_dtype dtype);   /* returns the previous setting */
 
 #endif

@@ -58,16 +58,26 @@ flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, 
 
 /* Lua's GC sees only the small userdata box of a tensor, never its memory, and the generational
  * collector left large dead tensors unfinalised (a loop of 16 MB adds kept allocating). So count
- * the tensor bytes handed to Lua and run a full collection once they pass a budget. */
-#define GC_BUDGET ((size_t)64 << 20)
-static size_t since_collect;
+ * the tensor bytes handed to Lua and run a full collection once they pass a budget: the bytes of
+ * live tensors after the last collection (at least GC_FLOOR). Dead outputs then return to the
+ * caching allocator within about one live set of allocation, and a loop's peak stays near twice
+ * its live set. A collector stopped by collectgarbage("stop") stays stopped. */
+#define GC_FLOOR ((size_t)8 << 20)
+static size_t since_collect, gc_budget = GC_FLOOR;
 
 void flow_lua_account(lua_State *L, size_t nbytes) {
   if (nbytes < (1u << 16)) return;
   since_collect += nbytes;
-  if (since_collect < GC_BUDGET) return;
+  if (since_collect < gc_budget || !lua_gc(L, LUA_GCISRUNNING)) return;
   since_collect = 0;
   lua_gc(L, LUA_GCCOLLECT);
+  int64_t live = 0;
+  for (int d = 0; d < FLOW_NDEVTYPES; d++) {
+    int64_t in_use, peak;
+    flow_mem_stats((flow_devtype)d, &in_use, &peak);
+    live += in_use;
+  }
+  gc_budget = (size_t)live > GC_FLOOR ? (size_t)live : GC_FLOOR;
 }
 
 int flow_lua_push(lua_State *L, flow_tensor *t) {

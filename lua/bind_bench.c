@@ -1,9 +1,14 @@
-/* Lua bindings for benchmarks (flow._bench): references measured in the same run as flowlua's
- * own figures, e.g. OpenBLAS called directly on a tensor's memory, so scripts/bench/ can print
- * ratios rather than absolute numbers from another machine. */
+/* Lua bindings for benchmarks and tests (flow._bench): references measured in the same run as
+ * flowlua's own figures, e.g. oneDNN or OpenBLAS called directly on a tensor's memory, so
+ * scripts/bench/ can print ratios rather than absolute numbers from another machine; the plain
+ * reference GEMM the specs check oneDNN against; oneDNN's thread count and primitive count. */
 #include <cblas.h>
+#include <string.h>
 #include <time.h>
 
+#include "../kernels/cpu/conv.h"
+#include "../kernels/cpu/cpu.h"
+#include "../kernels/cpu/onednn.h"
 #include "bind.h"
 
 static double seconds(void) {
@@ -25,10 +30,16 @@ static flow_tensor *check_matrix(lua_State *L, int idx, const char *what) {
   return t;
 }
 
-/* _bench.sgemm(a [m,k], b [k,n], c [m,n], iters) -> seconds per call of C = A B by cblas_sgemm. */
+/* _bench.sgemm(a [m,k], b [k,n], c [m,n], iters, library) -> seconds per call of C = A B by
+ * oneDNN's matmul primitive (library "onednn", the default: flowlua's own GEMM without the op
+ * around it) or OpenBLAS's cblas_sgemm ("openblas"). */
 static int l_sgemm(lua_State *L) {
   flow_tensor *a = check_matrix(L, 1, "a"), *b = check_matrix(L, 2, "b"), *c = check_matrix(L, 3, "c");
   lua_Integer iters = luaL_optinteger(L, 4, 1);
+  const char *lib = luaL_optstring(L, 5, "onednn");
+  bool onednn = strcmp(lib, "onednn") == 0;
+  if (!onednn && strcmp(lib, "openblas") != 0)
+    return luaL_error(L, "_bench.sgemm: library must be onednn or openblas (got %s)", lib);
   if (iters < 1) return luaL_error(L, "_bench.sgemm: iters must be at least 1 (got %d)", (int)iters);
   int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
   if (b->shape[0] != k || c->shape[0] != m || c->shape[1] != n) {
@@ -39,16 +50,55 @@ static int l_sgemm(lua_State *L) {
   const float *pa = flow_tensor_data(a), *pb = flow_tensor_data(b);
   float *pc = flow_tensor_data(c);
   double t0 = seconds();
-  for (lua_Integer i = 0; i < iters; i++)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, pa, (int)k, pb,
-                (int)n, 0.0f, pc, (int)n);
+  for (lua_Integer i = 0; i < iters; i++) {
+    if (!onednn)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, pa, (int)k, pb,
+                  (int)n, 0.0f, pc, (int)n);
+    else if (flow_onednn_sgemm("_bench.sgemm", false, false, m, n, k, 1, pa, k, pb, n, 0, pc, n) != 0)
+      return flow_lua_error(L);
+  }
   lua_pushnumber(L, (seconds() - t0) / (double)iters);
+  return 1;
+}
+
+/* _bench.matmul_reference(out, a, b, transpose_a, transpose_b): out (float32 or float64, the shape
+ * flow.matmul gives) = op(a) @ op(b) by a plain loop accumulating in double. */
+static int l_matmul_reference(lua_State *L) {
+  const char *fn = "_bench.matmul_reference";
+  flow_tensor *out = flow_lua_check(L, 1, fn), *a = flow_lua_check(L, 2, fn), *b = flow_lua_check(L, 3, fn);
+  if (out->device.type != FLOW_CPU || a->device.type != FLOW_CPU || b->device.type != FLOW_CPU)
+    return luaL_error(L, "_bench.matmul_reference: cpu tensors only");
+  if (flow_cpu_matmul_reference(out, a, b, lua_toboolean(L, 4), lua_toboolean(L, 5)) != 0) return flow_lua_error(L);
+  return 0;
+}
+
+/* _bench.onednn() -> {threads =, primitives =, bf16 =}: the OpenMP threads oneDNN runs on here,
+ * the primitives built so far, and whether bf16 autocast would run natively. */
+static int l_onednn(lua_State *L) {
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, flow_onednn_num_threads());
+  lua_setfield(L, -2, "threads");
+  lua_pushinteger(L, flow_onednn_primitives_built());
+  lua_setfield(L, -2, "primitives");
+  lua_pushboolean(L, flow_onednn_bf16_native());
+  lua_setfield(L, -2, "bf16");
+  return 1;
+}
+
+/* _bench.conv_reference(on) -> previous: float32 conv2d, pooling and batch norm on the reference
+ * kernels (true) or on oneDNN (false, the default). */
+static int l_conv_reference(lua_State *L) {
+  bool prev = flow_cpu_conv_reference;
+  flow_cpu_conv_reference = lua_toboolean(L, 1);
+  lua_pushboolean(L, prev);
   return 1;
 }
 
 /* Called by luaopen_flow with the module table on top. */
 void flow_lua_open_bench(lua_State *L) {
-  static const luaL_Reg fns[] = {{"sgemm", l_sgemm}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {
+      {"sgemm", l_sgemm},   {"matmul_reference", l_matmul_reference}, {"onednn", l_onednn},
+      {"conv_reference", l_conv_reference}, {NULL, NULL}};
   luaL_newlib(L, fns);
   lua_setfield(L, -2, "_bench");
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "../core/comm.h"
+#include "../core/autocast.h"
 #include "../core/cuda.h"
 #include "../core/nccl.h"
 #include "../ops/device.h"
@@ -133,8 +134,9 @@ static int backends_newindex(lua_State *L) {
 
 /* ---- flow.autocast(dtype, fn, ...) -------------------------------------------------------------- */
 
-/* Runs fn(...) with CUDA matmul and attention computing in dtype (bf16 or f16) from float32 inputs;
- * outputs and master weights stay float32. The previous setting comes back even if fn raises. */
+/* Runs fn(...) with matmul, attention (CUDA) and convolution (CPU) computing in dtype from float32
+ * inputs: bf16 or f16 on CUDA, bf16 on the CPU (where f16 runs as float32); outputs and master
+ * weights stay float32. The previous setting comes back even if fn raises. */
 static int f_autocast(lua_State *L) {
   flow_dtype dt = flow_lua_check_dtype(L, 1);
   if (dt != FLOW_BF16 && dt != FLOW_F16 && dt != FLOW_F32)
@@ -142,9 +144,9 @@ static int f_autocast(lua_State *L) {
                       flow_dtype_name(dt));
   luaL_checktype(L, 2, LUA_TFUNCTION);
   int base = 1;
-  flow_dtype prev = flow_cuda_set_autocast(dt);
+  flow_dtype prev = flow_set_autocast(dt);
   int status = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
-  flow_cuda_set_autocast(prev);
+  flow_set_autocast(prev);
   if (status != LUA_OK) return lua_error(L);
   return lua_gettop(L) - base;
 }

@@ -1,8 +1,9 @@
 -- Train a small GPT-2 on byte-level text (or llm.c .bin token shards):
 --   flowlua scripts/train_gpt.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 16 --steps 1200
 --                                  --data FILE --save CKPT --resume CKPT --device cuda --amp bf16 ...]
--- On GPUs: --device cuda (each rank drives flow.cuda.local_device()), --amp bf16 runs the matmuls
--- and attention in bfloat16 with float32 master weights. --dp/--tp lay the model out over ranks.
+-- On GPUs: --device cuda (each rank drives flow.cuda.local_device()). --amp bf16 runs the matmuls
+-- and attention in bfloat16 with float32 master weights: on cuda, and on CPUs with AVX512-BF16 or
+-- AMX through oneDNN (elsewhere it says so and runs float32). --dp/--tp lay the model out over ranks.
 -- AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, a
 -- sampled text at the end, and checkpoints that resume bit for bit.
 local flow = require "flow"
@@ -57,9 +58,6 @@ if on_gpu then
   if args.device == "cuda" then args.device = flow.cuda.local_device() end
 end
 if args.amp ~= "off" and args.amp ~= "bf16" then fail(("--amp %s: expected off or bf16"):format(args.amp)) end
-if args.amp == "bf16" and not on_gpu then
-  fail("--amp bf16 needs --device cuda (autocast runs the CUDA matmuls and attention in bfloat16)")
-end
 if args.dim % args.heads ~= 0 then fail(("--dim %d must be divisible by --heads %d"):format(args.dim, args.heads)) end
 
 -------------------------------------------------------------------------------- data and model

@@ -6,7 +6,6 @@
  * dtype (Torch7's THGenerate pattern). */
 #ifndef real
 
-#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
@@ -53,6 +52,8 @@ static void heads_free(head *m, int n) {
 /* Keys visible to the block of query rows [r0, r0 + br): all of them, or up to the block's last row. */
 static int64_t keys_for(int64_t r0, int64_t br, int64_t Tk, bool causal) { return causal ? r0 + br : Tk; }
 
+static const char OP[] = "scaled_dot_product_attention";
+
 #define FLOW_GENERIC_FILE "attention.c"
 #include "generic.h"
 
@@ -75,16 +76,16 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   void *scratch = malloc((size_t)(BLOCK * d.Tk) * es);
   int rc = scratch ? 0 : flow_error_set("scaled_dot_product_attention: out of memory for the score scratch");
   for (int64_t b = 0; rc == 0 && b < d.B; b++)
-    for (int64_t h = 0; h < d.H; h++) {
+    for (int64_t h = 0; rc == 0 && h < d.H; h++) {
       int64_t bh = b * d.H + h;
       char *op = (char *)flow_tensor_data(o) + bh * d.Tq * d.Dv * (int64_t)es;
       char *lp = (char *)flow_tensor_data(lse) + bh * d.Tq * (int64_t)es;
       if (q->dtype == FLOW_F32)
-        attention_forward_f32((float *)op, (float *)lp, head_at(&m[0], b, h), m[0].ld, head_at(&m[1], b, h),
+        rc = attention_forward_f32((float *)op, (float *)lp, head_at(&m[0], b, h), m[0].ld, head_at(&m[1], b, h),
                               m[1].ld, head_at(&m[2], b, h), m[2].ld, scratch, d.Tq, d.Tk, d.D, d.Dv,
                               (float)scale, causal);
       else
-        attention_forward_f64((double *)op, (double *)lp, head_at(&m[0], b, h), m[0].ld, head_at(&m[1], b, h),
+        rc = attention_forward_f64((double *)op, (double *)lp, head_at(&m[0], b, h), m[0].ld, head_at(&m[1], b, h),
                               m[1].ld, head_at(&m[2], b, h), m[2].ld, scratch, d.Tq, d.Tk, d.D, d.Dv, scale,
                               causal);
     }
@@ -110,19 +111,19 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   void *scratch = malloc((size_t)(2 * BLOCK * d.Tk) * es);
   int rc = scratch ? 0 : flow_error_set("scaled_dot_product_attention: out of memory for the score scratch");
   for (int64_t b = 0; rc == 0 && b < d.B; b++)
-    for (int64_t h = 0; h < d.H; h++) {
+    for (int64_t h = 0; rc == 0 && h < d.H; h++) {
       int64_t bh = b * d.H + h;
       char *pq = (char *)flow_tensor_data(dq) + bh * d.Tq * d.D * (int64_t)es;
       char *pk = (char *)flow_tensor_data(dk) + bh * d.Tk * d.D * (int64_t)es;
       char *pv = (char *)flow_tensor_data(dv) + bh * d.Tk * d.Dv * (int64_t)es;
       const char *pl = lp + bh * d.Tq * (int64_t)es, *pdl = dlp + bh * d.Tq * (int64_t)es;
       if (q->dtype == FLOW_F32)
-        attention_backward_f32((float *)pq, (float *)pk, (float *)pv, head_at(&m[0], b, h), m[0].ld,
+        rc = attention_backward_f32((float *)pq, (float *)pk, (float *)pv, head_at(&m[0], b, h), m[0].ld,
                                head_at(&m[1], b, h), m[1].ld, head_at(&m[2], b, h), m[2].ld, head_at(&m[3], b, h),
                                m[3].ld, (const float *)pl, head_at(&m[4], b, h), m[4].ld, (const float *)pdl,
                                scratch, d.Tq, d.Tk, d.D, d.Dv, (float)scale, causal);
       else
-        attention_backward_f64((double *)pq, (double *)pk, (double *)pv, head_at(&m[0], b, h), m[0].ld,
+        rc = attention_backward_f64((double *)pq, (double *)pk, (double *)pv, head_at(&m[0], b, h), m[0].ld,
                                head_at(&m[1], b, h), m[1].ld, head_at(&m[2], b, h), m[2].ld, head_at(&m[3], b, h),
                                m[3].ld, (const double *)pl, head_at(&m[4], b, h), m[4].ld, (const double *)pdl,
                                scratch, d.Tq, d.Tk, d.D, d.Dv, scale, causal);
@@ -141,13 +142,12 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
  *   lse_i = log sum_j exp S_ij,  P = exp(S - lse) (0 beyond lim),  O = P V.
  * o [Tq, Dv] and lse [Tq] dense; q, k, v row-major with leading dimensions lq, lk, lv.
  * Tk >= 1 and D >= 1 (the op checks), so every row sees at least one key. */
-static void GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq, const real *k, int64_t lk,
-                                   const real *v, int64_t lv, real *S, int64_t Tq, int64_t Tk, int64_t D,
-                                   int64_t Dv, real scale, bool causal) {
+static int GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq, const real *k, int64_t lk,
+                                  const real *v, int64_t lv, real *S, int64_t Tq, int64_t Tk, int64_t D,
+                                  int64_t Dv, real scale, bool causal) {
   for (int64_t r0 = 0; r0 < Tq; r0 += BLOCK) {
     int64_t br = Tq - r0 < BLOCK ? Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
-    BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, q + r0 * lq, (int)lq, k,
-         (int)lk, 0, S, (int)nk);
+    if (GEN(flow_cpu_gemm)(OP, false, true, br, nk, D, scale, q + r0 * lq, lq, k, lk, 0, S, nk)) return -1;
     for (int64_t i = 0; i < br; i++) {
       real *s = S + i * nk;
       int64_t lim = causal ? r0 + i + 1 : nk;
@@ -157,28 +157,26 @@ static void GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq
       for (int64_t j = 0; j < lim; j++) s[j] *= r;
       lse[r0 + i] = m + log(sum);
     }
-    if (Dv > 0)
-      BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)Dv, (int)nk, 1, S, (int)nk, v, (int)lv, 0,
-           o + r0 * Dv, (int)Dv);
+    if (Dv > 0 && GEN(flow_cpu_gemm)(OP, false, false, br, Dv, nk, 1, S, nk, v, lv, 0, o + r0 * Dv, Dv)) return -1;
   }
+  return 0;
 }
 
 /* One head, with P recomputed per block from q, k and lse, Di = sum_d dO_id O_id, and dlse the
  * gradient of lse (d lse_i / d S_ij = P_ij):
  *   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Di + dlse_i),  dQ = scale * dS K,  dK += scale * dS^T Q.
  * dq [Tq, D], dk [Tk, D], dv [Tk, Dv] dense; S holds two [BLOCK, Tk] scratch matrices. */
-static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q, int64_t lq, const real *k,
-                                    int64_t lk, const real *v, int64_t lv, const real *o, int64_t lo,
-                                    const real *lse, const real *dout, int64_t ld, const real *dlse, real *S,
-                                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, real scale, bool causal) {
+static int GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q, int64_t lq, const real *k,
+                                   int64_t lk, const real *v, int64_t lv, const real *o, int64_t lo,
+                                   const real *lse, const real *dout, int64_t ld, const real *dlse, real *S,
+                                   int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, real scale, bool causal) {
   real *P = S, *dP = S + BLOCK * Tk;
   memset(dk, 0, (size_t)(Tk * D) * sizeof(real));
   memset(dv, 0, (size_t)(Tk * Dv) * sizeof(real));
   for (int64_t r0 = 0; r0 < Tq; r0 += BLOCK) {
     int64_t br = Tq - r0 < BLOCK ? Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
     const real *qb = q + r0 * lq, *db = dout + r0 * ld;
-    BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)D, scale, qb, (int)lq, k, (int)lk, 0, P,
-         (int)nk);
+    if (GEN(flow_cpu_gemm)(OP, false, true, br, nk, D, scale, qb, lq, k, lk, 0, P, nk)) return -1;
     for (int64_t i = 0; i < br; i++) {
       real *p = P + i * nk;
       int64_t lim = causal ? r0 + i + 1 : nk;
@@ -186,10 +184,8 @@ static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q,
       for (int64_t j = lim; j < nk; j++) p[j] = 0;
     }
     if (Dv > 0) {
-      BLAS(gemm)(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)Dv, (int)br, 1, P, (int)nk, db, (int)ld, 1, dv,
-           (int)Dv);
-      BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)nk, (int)Dv, 1, db, (int)ld, v, (int)lv, 0, dP,
-           (int)nk);
+      if (GEN(flow_cpu_gemm)(OP, true, false, nk, Dv, br, 1, P, nk, db, ld, 1, dv, Dv)) return -1;
+      if (GEN(flow_cpu_gemm)(OP, false, true, br, nk, Dv, 1, db, ld, v, lv, 0, dP, nk)) return -1;
     } else {
       memset(dP, 0, (size_t)(br * nk) * sizeof(real));
     }
@@ -199,11 +195,10 @@ static void GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q,
       for (int64_t c = 0; c < Dv; c++) Di += gi[c] * oi[c];
       for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di);
     }
-    BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)D, (int)nk, scale, dP, (int)nk, k, (int)lk, 0,
-         dq + r0 * D, (int)D);
-    BLAS(gemm)(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, (int)D, (int)br, scale, dP, (int)nk, qb, (int)lq, 1, dk,
-         (int)D);
+    if (GEN(flow_cpu_gemm)(OP, false, false, br, D, nk, scale, dP, nk, k, lk, 0, dq + r0 * D, D)) return -1;
+    if (GEN(flow_cpu_gemm)(OP, true, false, nk, D, br, scale, dP, nk, qb, lq, 1, dk, D)) return -1;
   }
+  return 0;
 }
 
 #endif

@@ -1,15 +1,18 @@
-/* conv2d (im2col + BLAS gemm), max/avg pool2d and batch norm on the CPU, forward and backward,
- * float32 and float64, NCHW. The kernels after `#else` are written once against `real`: this file
- * includes itself once per dtype (Torch7's THGenerate pattern). */
+/* The reference kernels of conv2d (im2col + GEMM), max/avg pool2d and batch norm on the CPU,
+ * forward and backward, float32 and float64, NCHW: float64 runs here, float32 on oneDNN
+ * (conv_onednn.c), and the specs check one against the other. The kernels after `#else` are
+ * written once against `real`: this file includes itself once per dtype (Torch7's THGenerate
+ * pattern). */
 #ifndef real
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conv.h"
 #include "nn.h"
+
+static const char OP[] = "conv2d";
 
 #define FLOW_GENERIC_FILE "conv.c"
 #include "generic.h"
@@ -39,43 +42,47 @@ static void *col_alloc(const flow_conv_geom *g, size_t esize) {
   return p;
 }
 
-int flow_cpu_conv2d_forward(flow_tensor *y, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias,
-                            const flow_conv_geom *g) {
+int flow_cpu_conv2d_forward_reference(flow_tensor *y, const flow_tensor *x, const flow_tensor *w,
+                                      const flow_tensor *bias, const flow_conv_geom *g) {
   const flow_tensor *in[3] = {x, w, bias};
   const void *p[3];
   flow_tensor *tmp[3];
   if (dense_all(in, p, tmp, 3) != 0) return -1;
   void *col = col_alloc(g, flow_dtype_size(x->dtype));
+  int rc = -1;
   if (col) {
-    if (x->dtype == FLOW_F32) conv_forward_f32(flow_tensor_data(y), p[0], p[1], p[2], col, g);
-    else conv_forward_f64(flow_tensor_data(y), p[0], p[1], p[2], col, g);
+    if (x->dtype == FLOW_F32) rc = conv_forward_f32(flow_tensor_data(y), p[0], p[1], p[2], col, g);
+    else rc = conv_forward_f64(flow_tensor_data(y), p[0], p[1], p[2], col, g);
   }
   free(col);
   release_all(tmp, 3);
-  return col ? 0 : -1;
+  return rc;
 }
 
-int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
-                             const flow_tensor *x, const flow_tensor *w, const flow_conv_geom *g) {
+int flow_cpu_conv2d_backward_reference(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
+                                       const flow_tensor *x, const flow_tensor *w, const flow_conv_geom *g) {
   const flow_tensor *in[3] = {dy, x, w};
   const void *p[3];
   flow_tensor *tmp[3];
   if (dense_all(in, p, tmp, 3) != 0) return -1;
   void *col = col_alloc(g, flow_dtype_size(x->dtype));
+  int rc = -1;
   if (col) {
     memset(flow_tensor_data(dx), 0, flow_tensor_nbytes(dx));
     memset(flow_tensor_data(dw), 0, flow_tensor_nbytes(dw));
     if (x->dtype == FLOW_F32)
-      conv_backward_f32(flow_tensor_data(dx), flow_tensor_data(dw), flow_tensor_data(db), p[0], p[1], p[2], col, g);
+      rc = conv_backward_f32(flow_tensor_data(dx), flow_tensor_data(dw), flow_tensor_data(db), p[0], p[1], p[2], col,
+                             g);
     else
-      conv_backward_f64(flow_tensor_data(dx), flow_tensor_data(dw), flow_tensor_data(db), p[0], p[1], p[2], col, g);
+      rc = conv_backward_f64(flow_tensor_data(dx), flow_tensor_data(dw), flow_tensor_data(db), p[0], p[1], p[2], col,
+                             g);
   }
   free(col);
   release_all(tmp, 3);
-  return col ? 0 : -1;
+  return rc;
 }
 
-int flow_cpu_pool2d_forward(flow_tensor *y, const flow_tensor *x, const flow_conv_geom *g, bool max) {
+int flow_cpu_pool2d_forward_reference(flow_tensor *y, const flow_tensor *x, const flow_conv_geom *g, bool max) {
   flow_tensor *tmp;
   const void *px = flow_cpu_dense(x, &tmp);
   if (!px) return -1;
@@ -85,8 +92,8 @@ int flow_cpu_pool2d_forward(flow_tensor *y, const flow_tensor *x, const flow_con
   return 0;
 }
 
-int flow_cpu_pool2d_backward(flow_tensor *dx, const flow_tensor *dy, const flow_tensor *x, const flow_conv_geom *g,
-                             bool max) {
+int flow_cpu_pool2d_backward_reference(flow_tensor *dx, const flow_tensor *dy, const flow_tensor *x,
+                                       const flow_conv_geom *g, bool max) {
   const flow_tensor *in[2] = {dy, x};
   const void *p[2];
   flow_tensor *tmp[2];
@@ -105,8 +112,9 @@ static void bn_dims(const flow_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
   *S = flow_shape_numel(x->ndim - 2, x->shape + 2);
 }
 
-int flow_cpu_batchnorm_forward(flow_tensor *y, const flow_tensor *x, const flow_tensor *w, const flow_tensor *b,
-                               flow_tensor *rm, flow_tensor *rv, bool training, double momentum, double eps) {
+int flow_cpu_batchnorm_forward_reference(flow_tensor *y, const flow_tensor *x, const flow_tensor *w,
+                                         const flow_tensor *b, flow_tensor *rm, flow_tensor *rv, bool training,
+                                         double momentum, double eps) {
   const flow_tensor *in[3] = {x, w, b};
   const void *p[3];
   flow_tensor *tmp[3];
@@ -123,9 +131,9 @@ int flow_cpu_batchnorm_forward(flow_tensor *y, const flow_tensor *x, const flow_
   return 0;
 }
 
-int flow_cpu_batchnorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
-                                const flow_tensor *x, const flow_tensor *w, const flow_tensor *rm,
-                                const flow_tensor *rv, bool training, double eps) {
+int flow_cpu_batchnorm_backward_reference(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
+                                          const flow_tensor *x, const flow_tensor *w, const flow_tensor *rm,
+                                          const flow_tensor *rv, bool training, double eps) {
   const flow_tensor *in[5] = {dy, x, w, rm, rv};
   const void *p[5];
   flow_tensor *tmp[5];
@@ -182,8 +190,8 @@ static void GEN(col2im)(real *dx, const real *col, int64_t Cg, const flow_conv_g
 }
 
 /* Per image and group: y_g [Og, P] = w_g [Og, K] @ col [K, P] (+ bias), K = Cg kh kw. */
-static void GEN(conv_forward)(real *y, const real *x, const real *w, const real *bias, real *col,
-                              const flow_conv_geom *g) {
+static int GEN(conv_forward)(real *y, const real *x, const real *w, const real *bias, real *col,
+                             const flow_conv_geom *g) {
   int64_t Cg = g->C / g->groups, Og = g->O / g->groups, K = Cg * g->kh * g->kw, P = g->OH * g->OW;
   for (int64_t n = 0; n < g->N; n++)
     for (int64_t gr = 0; gr < g->groups; gr++) {
@@ -192,14 +200,15 @@ static void GEN(conv_forward)(real *y, const real *x, const real *w, const real 
       if (bias)
         for (int64_t o = 0; o < Og; o++)
           for (int64_t q = 0; q < P; q++) yg[o * P + q] = bias[gr * Og + o];
-      BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)P, (int)K, 1, w + gr * Og * K,
-                 (int)K, col, (int)P, bias ? 1 : 0, yg, (int)P);
+      if (GEN(flow_cpu_gemm)(OP, false, false, Og, P, K, 1, w + gr * Og * K, K, col, P, bias ? 1 : 0, yg, P))
+        return -1;
     }
+  return 0;
 }
 
 /* dw_g += dy_g [Og, P] @ col^T;  dcol = w_g^T @ dy_g, scattered back by col2im;  db = sum dy. */
-static void GEN(conv_backward)(real *dx, real *dw, real *db, const real *dy, const real *x, const real *w,
-                               real *col, const flow_conv_geom *g) {
+static int GEN(conv_backward)(real *dx, real *dw, real *db, const real *dy, const real *x, const real *w,
+                              real *col, const flow_conv_geom *g) {
   int64_t Cg = g->C / g->groups, Og = g->O / g->groups, K = Cg * g->kh * g->kw, P = g->OH * g->OW;
   for (int64_t o = 0; o < g->O; o++) {
     real s = 0;
@@ -211,12 +220,11 @@ static void GEN(conv_backward)(real *dx, real *dw, real *db, const real *dy, con
     for (int64_t gr = 0; gr < g->groups; gr++) {
       const real *dyg = dy + (n * g->O + gr * Og) * P;
       GEN(im2col)(col, x + (n * g->C + gr * Cg) * g->H * g->W, Cg, g);
-      BLAS(gemm)(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Og, (int)K, (int)P, 1, dyg, (int)P, col, (int)P, 1,
-                 dw + gr * Og * K, (int)K);
-      BLAS(gemm)(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)P, (int)Og, 1, w + gr * Og * K, (int)K, dyg,
-                 (int)P, 0, col, (int)P);
+      if (GEN(flow_cpu_gemm)(OP, false, true, Og, K, P, 1, dyg, P, col, P, 1, dw + gr * Og * K, K)) return -1;
+      if (GEN(flow_cpu_gemm)(OP, true, false, K, P, Og, 1, w + gr * Og * K, K, dyg, P, 0, col, P)) return -1;
       GEN(col2im)(dx + (n * g->C + gr * Cg) * g->H * g->W, col, Cg, g);
     }
+  return 0;
 }
 
 /* Window of output (oh, ow) clipped to the image: rows [*h0, *h1), columns [*w0, *w1). */

@@ -1,5 +1,6 @@
-/* Convolution, pooling and batch-norm kernels on the CPU (NCHW, float32 and float64): conv2d by
- * im2col + BLAS gemm, max/avg pooling, per-channel batch norm; each with its backward. */
+/* Convolution, pooling and batch-norm kernels on the CPU (NCHW, float32 and float64), each with its
+ * backward: float32 on oneDNN (bf16 convolution under autocast), float64 on the reference kernels
+ * (conv2d by im2col + GEMM, plain loops for the rest), which the specs also check oneDNN against. */
 #ifndef FLOW_CPU_CONV_H
 #define FLOW_CPU_CONV_H
 
@@ -34,5 +35,22 @@ int flow_cpu_batchnorm_forward(flow_tensor *y, const flow_tensor *x, const flow_
 int flow_cpu_batchnorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
                                 const flow_tensor *x, const flow_tensor *w, const flow_tensor *rm,
                                 const flow_tensor *rv, bool training, double eps);
+
+/* The reference kernels, same contracts (conv.c). */
+int flow_cpu_conv2d_forward_reference(flow_tensor *y, const flow_tensor *x, const flow_tensor *w,
+                                      const flow_tensor *bias, const flow_conv_geom *g);
+int flow_cpu_conv2d_backward_reference(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
+                                       const flow_tensor *x, const flow_tensor *w, const flow_conv_geom *g);
+int flow_cpu_pool2d_forward_reference(flow_tensor *y, const flow_tensor *x, const flow_conv_geom *g, bool max);
+int flow_cpu_pool2d_backward_reference(flow_tensor *dx, const flow_tensor *dy, const flow_tensor *x,
+                                       const flow_conv_geom *g, bool max);
+int flow_cpu_batchnorm_forward_reference(flow_tensor *y, const flow_tensor *x, const flow_tensor *w,
+                                         const flow_tensor *b, flow_tensor *rm, flow_tensor *rv, bool training,
+                                         double momentum, double eps);
+int flow_cpu_batchnorm_backward_reference(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
+                                          const flow_tensor *x, const flow_tensor *w, const flow_tensor *rm,
+                                          const flow_tensor *rv, bool training, double eps);
+/* When true, float32 runs the reference kernels too (the specs compare the two paths). */
+extern bool flow_cpu_conv_reference;
 
 #endif

@@ -57,9 +57,21 @@ void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const b
                           flow_tensor *view);
 
 /* out = op(a) @ op(b) over broadcast batch axes; op transposes the last two axes when asked.
- * out is contiguous with the broadcast batch shape. float32/float64 (OpenBLAS). */
+ * out is contiguous with the broadcast batch shape. float32 on oneDNN (bf16 under autocast),
+ * float64 on OpenBLAS. */
 int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a, bool trans_b);
-/* out [M, N] = x [M, K] w[N, K]^T + bias [N] (nn's Linear) */
+/* out [M, N] = x [M, K] w[N, K]^T + bias [N] (nn's Linear; the bias fused into the GEMM) */
 int flow_cpu_linear(flow_tensor *out, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias);
+/* The same product by a plain loop (double accumulation, any strides): the tests' reference. */
+int flow_cpu_matmul_reference(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a,
+                              bool trans_b);
+/* One matrix product for kernels working a matrix at a time: C [M, N] (leading dimension ldc) =
+ * alpha op(A) op(B) + beta C, row-major operands with leading dimensions lda, ldb. float32 on
+ * oneDNN (bf16 under autocast), float64 on OpenBLAS. `op` names the caller in errors. */
+int flow_cpu_gemm_f32(const char *op, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+int flow_cpu_gemm_f64(const char *op, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                      const double *A, int64_t lda, const double *B, int64_t ldb, double beta, double *C,
+                      int64_t ldc);
 
 #endif

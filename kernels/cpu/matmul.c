@@ -1,10 +1,12 @@
-/* Matmul through OpenBLAS: C[b] = op(A[b]) @ op(B[b]) for every (broadcast) batch index b.
- * Operands whose last two axes are row- or column-major go straight to GEMM with the right
- * transpose flag; anything else is copied to contiguous first. */
+/* Matmul: C[b] = op(A[b]) @ op(B[b]) for every (broadcast) batch index b. float32 runs on oneDNN's
+ * matmul primitive, all batches in one call; float64 on OpenBLAS's dgemm (oneDNN has no f64 on the
+ * CPU), a batch at a time. Operands whose last two axes are row- or column-major go straight to
+ * GEMM; anything else is copied to contiguous first. A plain loop serves as the tests' reference. */
 #include <cblas.h>
 #include <string.h>
 
 #include "cpu.h"
+#include "onednn.h"
 
 /* How GEMM can read a matrix with strides (rs, cs): row-major (ld = rs), column-major (ld = cs). */
 static bool gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld) {
@@ -50,9 +52,42 @@ static int64_t batch_offset(const flow_tensor *t, const flow_tensor *out, int64_
   return off;
 }
 
+/* Operand o as oneDNN's logical matrix op(t) [batch..., rows, cols] over out's ndim: batch axes
+ * padded with 1 on the left (1 broadcasts), the transpose folded into the strides. */
+static flow_onednn_mat logical(const operand *o, const flow_tensor *out, bool trans) {
+  const flow_tensor *t = o->t;
+  flow_onednn_mat m = {out->ndim, {0}, {0}, flow_tensor_data(t)};
+  int pad = out->ndim - t->ndim;
+  for (int d = 0; d < out->ndim - 2; d++) {
+    bool bcast = d < pad || t->stride[d - pad] == 0;   /* an expanded axis broadcasts like a 1 */
+    m.dims[d] = bcast ? 1 : t->shape[d - pad];
+    m.strides[d] = bcast ? 0 : t->stride[d - pad];
+  }
+  int n = out->ndim;
+  int64_t r = t->shape[t->ndim - 2], c = t->shape[t->ndim - 1];
+  /* stored (r, c) read with leading dimension ld; flipped when stored transposed */
+  int64_t rs = o->trans ? 1 : o->ld, cs = o->trans ? o->ld : 1;
+  m.dims[n - 2] = trans ? c : r;
+  m.dims[n - 1] = trans ? r : c;
+  m.strides[n - 2] = trans ? cs : rs;
+  m.strides[n - 1] = trans ? rs : cs;
+  return m;
+}
+
+static int matmul_f32(flow_tensor *out, const operand *A, const operand *B, bool ta, bool tb,
+                      const flow_tensor *bias) {
+  flow_onednn_mat a = logical(A, out, ta), b = logical(B, out, tb);
+  flow_onednn_mat c = {out->ndim, {0}, {0}, flow_tensor_data(out)};
+  for (int d = 0; d < out->ndim; d++) {
+    c.dims[d] = out->shape[d];
+    c.strides[d] = out->stride[d];
+  }
+  return flow_onednn_gemm(bias ? "linear" : "matmul", &a, &b, &c, bias ? flow_tensor_data(bias) : NULL, 1, 0);
+}
+
 /* C = op(A) op(B), or with a bias: C = op(A) op(B) + bias (bias [N] contiguous, broadcast over
- * rows), written into C first so GEMM adds onto it (beta = 1): one pass over C instead of GEMM's
- * zero fill plus a separate add. */
+ * rows). float64 writes the bias into C first so GEMM adds onto it (beta = 1): one pass over C
+ * instead of GEMM's zero fill plus a separate add; oneDNN takes the bias as an input. */
 static int matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb,
                   const flow_tensor *bias) {
   if (a->dtype != FLOW_F32 && a->dtype != FLOW_F64)
@@ -60,6 +95,12 @@ static int matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, 
   operand A, B;
   if (prepare(&A, a) != 0) return -1;
   if (prepare(&B, b) != 0) { flow_tensor_decref(A.tmp); return -1; }
+  if (a->dtype == FLOW_F32) {
+    int rc = matmul_f32(out, &A, &B, ta, tb, bias);
+    flow_tensor_decref(A.tmp);
+    flow_tensor_decref(B.tmp);
+    return rc;
+  }
   int n = out->ndim;
   int64_t M = out->shape[n - 2], N = out->shape[n - 1];
   int64_t K = ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
@@ -80,12 +121,8 @@ static int matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, 
       memset(xc, 0, (size_t)(M * N) * es);
     }
     if (K == 0) continue;
-    if (a->dtype == FLOW_F32)
-      cblas_sgemm(CblasRowMajor, opA, opB, (int)M, (int)N, (int)K, 1.0f, (const float *)xa, (int)A.ld,
-                  (const float *)xb, (int)B.ld, bias ? 1.0f : 0.0f, (float *)xc, (int)N);
-    else
-      cblas_dgemm(CblasRowMajor, opA, opB, (int)M, (int)N, (int)K, 1.0, (const double *)xa, (int)A.ld,
-                  (const double *)xb, (int)B.ld, bias ? 1.0 : 0.0, (double *)xc, (int)N);
+    cblas_dgemm(CblasRowMajor, opA, opB, (int)M, (int)N, (int)K, 1.0, (const double *)xa, (int)A.ld,
+                (const double *)xb, (int)B.ld, bias ? 1.0 : 0.0, (double *)xc, (int)N);
   }
   flow_tensor_decref(A.tmp);
   flow_tensor_decref(B.tmp);
@@ -107,4 +144,58 @@ int flow_cpu_linear(flow_tensor *out, const flow_tensor *x, const flow_tensor *w
   int rc = matmul(out, x, w, false, true, bias);
   flow_tensor_decref(tmp);
   return rc;
+}
+
+/* One GEMM for kernels that work a matrix at a time (generic.h's GEMM): C [M, N] (leading
+ * dimension ldc) = alpha op(A) op(B) + beta C, row-major operands. */
+int flow_cpu_gemm_f32(const char *op, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  return flow_onednn_sgemm(op, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+int flow_cpu_gemm_f64(const char *op, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                      const double *A, int64_t lda, const double *B, int64_t ldb, double beta, double *C,
+                      int64_t ldc) {
+  (void)op;
+  if (M == 0 || N == 0) return 0;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+              alpha, A, (int)(lda > 0 ? lda : 1), B, (int)(ldb > 0 ? ldb : 1), beta, C, (int)(ldc > 0 ? ldc : 1));
+  return 0;
+}
+
+/* ---- the reference: a plain loop, for tests only --------------------------------------------- */
+
+/* out[b, i, j] = sum_k op(A)[b, i, k] op(B)[b, k, j], accumulated in double, over any strides and
+ * broadcast batch axes (float32 or float64). */
+int flow_cpu_matmul_reference(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb) {
+  if (a->dtype != out->dtype || b->dtype != out->dtype || (a->dtype != FLOW_F32 && a->dtype != FLOW_F64))
+    return flow_error_set("matmul_reference: float32 or float64 operands of one dtype");
+  int n = out->ndim, na = a->ndim, nb = b->ndim;
+  int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = ta ? a->shape[na - 2] : a->shape[na - 1];
+  int64_t ars = a->stride[na - 2], acs = a->stride[na - 1], brs = b->stride[nb - 2], bcs = b->stride[nb - 1];
+  int64_t sam = ta ? acs : ars, sak = ta ? ars : acs, sbk = tb ? bcs : brs, sbn = tb ? brs : bcs;
+  int64_t batches = flow_shape_numel(n - 2, out->shape);
+  bool f32 = a->dtype == FLOW_F32;
+  const char *pa = flow_tensor_data(a), *pb = flow_tensor_data(b);
+  char *pc = flow_tensor_data(out);
+  for (int64_t bi = 0; bi < batches; bi++) {
+    int64_t oa = batch_offset(a, out, bi), ob = batch_offset(b, out, bi), oc = 0, rest = bi;
+    for (int d = n - 3; d >= 0; d--) {
+      oc += (rest % out->shape[d]) * out->stride[d];
+      rest /= out->shape[d];
+    }
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        double s = 0;
+        for (int64_t k = 0; k < K; k++) {
+          int64_t ia = oa + i * sam + k * sak, ib = ob + k * sbk + j * sbn;
+          s += f32 ? (double)((const float *)pa)[ia] * ((const float *)pb)[ib]
+                   : ((const double *)pa)[ia] * ((const double *)pb)[ib];
+        }
+        int64_t ic = oc + i * out->stride[n - 2] + j * out->stride[n - 1];
+        if (f32) ((float *)pc)[ic] = (float)s;
+        else ((double *)pc)[ic] = s;
+      }
+  }
+  return 0;
 }

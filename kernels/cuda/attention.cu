@@ -186,7 +186,7 @@ static int check_dims(const flow_tensor *q, const flow_tensor *k, const flow_ten
 /* Dense copies: the tensors in `stats` (lse, dlse) as float32, the rest in the compute dtype (the
  * autocast dtype when it is on and the inputs are float32). */
 static bool prepare(flow_tensor *const *src, flow_tensor **dst, int n, unsigned stats, flow_dtype *compute) {
-  flow_dtype ac = flow_cuda_autocast_dtype();
+  flow_dtype ac = flow_autocast_dtype();
   *compute = ac != FLOW_F32 && src[0]->dtype == FLOW_F32 ? ac : src[0]->dtype;
   bool ok = true;
   for (int i = 0; i < n; i++) {

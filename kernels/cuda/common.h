@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "../../core/autocast.h"
 #include "../../core/cuda.h"
 #include "../../core/error.h"
 #include "../../core/tensor.h"

@@ -157,7 +157,7 @@ done:
 
 /* GEMM under autocast: float32 inputs are cast down (bf16/f16), the output stays float32. */
 static int autocast_gemm(flow_tensor *y, flow_tensor *A, flow_tensor *B, bool ta, bool tb, bool accumulate) {
-  flow_dtype ac = flow_cuda_autocast_dtype();
+  flow_dtype ac = flow_autocast_dtype();
   if (ac == FLOW_F32 || A->dtype != FLOW_F32) return gemm(y, A, B, ta, tb, accumulate);
   flow_tensor *x = cuda_cast(A, ac), *w = x ? cuda_cast(B, ac) : NULL;
   int rc = w ? gemm(y, x, w, ta, tb, accumulate) : -1;

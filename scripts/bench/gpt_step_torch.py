@@ -1,7 +1,8 @@
 """PyTorch reference for scripts/bench/gpt_step.lua: the same GPT-2 (learned positions, pre-LN,
 GELU tanh, tied embeddings, causal attention), float32, AdamW, one training step timed. Debian's
 torch 1.13 has no fused attention, so attention is the masked softmax of q k^T (as nanoGPT's).
-Prints one line: `torch_ms <median> <min>`. Usage: python3 gpt_step_torch.py L D H T B V steps"""
+Prints one line: `torch_ms <median> <min>`. Usage: python3 gpt_step_torch.py L D H T B V steps [amp]
+with amp `bf16` for the forward and backward under torch.autocast("cpu", bfloat16)."""
 import math
 import sys
 import time
@@ -11,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 L, D, H, T, B, V, STEPS = (int(a) for a in sys.argv[1:8])
+AMP = len(sys.argv) > 8 and sys.argv[8] == "bf16"
 torch.manual_seed(0)
 torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
 
@@ -55,8 +57,9 @@ x, y = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
 
 
 def step():
-    loss = model(x, y)
-    loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AMP):
+        loss = model(x, y)
+        loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item()

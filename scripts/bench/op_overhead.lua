@@ -56,7 +56,7 @@ local matmul_us = per_call_us(function(n)
   for _ = 1, n do local _ = flow.matmul(m1, m2) end
 end, N // 2)
 
--- What of the matmul figure is BLAS itself: cblas_sgemm on the same 8x8 data, called from C.
+-- What of the matmul figure is the GEMM itself: oneDNN's matmul primitive on the same 8x8 data, called from C.
 local c8 = flow.zeros({8, 8})
 local sgemm_us = math.huge
 for _ = 1, REPEATS do sgemm_us = math.min(sgemm_us, flow._bench.sgemm(m1, m2, c8, N // 2) * 1e6) end
@@ -70,12 +70,12 @@ local lua_us = per_call_us(function(n)
   for _ = 1, n do local _ = lua_add(la, lb) end
 end, N)
 
-print(("op overhead (min of %d runs, %d iterations; OPENBLAS_NUM_THREADS=%s)")
-  :format(REPEATS, N, os.getenv("OPENBLAS_NUM_THREADS") or "unset"))
+print(("op overhead (min of %d runs, %d iterations; %d oneDNN thread(s))")
+  :format(REPEATS, N, flow._bench.onednn().threads))
 print(("  %-34s %8.3f µs"):format("Lua function + 4-element table", lua_us))
 print(("  %-34s %8.3f µs   %6.1fx Lua   %5.2fx PyTorch (%.3f µs, %s)")
   :format("a + b, float32 [4]", add_us, add_us / lua_us, add_us / TORCH_US, TORCH_US, torch_note))
 print(("  %-34s %8.3f µs   %6.1fx Lua   %5.2fx PyTorch (%.3f µs, %s)")
   :format("flow.matmul float32 [8,8]x[8,8]", matmul_us, matmul_us / lua_us, matmul_us / TORCH_MM_US, TORCH_MM_US, torch_note))
-print(("  %-34s %8.3f µs   (flow.matmul overhead over BLAS: %.3f µs)")
-  :format("cblas_sgemm [8,8]x[8,8] from C", sgemm_us, matmul_us - sgemm_us))
+print(("  %-34s %8.3f µs   (flow.matmul overhead over the GEMM: %.3f µs)")
+  :format("oneDNN matmul [8,8]x[8,8] from C", sgemm_us, matmul_us - sgemm_us))

@@ -1,0 +1,78 @@
+/* oneDNN on the CPU: the engine and its threads, the bf16 check, a cache of primitives keyed by
+ * shape (a training step creates none after its first), and the GEMM every float32 matmul uses. */
+#ifndef FLOW_CPU_ONEDNN_H
+#define FLOW_CPU_ONEDNN_H
+
+#include <dnnl.h>
+
+#include "cpu.h"
+
+/* Threads. oneDNN runs on OpenMP. The count each calling thread uses: FLOW_NUM_THREADS when set;
+ * else OMP_NUM_THREADS when set (OpenMP reads it); else 1 under mpirun (one rank per core, no
+ * oversubscription); else OpenMP's default (every core). */
+int flow_onednn_num_threads(void);
+
+/* Whether GEMMs and convolutions on float32 CPU tensors run in bf16 now: autocast asks for bf16
+ * and the CPU has AVX512-BF16 or AMX (oneDNN's own cpuid check), and FLOW_NO_BF16 is not set.
+ * When autocast asks and the CPU cannot, a message says so once and float32 runs instead. */
+bool flow_onednn_bf16(void);
+/* Whether this CPU runs bf16 natively (and FLOW_NO_BF16 is unset), autocast or not. */
+bool flow_onednn_bf16_native(void);
+
+/* ---- cached primitives ---------------------------------------------------------------------- */
+
+/* A primitive's identity: every number its descriptor was built from. */
+#define FLOW_ONEDNN_KEY_MAX 96
+typedef struct flow_onednn_key {
+  int n;
+  int64_t v[FLOW_ONEDNN_KEY_MAX];
+} flow_onednn_key;
+void flow_onednn_key_add(flow_onednn_key *k, int64_t x);
+
+/* Builds the primitive descriptor for a key (on a miss): a dnnl status. */
+typedef dnnl_status_t (*flow_onednn_build)(dnnl_primitive_desc_t *pd, dnnl_engine_t engine, const void *ctx);
+
+/* One argument of an execution: the DNNL_ARG_* slot and the data, laid out as the descriptor says. */
+typedef struct flow_onednn_arg {
+  int arg;
+  const void *data;
+} flow_onednn_arg;
+
+/* Runs the primitive cached under key (built by build(ctx) on first use) on args. `op` names the
+ * caller in errors. 0, or -1 with the error set. */
+int flow_onednn_run(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
+                    int nargs, const flow_onednn_arg *args);
+/* Bytes of the workspace (max pooling's argmax) the primitive under key needs: built if missing. */
+int flow_onednn_workspace_size(const char *op, const flow_onednn_key *key, flow_onednn_build build,
+                               const void *ctx, size_t *bytes);
+/* Primitives built so far (a step that builds none leaves it unchanged). */
+int64_t flow_onednn_primitives_built(void);
+
+/* ---- GEMM ----------------------------------------------------------------------------------- */
+
+/* A float32 operand of a batched GEMM: logical dims [batch..., rows, cols] (a batch dim of 1
+ * broadcasts) with element strides; a transpose is only a swap of the last two strides. */
+typedef struct flow_onednn_mat {
+  int ndim;
+  dnnl_dims_t dims, strides;   /* int64_t[DNNL_MAX_NDIMS] */
+  const float *data;
+} flow_onednn_mat;
+
+/* C[b] = alpha A[b] B[b] + bias + beta C[b] for every batch index b of C: A [.., M, K], B [.., K, N],
+ * C [.., M, N] with the broadcast batch shape (A, B and C share ndim; C's data is written),
+ * bias [N] dense or NULL. Float32 in and out; under bf16 autocast A and B are rounded to bf16 and
+ * the products accumulate in float32. `op` names the caller in errors. */
+int flow_onednn_gemm(const char *op, const flow_onednn_mat *a, const flow_onednn_mat *b, const flow_onednn_mat *c,
+                     const float *bias, float alpha, float beta);
+
+/* A bf16 copy of m (rounded to nearest even by oneDNN's reorder): a new 1-d bf16 tensor holding
+ * it, with *out describing it, dense in m's orientation. NULL with the error set. */
+flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_onednn_mat *out);
+
+/* The BLAS-style form of the same GEMM, for kernels working on one matrix at a time:
+ * C [M, N] (leading dimension ldc) = alpha op(A) op(B) + beta C, A and B row-major with leading
+ * dimensions lda, ldb, op transposing when ta / tb. */
+int flow_onednn_sgemm(const char *op, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+#endif
