@@ -1,6 +1,6 @@
--- Drives the flowlua binary (FLOW_BIN, exported by scripts/test.sh) through pipes. Each start
--- costs an MPI initialisation, so one REPL session serves several checks; MPI runs as an
--- isolated singleton (no orted) to keep it quick. Under AddressSanitizer the children skip the
+-- Drives the flowlua binary (FLOW_BIN, exported by scripts/test.sh) through pipes. One REPL
+-- session serves several checks; should a child start MPI, it runs as an isolated singleton (no
+-- orted) to keep it quick. Under AddressSanitizer the children skip the
 -- exit-time leak check: MPI's unloaded plugins leave allocations the suppressions cannot name,
 -- and this spec is about what the REPL prints (the runner process checks the library's leaks).
 local bin = os.getenv("FLOW_BIN")
