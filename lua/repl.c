@@ -41,8 +41,6 @@ void flow_repl_print_error(lua_State *L, const char *prog, const char *msg) {
   fflush(stderr);
 }
 
-int flow_repl_finish(lua_State *L, int status) { (void)L; return status; }
-
 /* ---- Ctrl-C ------------------------------------------------------------------------------- */
 
 /* While Lua runs, SIGINT sets a hook that raises at the next call, return or count step (as
