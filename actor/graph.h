@@ -74,6 +74,15 @@ int flow_graph_value_of(const flow_graph *g, const flow_tensor *t, const char *w
  * (their `live` flag stays false). Returns the number of live nodes. */
 int flow_graph_prune(flow_graph *g);
 
+/* Does the node move data between ranks (a boxing, or a traced local -> global conversion)? Such
+ * nodes run on the collective stream. */
+bool flow_gnode_communicates(const flow_gnode *n);
+
+/* Fusion "add to output" (OneFlow's allow_fuse_add_to_output): an out-of-place add whose first
+ * input dies there, read by nothing else on another stream, writes its sum into that input's
+ * buffer instead of a new one (add -> add_). Returns how many adds were fused. Run after pruning. */
+int flow_graph_fuse_add_to_output(flow_graph *g);
+
 /* The value whose memory v is (follows views and in-place writes to the root). */
 int flow_graph_root(const flow_graph *g, int v);
 

@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "../core/comm.h"
-#include "../ops/eager_global.h"
 #include "../ops/elementwise.h"
 
 #define ALIGN 64
@@ -46,13 +45,13 @@ struct flow_plan {
   flow_tensor *const *feed;  /* this run's inputs */
   flow_tensor *arena[FLOW_NDEVTYPES];
   int64_t arena_bytes, arena_bound, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
-  const flow_placement *placement; /* the ranks that must agree on the outcome of a run, or NULL */
+  int fused;                 /* adds fused into their first input's buffer */
+  bool global;               /* global tensors: every rank runs it, and all agree on the outcome */
 };
 
 static int stream_of(const flow_gnode *n) {
   if (n->kind == FLOW_GNODE_INPUT) return FLOW_STREAM_COPY;
-  if (n->kind == FLOW_GNODE_BOX || n->op == &flow_op_to_global) return FLOW_STREAM_COMM;
-  return FLOW_STREAM_COMPUTE;
+  return flow_gnode_communicates(n) ? FLOW_STREAM_COMM : FLOW_STREAM_COMPUTE;
 }
 
 static bool owns_memory(const flow_gnode *n) {
@@ -120,6 +119,7 @@ static int act_box(void *ctx, int64_t piece, const int *in_slot, const int *out_
     if (!x) return -1;
     flow_device_get(x->device.type)->zero(flow_tensor_data(x), x->device, flow_tensor_nbytes(x));
   }
+  if (getenv("BOXDBG")) { char a[64], b[64], c[64], d[64]; fprintf(stderr, "[%d] box node %d %s %s -> %s %s shape0 %lld\n", flow_comm_rank(), t->node, flow_placement_str(n->box.src_p, c, sizeof c), flow_nd_sbp_str(&n->box.src, a, sizeof a), flow_placement_str(n->box.dst_p, d, sizeof d), flow_nd_sbp_str(&n->box.dst, b, sizeof b), (long long)n->box.shape[0]); }
   flow_tensor *y = flow_box_run(&n->box, x);
   flow_tensor_decref(zeros);
   if (!y) return -1;
@@ -292,9 +292,12 @@ static const char *node_name(const flow_gnode *n) {
 flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
   int rnum = o && o->register_num > 0 ? o->register_num : 1;
   flow_graph_prune(g);
+  int fused = o && o->no_fusion ? 0 : flow_graph_fuse_add_to_output(g);
+  if (fused < 0) return NULL;
   flow_plan *p = calloc(1, sizeof *p);
   if (!p) { flow_error_set("nn.Graph: out of memory"); return NULL; }
   p->g = g;
+  p->fused = fused;
   p->task_of = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
   p->tasks = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof(ptask));
   p->v = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(pvalue));
@@ -326,11 +329,7 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
     pos[n] = next_pos[t->stream]++;
     p->task_of[n] = p->ntasks++;
     for (int i = 0; i < x->nin; i++) nread[x->in[i]]++;
-    for (int i = 0; i < x->nin && !p->placement; i++) {
-      int r = flow_graph_root(g, x->in[i]);
-      p->placement = g->values[x->in[i]].placement ? g->values[x->in[i]].placement : g->values[r].placement;
-    }
-    if (x->kind == FLOW_GNODE_BOX && !p->placement) p->placement = x->box.src_p;
+    p->global |= x->kind == FLOW_GNODE_BOX || (x->nout && g->values[x->out0].placement);
   }
   /* registers: one per value somebody reads; the rest keep one slot, outside the runtime */
   for (int n = 0; n < g->nnodes; n++) {
@@ -413,20 +412,21 @@ void flow_plan_set_feed(flow_plan *p, int tag, double lr, int64_t step) {
 
 /* ---- running ------------------------------------------------------------------------------------ */
 
-/* Every rank of the placement learns whether any failed; the lowest failing rank's message wins. */
+/* Every rank learns whether any failed; the lowest failing rank's message wins. A graph of global
+ * tensors is traced by every rank (SPMD), and its stages may live on different placements, so the
+ * world agrees. */
 static int agree_on_outcome(const flow_plan *p, int rc) {
-  if (!p->placement || p->placement->nranks < 2 || p->placement->me < 0) return rc;
-  flow_comm *c = flow_comm_for_ranks(p->placement->ranks, p->placement->nranks);
-  if (!c) return -1;
+  flow_comm *c = flow_comm_world();
+  if (!p->global || !c || c->size < 2) return rc;
   long long lo, hi;
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", rc == 0 ? "" : flow_error_get());
-  if (c->ops->minmax(c, rc == 0 ? LLONG_MAX : p->placement->me, &lo, &hi) != 0) return -1;
+  if (c->ops->minmax(c, rc == 0 ? LLONG_MAX : c->rank, &lo, &hi) != 0) return -1;
   if (lo == LLONG_MAX) return 0;
   if (c->ops->broadcast(c, msg, sizeof msg, FLOW_U8, (int)lo) != 0) return -1;
   msg[sizeof msg - 1] = 0;
   if (strncmp(msg, "[rank ", 6) == 0) return flow_error_set("nn.Graph: %s", msg);
-  return flow_error_set("nn.Graph: [rank %d] %s", p->placement->ranks[lo], msg);
+  return flow_error_set("nn.Graph: [rank %d] %s", (int)lo, msg);
 }
 
 int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **outputs) {
@@ -476,6 +476,8 @@ void flow_plan_memory_of(const flow_plan *p, flow_plan_memory *m) {
   m->captured_bytes = p->captured_bytes;
   m->measured_peak = p->measured_peak;
 }
+
+int flow_plan_fused(const flow_plan *p) { return p->fused; }
 
 int flow_plan_ntasks(const flow_plan *p, int stream) {
   int n = 0;

@@ -11,6 +11,7 @@ enum { FLOW_STREAM_COMPUTE, FLOW_STREAM_COMM, FLOW_STREAM_COPY, FLOW_NSTREAMS };
 
 typedef struct flow_plan_options {
   int register_num;          /* credits on every edge (default 1) */
+  bool no_fusion;            /* skip the add-to-output fusion */
 } flow_plan_options;
 
 typedef struct flow_plan flow_plan;
@@ -45,5 +46,6 @@ void flow_plan_trace(flow_plan *p, bool on);
 char *flow_plan_trace_events(const flow_plan *p, int rank);
 
 int flow_plan_ntasks(const flow_plan *p, int stream);
+int flow_plan_fused(const flow_plan *p);
 
 #endif

@@ -1,5 +1,7 @@
 /* The actor runtime (runtime.h): stream threads, register slots and the req/ack messages that
- * move them between actors. A stream acts its tasks in order; all else follows from the act rule. */
+ * move them between actors. A stream acts its tasks in order; all else follows from the act rule.
+ * Start is a command to each stream (its run generation); end of data needs no message, since
+ * every stream knows npieces and stops after its last piece. One run at a time. */
 #include "runtime.h"
 
 #include <pthread.h>
@@ -317,6 +319,8 @@ static void record_failure(flow_rt *rt, const rt_task *t) {
   pthread_mutex_unlock(&rt->mu);
 }
 
+/* Act once, then hand the produced slots on and the consumed ones back. The event's end time is
+ * taken before any req leaves, so a consumer's act never starts before its producer's ended. */
 static void act(rt_stream *s, rt_task *t, int64_t piece) {
   flow_rt *rt = s->rt;
   int *in_slot = t->slots, *out_slot = t->slots + t->nin;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../ops/eager_global.h"
+#include "../ops/elementwise.h"
 #include "graph.h"
 
 static _Thread_local flow_graph *current;
@@ -268,12 +270,14 @@ int flow_graph_output(flow_graph *g, const flow_tensor *t) {
   return 0;
 }
 
-/* Creation order is a topological order, so one backward sweep marks everything an output or a
- * write of captured state (an optimizer update) needs. */
+/* Creation order is a topological order, so one backward sweep marks everything an output, a
+ * write of captured state (an optimizer update) or a communication needs. Communication stays even
+ * when this rank has no use for its result: another rank may (a pipeline stage sends what only
+ * the next stage reads), and every rank must take part in the same transfers in the same order. */
 int flow_graph_prune(flow_graph *g) {
   for (int n = 0; n < g->nnodes; n++) {
     flow_gnode *x = &g->nodes[n];
-    x->live = x->kind == FLOW_GNODE_INPUT;
+    x->live = x->kind == FLOW_GNODE_INPUT || flow_gnode_communicates(x);
     if (x->kind == FLOW_GNODE_OP && x->op->kind == FLOW_OP_INPLACE) {
       int root = flow_graph_root(g, x->in[0]);
       x->live = g->nodes[g->values[root].node].kind == FLOW_GNODE_CAPTURE;
@@ -288,4 +292,47 @@ int flow_graph_prune(flow_graph *g) {
     for (int i = 0; i < x->nin; i++) g->nodes[g->values[x->in[i]].node].live = true;
   }
   return live;
+}
+
+bool flow_gnode_communicates(const flow_gnode *n) {
+  return n->kind == FLOW_GNODE_BOX || (n->kind == FLOW_GNODE_OP && n->op == &flow_op_to_global);
+}
+
+/* ---- fusion: add to output ------------------------------------------------------------------------ */
+
+int flow_graph_fuse_add_to_output(flow_graph *g) {
+  /* last[r]: the last live node reading memory root r; comm[r]: a collective reads it */
+  int *last = malloc((size_t)(g->nvalues ? g->nvalues : 1) * sizeof *last);
+  bool *comm = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *comm);
+  if (!last || !comm) { free(last); free(comm); return flow_error_set("nn.Graph: out of memory"); }
+  for (int v = 0; v < g->nvalues; v++) last[v] = -1;
+  for (int n = 0; n < g->nnodes; n++) {
+    const flow_gnode *x = &g->nodes[n];
+    if (!x->live) continue;
+    for (int i = 0; i < x->nin; i++) {
+      int r = flow_graph_root(g, x->in[i]);
+      last[r] = n;
+      comm[r] |= flow_gnode_communicates(x);
+    }
+  }
+  for (int i = 0; i < g->noutputs; i++) last[flow_graph_root(g, g->outputs[i])] = g->nnodes; /* returned: stays */
+  int fused = 0;
+  for (int n = 0; n < g->nnodes; n++) {
+    flow_gnode *x = &g->nodes[n];
+    if (!x->live || x->kind != FLOW_GNODE_OP || x->op != &flow_op_add || x->in[0] == x->in[1]) continue;
+    int a = x->in[0], r = flow_graph_root(g, a);
+    const flow_gnode *prod = &g->nodes[g->values[r].node];
+    const flow_gvalue *va = &g->values[a], *out = &g->values[x->out0];
+    /* the sum must fit a's buffer exactly, and a's memory must be a compute output that dies here */
+    if (r != a || prod->kind != FLOW_GNODE_OP || prod->op->kind != FLOW_OP_COMPUTE || last[r] != n || comm[r] ||
+        va->dtype != out->dtype || !flow_shape_eq(va->ndim, va->shape, out->ndim, out->shape) ||
+        flow_graph_root(g, x->in[1]) == r)
+      continue;
+    x->op = &flow_op_add_;
+    g->values[x->out0].alias = a;
+    fused++;
+  }
+  free(last);
+  free(comm);
+  return fused;
 }

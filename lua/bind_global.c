@@ -13,7 +13,6 @@
 #include "../core/nccl.h"
 #include "../ops/create.h"
 #include "../ops/elementwise.h"
-#include "../ops/reduce.h"
 #include "../ops/eager_global.h"
 #include "../sbp/signature.h"
 #include "bind.h"
@@ -559,57 +558,6 @@ static int l_like(lua_State *L) {
   return 1;
 }
 
-/* cross_entropy of global logits with reduction "mean": the fused mean divides by each shard's
- * own count, so it runs as sum / (global count of targets not ignored); the sum splits over rows.
- * Everything else goes to the local version (upvalue 1). */
-static int l_cross_entropy(lua_State *L) {
-  flow_tensor *x = flow_lua_test(L, 1);
-  const char *red = "mean";
-  lua_Integer ignore = -100;
-  if (lua_istable(L, 3)) {
-    lua_getfield(L, 3, "reduction");
-    if (lua_type(L, -1) == LUA_TSTRING) red = lua_tostring(L, -1);
-    lua_getfield(L, 3, "ignore_index");
-    if (lua_isinteger(L, -1)) ignore = lua_tointeger(L, -1);
-    lua_pop(L, 2);
-  }
-  lua_pushvalue(L, lua_upvalueindex(1));
-  if (!x || !x->global || strcmp(red, "mean") != 0 || !flow_lua_test(L, 2)) {
-    lua_insert(L, 1);
-    lua_call(L, lua_gettop(L) - 1, 1);
-    return 1;
-  }
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_createtable(L, 0, 2);
-  lua_pushliteral(L, "sum");
-  lua_setfield(L, -2, "reduction");
-  lua_pushinteger(L, ignore);
-  lua_setfield(L, -2, "ignore_index");
-  lua_call(L, 3, 1);
-  flow_tensor *total = flow_lua_check(L, -1, "cross_entropy"), *target = flow_lua_check(L, 2, "cross_entropy");
-  /* half-precision losses divide in float32: a count above 256 is not exact in bfloat16 */
-  bool half = total->dtype == FLOW_BF16 || total->dtype == FLOW_F16;
-  flow_dtype acc = half ? FLOW_F32 : total->dtype;
-  flow_tensor *skip = flow_scalar_tensor((double)ignore, target->dtype, target->device);
-  flow_tensor *valid = skip ? flow_ne(target, skip) : NULL;
-  flow_tensor *w = valid ? flow_cast(valid, acc) : NULL;
-  flow_tensor *count = w ? flow_sum(w, 0, NULL, false) : NULL;
-  flow_tensor *t32 = count ? (half ? flow_cast(total, acc) : (flow_tensor_incref(total), total)) : NULL;
-  flow_tensor *mean = t32 ? flow_div(t32, count) : NULL;
-  if (mean && half) {
-    flow_tensor *m = flow_cast(mean, total->dtype);
-    flow_tensor_decref(mean);
-    mean = m;
-  }
-  flow_tensor_decref(skip);
-  flow_tensor_decref(valid);
-  flow_tensor_decref(w);
-  flow_tensor_decref(count);
-  flow_tensor_decref(t32);
-  return flow_lua_push(L, mean);
-}
-
 /* t:item() and t:totable() of a global tensor read the logical value: the tensor is boxed to
  * broadcast first (a collective: every rank of the placement calls it, as in any SPMD script).
  * Local tensors go to the local method (upvalue 1). */
@@ -694,14 +642,6 @@ void flow_lua_open_global(lua_State *L) {
     lua_pushinteger(L, k);
     lua_pushcclosure(L, l_like, 2);
     lua_setfield(L, -2, likes[k]);
-  }
-
-  lua_getfield(L, -1, "cross_entropy");
-  if (!lua_isnil(L, -1)) {
-    lua_pushcclosure(L, l_cross_entropy, 1);
-    lua_setfield(L, -2, "cross_entropy");
-  } else {
-    lua_pop(L, 1);
   }
 
   flow_lua_push_methods(L);

@@ -5,6 +5,8 @@
 
 #include "../actor/plan.h"
 #include "../core/comm.h"
+#include "../ops/autograd.h"
+#include "../ops/eager_global.h"
 #include "bind.h"
 
 #define GRAPH_MT "flow.LazyGraph"
@@ -74,7 +76,7 @@ static int g_tag(lua_State *L) {
 static int g_compile(lua_State *L) {
   lgraph *x = check(L, "graph:compile");
   if (x->tracing) return luaL_error(L, "graph:compile: the graph is still being traced");
-  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1)};
+  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1), .no_fusion = lua_isboolean(L, 3) && !lua_toboolean(L, 3)};
   if (o.register_num < 1) return luaL_error(L, "graph:compile: register_num must be at least 1 (got %d)", o.register_num);
   if (!(x->plan = flow_plan_build(x->g, &o))) return flow_lua_error(L);
   return 0;
@@ -148,7 +150,7 @@ static int g_memory(lua_State *L) {
   return 1;
 }
 
-/* graph:stats() -> {nodes, live, boxings, tasks = {compute, collective, copy}} */
+/* graph:stats() -> {nodes, live, boxings, fused, tasks = {compute, collective, copy}} */
 static int g_stats(lua_State *L) {
   lgraph *x = check(L, "graph:stats");
   int boxes = 0, live = 0;
@@ -161,6 +163,7 @@ static int g_stats(lua_State *L) {
   lua_pushinteger(L, live); lua_setfield(L, -2, "live");
   lua_pushinteger(L, boxes); lua_setfield(L, -2, "boxings");
   if (x->plan) {
+    lua_pushinteger(L, flow_plan_fused(x->plan)); lua_setfield(L, -2, "fused");
     lua_createtable(L, 0, 3);
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE)); lua_setfield(L, -2, "compute");
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM)); lua_setfield(L, -2, "collective");
@@ -208,6 +211,47 @@ static int l_allgather_strings(lua_State *L) {
   return 1;
 }
 
+/* flow._seed_scale(s) -> previous: the implicit backward seed's scale (see autograd.h). */
+static int l_seed_scale(lua_State *L) {
+  lua_pushnumber(L, flow_autograd_set_seed_scale(luaL_checknumber(L, 1)));
+  return 1;
+}
+
+/* flow._graph.tracing(): is a graph being traced on this thread (ops record instead of run)? */
+static int l_tracing(lua_State *L) {
+  lua_pushboolean(L, flow_lazy_tracing());
+  return 1;
+}
+
+/* flow._defer_backward(on) -> previous; flow._run_deferred_backward() (see autograd.h). */
+static int l_defer_backward(lua_State *L) {
+  lua_pushboolean(L, flow_autograd_defer(lua_toboolean(L, 1)));
+  return 1;
+}
+
+static int l_run_deferred_backward(lua_State *L) {
+  if (flow_autograd_run_deferred() != 0) return flow_lua_error(L);
+  return 0;
+}
+
+/* flow._partial_leaf_grads(on) -> previous (see eager_global.h). */
+static int l_partial_leaf_grads(lua_State *L) {
+  lua_pushboolean(L, flow_global_set_partial_leaf_grads(lua_toboolean(L, 1)));
+  return 1;
+}
+
+/* flow._split_ways(t, axis) -> how many shards axis is split into over t's mesh (1: not split). */
+static int l_split_ways(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "_split_ways");
+  lua_Integer axis = luaL_checkinteger(L, 2);
+  const flow_global *g = flow_global_of(t);
+  int ways = 1;
+  for (int m = 0; g && m < g->sbp.n; m++)
+    if (g->sbp.v[m].kind == FLOW_SBP_S && g->sbp.v[m].axis == axis) ways *= g->placement->shape[m];
+  lua_pushinteger(L, ways);
+  return 1;
+}
+
 void flow_lua_open_graph(lua_State *L) {
   static const luaL_Reg methods[] = {{"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output},
                                      {"tag", g_tag}, {"compile", g_compile}, {"feed", g_feed}, {"run", g_run},
@@ -226,7 +270,19 @@ void flow_lua_open_graph(lua_State *L) {
   lua_setfield(L, -2, "new");
   lua_pushcfunction(L, l_memory);
   lua_setfield(L, -2, "memory");
+  lua_pushcfunction(L, l_tracing);
+  lua_setfield(L, -2, "tracing");
   lua_setfield(L, -2, "_graph");
   lua_pushcfunction(L, l_allgather_strings);
   lua_setfield(L, -2, "_allgather_strings");
+  lua_pushcfunction(L, l_seed_scale);
+  lua_setfield(L, -2, "_seed_scale");
+  lua_pushcfunction(L, l_defer_backward);
+  lua_setfield(L, -2, "_defer_backward");
+  lua_pushcfunction(L, l_run_deferred_backward);
+  lua_setfield(L, -2, "_run_deferred_backward");
+  lua_pushcfunction(L, l_partial_leaf_grads);
+  lua_setfield(L, -2, "_partial_leaf_grads");
+  lua_pushcfunction(L, l_split_ways);
+  lua_setfield(L, -2, "_split_ways");
 }

@@ -30,11 +30,13 @@ typedef struct flow_node {
 } flow_node;
 
 static _Thread_local bool grad_on = true;
+static _Thread_local double seed_scale = 1;
 static flow_leaf_grad_hook leaf_hook;
 
 bool flow_grad_enabled(void) { return grad_on; }
 bool flow_grad_set_enabled(bool on) { bool prev = grad_on; grad_on = on; return prev; }
 void flow_autograd_set_leaf_hook(flow_leaf_grad_hook hook) { leaf_hook = hook; }
+double flow_autograd_set_seed_scale(double s) { double prev = seed_scale; seed_scale = s; return prev; }
 
 static void drop_saved(flow_node *n) {
   for (int i = 0; i < n->nin; i++) { flow_tensor_decref(n->saved_in[i]); n->saved_in[i] = NULL; }
@@ -249,7 +251,53 @@ static int run_node(flow_node *n) {
   return rc;
 }
 
+/* Deferred backward calls (in call order), with the seed scale each was made under. */
+typedef struct deferred {
+  flow_tensor *t, *grad;
+  bool retain;
+  double scale;
+  struct deferred *next;
+} deferred;
+static _Thread_local bool deferring;
+static _Thread_local deferred *dhead, *dtail;
+
+bool flow_autograd_defer(bool on) {
+  bool prev = deferring;
+  deferring = on;
+  return prev;
+}
+
+int flow_autograd_run_deferred(void) {
+  bool prev = deferring;
+  deferring = false;
+  int rc = 0;
+  while (dhead) {
+    deferred *d = dhead;
+    dhead = d->next;
+    if (!dhead) dtail = NULL;
+    double s = flow_autograd_set_seed_scale(d->scale);
+    if (rc == 0) rc = flow_backward(d->t, d->grad, d->retain);
+    flow_autograd_set_seed_scale(s);
+    flow_tensor_decref(d->t);
+    flow_tensor_decref(d->grad);
+    free(d);
+  }
+  deferring = prev;
+  return rc;
+}
+
 int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph) {
+  if (deferring && t->requires_grad) {
+    deferred *d = malloc(sizeof *d);
+    if (!d) return flow_error_set("backward: out of memory");
+    *d = (deferred){t, grad, retain_graph, seed_scale, NULL};
+    flow_tensor_incref(t);
+    if (grad) flow_tensor_incref(grad);
+    if (dtail) dtail->next = d;
+    else dhead = d;
+    dtail = d;
+    return 0;
+  }
   if (!t->requires_grad)
     return flow_error_set("backward: the tensor does not require grad and has no grad_fn");
   flow_tensor *g0 = grad;
@@ -260,6 +308,11 @@ int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph) {
                             "(got shape %s); pass a gradient", flow_shape_str(t->ndim, t->shape, s, sizeof s));
     }
     g0 = flow_ones_like(t);
+    if (g0 && seed_scale != 1) {
+      flow_tensor *scaled = flow_mul_scalar(g0, seed_scale);
+      flow_tensor_decref(g0);
+      g0 = scaled;
+    }
     if (!g0) return -1;
   } else {
     if (!flow_shape_eq(grad->ndim, grad->shape, t->ndim, t->shape)) {

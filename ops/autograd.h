@@ -14,8 +14,18 @@ bool flow_grad_set_enabled(bool on);      /* returns the previous mode */
 int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a,
                          flow_tensor *const *out, int nout);
 
-/* t:backward(grad): grad may be NULL for a one-element t. */
+/* t:backward(grad): grad may be NULL for a one-element t (the seed is then ones, times the seed
+ * scale). */
 int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph);
+/* The implicit seed's scale (1 by default): gradient accumulation over M micro-batches traces
+ * each backward with 1/M, so the summed gradients are those of the whole batch. Returns the
+ * previous scale. Per thread. */
+double flow_autograd_set_seed_scale(double s);
+/* While deferring, backward calls are queued instead of run; run_deferred runs them in call order
+ * (a pipeline traces every micro-batch's forward before the backwards: GPipe's order). Per thread;
+ * defer returns the previous setting. */
+bool flow_autograd_defer(bool on);
+int flow_autograd_run_deferred(void);
 
 /* The global layer may convert a gradient before it lands in leaf->grad (e.g. box P -> B so a
  * broadcast parameter gets an all-reduced gradient). Returns a new reference or NULL on error. */

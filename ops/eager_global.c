@@ -747,6 +747,8 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   return rc;
 }
 
+static _Thread_local bool partial_leaf_grads;
+
 /* A broadcast parameter's gradient arrives partial (one piece per rank): box it to the leaf's
  * own SBP, which for data parallelism is the all-reduce. */
 static flow_tensor *leaf_hook(flow_tensor *leaf, flow_tensor *g) {
@@ -771,9 +773,19 @@ static flow_tensor *leaf_hook(flow_tensor *leaf, flow_tensor *g) {
     flow_tensor_decref(src);
     src = w;
   }
-  flow_tensor *r = flow_to_global(src, lg->placement, &lg->sbp);
+  flow_nd_sbp want = lg->sbp;
+  if (partial_leaf_grads && gg && gg->placement == lg->placement) /* ZeRO-2: reduce-scatter later, not all-reduce now */
+    for (int m = 0; m < want.n; m++)
+      if (want.v[m].kind == FLOW_SBP_B && gg->sbp.v[m].kind == FLOW_SBP_P) want.v[m] = gg->sbp.v[m];
+  flow_tensor *r = flow_to_global(src, lg->placement, &want);
   flow_tensor_decref(src);
   return r;
+}
+
+bool flow_global_set_partial_leaf_grads(bool on) {
+  bool prev = partial_leaf_grads;
+  partial_leaf_grads = on;
+  return prev;
 }
 
 void flow_global_install(void) {

@@ -22,6 +22,10 @@ flow_tensor *flow_to_global(flow_tensor *t, const flow_placement *p, const flow_
  * global gradient). A local t comes back unchanged (new reference). */
 flow_tensor *flow_to_local(flow_tensor *t);
 
+/* While on, a broadcast leaf keeps a partial-sum gradient partial instead of all-reducing it (ZeRO
+ * stage 2 reduce-scatters it in the optimizer). Per thread; returns the previous setting. */
+bool flow_global_set_partial_leaf_grads(bool on);
+
 /* The cross-rank agreement check before each global op (off by default). */
 void flow_global_set_check(bool on);
 bool flow_global_check_enabled(void);

@@ -72,7 +72,7 @@ flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool tran
 
 /* Linear: Y [N, out] = X [N, in] W[out, in]^T + b [out], the bias written before the GEMM adds onto
  * it (no separate add pass). Called as flow._call("linear", {}, x, w, b) by nn.functional.linear
- * for local CPU tensors. */
+ * when a bias is given, on local and global tensors alike. */
 static int infer_linear(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
   (void)a;
@@ -98,7 +98,7 @@ static FLOW_KERNEL(cpu_linear) {
   return flow_cpu_linear(out[0], in[0], in[1], in[2]);
 }
 
-/* dX = G W,  dW = G^T X,  db = G summed over rows */
+/* dX = G W,  dW = G^T X,  db = G summed over rows (ops, so global tensors take their own rules) */
 static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *g = c->gout[0];
   if (!g) return 0;
@@ -108,5 +108,6 @@ static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(linear) {.nin = 3, .nout = 1, .infer = infer_linear, .grad = grad_linear, .save_in = 3};
+FLOW_OP(linear) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(linear, 0),
+                 .infer = infer_linear, .grad = grad_linear, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, linear, cpu_linear)

@@ -9,6 +9,7 @@
 #include "../sbp/signature.h"
 #include "autograd.h"
 #include "elementwise.h"
+#include "reduce.h"
 
 /* op-specific attrs.flags bits */
 enum {
@@ -302,14 +303,42 @@ static int grad_cross_entropy(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(cross_entropy) {.nin = 2, .nout = 2, .sbp = FLOW_SBP_RULE(cross_entropy, 0),
+/* The fused mean divides by the count of targets on its shard: under split rows that is not the
+ * logical mean, so a mean runs whole (flow_cross_entropy computes a global one from the sum). */
+FLOW_OP(cross_entropy) {.nin = 2, .nout = 2, .sbp = FLOW_SBP_RULE_UNLESS(cross_entropy, 0, CE_MEAN),
                         .infer = infer_cross_entropy, .grad = grad_cross_entropy, .save_in = 3,
                         .save_out = 2, .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy, cpu_cross_entropy)
 FLOW_OP(cross_entropy_grad) {.nin = 5, .nout = 1,
-                             .sbp = FLOW_SBP_RULE(cross_entropy, FLOW_SBP_BACKWARD),
+                             .sbp = FLOW_SBP_RULE_UNLESS(cross_entropy, FLOW_SBP_BACKWARD, CE_MEAN),
                              .infer = infer_cross_entropy_grad};
 FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy_grad, cpu_cross_entropy_grad)
+
+/* mean = sum / count, count = the targets that are not ignore_index: on global tensors the sum runs
+ * on split rows (partial sums) and the count is a sum over the global target, so the division sees
+ * logical values. Half-precision losses divide in float32: a count above 256 is not exact in
+ * bfloat16 (nor above 2048 in float16). */
+static flow_tensor *global_mean(flow_tensor *sum, flow_tensor *target, int64_t ignore_index) {
+  bool half = sum->dtype == FLOW_BF16 || sum->dtype == FLOW_F16;
+  flow_dtype acc = half ? FLOW_F32 : sum->dtype;
+  flow_tensor *skip = flow_scalar_tensor((double)ignore_index, target->dtype, target->device);
+  flow_tensor *valid = skip ? flow_ne(target, skip) : NULL;
+  flow_tensor *w = valid ? flow_cast(valid, acc) : NULL;
+  flow_tensor *count = w ? flow_sum(w, 0, NULL, false) : NULL;
+  flow_tensor *s = !count ? NULL : half ? flow_cast(sum, acc) : (flow_tensor_incref(sum), sum);
+  flow_tensor *mean = s ? flow_div(s, count) : NULL;
+  if (mean && half) {
+    flow_tensor *m = flow_cast(mean, sum->dtype);
+    flow_tensor_decref(mean);
+    mean = m;
+  }
+  flow_tensor_decref(skip);
+  flow_tensor_decref(valid);
+  flow_tensor_decref(w);
+  flow_tensor_decref(count);
+  flow_tensor_decref(s);
+  return mean;
+}
 
 flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_t ignore_index,
                                 flow_reduction reduction) {
@@ -317,9 +346,14 @@ flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_
   flow_attrs_init(&at);
   at.ignore_index = ignore_index;
   if (reduction != FLOW_REDUCTION_NONE) at.flags |= CE_REDUCE;
-  if (reduction == FLOW_REDUCTION_MEAN) at.flags |= CE_MEAN;
+  bool global = logits->global || target->global;
+  if (reduction == FLOW_REDUCTION_MEAN && !global) at.flags |= CE_MEAN; /* one fused kernel */
   flow_tensor *in[2] = {logits, target};
-  return flow_op_call1(&flow_op_cross_entropy, in, 2, &at);
+  flow_tensor *loss = flow_op_call1(&flow_op_cross_entropy, in, 2, &at);
+  if (!loss || reduction != FLOW_REDUCTION_MEAN || !global) return loss;
+  flow_tensor *mean = global_mean(loss, target, ignore_index);
+  flow_tensor_decref(loss);
+  return mean;
 }
 
 /* ---- scaled_dot_product_attention ------------------------------------------------------------

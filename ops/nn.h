@@ -15,7 +15,8 @@ flow_tensor *flow_softmax(flow_tensor *t, int64_t axis);
 flow_tensor *flow_log_softmax(flow_tensor *t, int64_t axis);
 /* Over the last axis; weight and bias ([C]) may be NULL. */
 flow_tensor *flow_layer_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *bias, double eps);
-/* logits [..., C], target int64 [...] (0-based classes); mean is over non-ignored targets. */
+/* logits [..., C], target int64 [...] (0-based classes); mean is over non-ignored targets (of the
+ * logical tensors for global ones: sum over split rows, then / the global count). */
 flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_t ignore_index,
                                 flow_reduction reduction);
 /* q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv] -> [B,H,Tq,Dv]; scale NaN means 1/sqrt(D). */

@@ -103,6 +103,21 @@ void flow_sbp_rule_matmul(const flow_sig_query *q, unsigned flags, flow_sig_list
   if ((s = add(l))) { s->in[1] = P; s->out[0] = P; }
 }
 
+/* ---- linear: Y [N, out] = X [N, in] W [out, in]^T + b [out] ------------------------------------ */
+
+/* Rows of X split -> rows of Y; out features split (W's rows with b) -> Y's columns; in features
+ * split (X's and W's columns) -> partial sums of X W^T, so b goes partial too and is counted once
+ * (B -> P keeps it on one rank). Y is linear in (X, b) together and in (W, b) together. */
+void flow_sbp_rule_linear(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)q; (void)flags;
+  flow_sbp_sig *s;
+  if ((s = add(l))) { s->in[0] = S(0); s->out[0] = S(0); }
+  if ((s = add(l))) { s->in[1] = S(0); s->in[2] = S(0); s->out[0] = S(1); }
+  if ((s = add(l))) { s->in[0] = S(1); s->in[1] = S(1); s->in[2] = P; s->out[0] = P; }
+  if ((s = add(l))) { s->in[0] = P; s->in[2] = P; s->out[0] = P; }
+  if ((s = add(l))) { s->in[1] = P; s->in[2] = P; s->out[0] = P; }
+}
+
 /* ---- ops normalising over one axis: split on any other ------------------------------------- */
 
 void flow_sbp_rule_softmax(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
@@ -233,11 +248,8 @@ void flow_sbp_rule_scatter_add(const flow_sig_query *q, unsigned flags, flow_sig
 
 /* cross_entropy(logits [..., C], target [...]) -> loss, lse [...]; cross_entropy_grad
  * (FLOW_SBP_BACKWARD: logits, target, lse, g, glse) -> dlogits. Rows split on any batch axis:
- * per-row losses stay split, a sum becomes partial. A mean divides by the local count of targets, so it has no split signature (the
- * global layer lowers a global mean to sum / count). CE_MEAN is ops/nn.c's flag bit. */
-#define CE_MEAN_FLAG (1 << 17)
+ * per-row losses stay split, a sum becomes partial. */
 void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
-  if (q->attrs->flags & CE_MEAN_FLAG) return;
   bool grad = flags & FLOW_SBP_BACKWARD;
   int rows = q->in_ndim[0] - 1;
   for (int i = 0; i < rows; i++) {
@@ -258,6 +270,7 @@ bool flow_sbp_candidates(const flow_sbp_rule *rule, const flow_sig_query *q, flo
   out->n = 0;
   all_same(q, out, B);
   if (!rule || q->nin > FLOW_SIG_MAX_IO || q->nout > FLOW_SIG_MAX_IO) return false;
+  if (q->attrs && (q->attrs->flags & rule->whole_when)) return true;
   rule->fn(q, rule->flags, out);
   return true;
 }

@@ -46,15 +46,21 @@ typedef struct flow_sbp_rule {
   const char *family;          /* for the explain trace */
   flow_sbp_rule_fn fn;
   unsigned flags;
+  unsigned whole_when;         /* attrs.flags bits (the op's own) under which the result depends on
+                                  whole inputs: the op then runs under all-broadcast only */
 } flow_sbp_rule;
 
 /* The rule of family `id` with flags, for an op definition: .sbp = FLOW_SBP_RULE(matmul, 0). */
-#define FLOW_SBP_RULE(id, flags) (&(const flow_sbp_rule){#id, flow_sbp_rule_##id, (flags)})
+#define FLOW_SBP_RULE(id, flags) (&(const flow_sbp_rule){#id, flow_sbp_rule_##id, (flags), 0})
+/* ... that holds unless attrs.flags has one of the bits in `whole` (say, a mean over all rows that
+ * divides by a count no shard knows). */
+#define FLOW_SBP_RULE_UNLESS(id, flags, whole) (&(const flow_sbp_rule){#id, flow_sbp_rule_##id, (flags), (whole)})
 
 /* The families (what each allows is documented above its builder in signature.c). */
 void flow_sbp_rule_elementwise(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_reduce(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_matmul(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_linear(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_softmax(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_layer_norm(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_attention(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
@@ -68,8 +74,9 @@ void flow_sbp_rule_index_select(const flow_sig_query *q, unsigned flags, flow_si
 void flow_sbp_rule_scatter_add(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 
-/* Fill the candidates (the all-broadcast one always comes first). Returns false when the op has
- * no rule (NULL): it then runs on broadcast inputs only. */
+/* Fill the candidates (the all-broadcast one always comes first; it is the only one when the attrs
+ * carry one of the rule's whole_when bits). Returns false when the op has no rule (NULL): it then
+ * runs on broadcast inputs only. */
 bool flow_sbp_candidates(const flow_sbp_rule *rule, const flow_sig_query *q, flow_sig_list *out);
 
 #endif

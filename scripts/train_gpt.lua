@@ -16,7 +16,7 @@ local defaults = {
   eval_every = 300, eval_iters = 10, log_every = 50,
   data = "/usr/share/doc/jargon-text/jargon.txt.gz", val_fraction = 0.05,
   save = "", save_every = 0, stop_at = 0, resume = "", seed = 1337, sample_len = 200, temperature = 0.8,
-  dp = 1, tp = 1, pp = 1, mode = "eager", device = "cpu", amp = "off",
+  dp = 1, tp = 1, pp = 1, mode = "eager", device = "cpu", amp = "off", micro_batches = 1, zero = 0, checkpointing = false,
 }
 local ok, args = pcall(utils.parse_args, arg, defaults)
 if not ok then
@@ -30,16 +30,24 @@ local function fail(msg)
 end
 
 if args.mode ~= "eager" and args.mode ~= "graph" then fail(("--mode %s: expected eager or graph"):format(args.mode)) end
-if args.pp ~= 1 then
-  fail(("--pp %d: pipeline stages are not built yet (use --pp 1)"):format(args.pp))
+if args.mode ~= "graph" then
+  for _, f in ipairs({ { "pp", 1 }, { "micro_batches", 1 }, { "zero", 0 } }) do
+    if args[f[1]] ~= f[2] then fail(("--%s %s needs --mode graph"):format(f[1]:gsub("_", "-"), tostring(args[f[1]]))) end
+  end
 end
-if args.dp < 1 or args.tp < 1 or args.dp * args.tp ~= flow.world_size() then
-  fail(("--dp %d x --tp %d must equal the number of ranks (%d): run under mpirun -np %d"):format(
-    args.dp, args.tp, flow.world_size(), args.dp * args.tp))
+if args.checkpointing then fail("--checkpointing: activation checkpointing is not built yet") end
+if args.zero < 0 or args.zero > 3 then fail(("--zero %s: expected 0, 1, 2 or 3"):format(tostring(args.zero))) end
+if args.micro_batches < 1 or args.batch % args.micro_batches ~= 0 then
+  fail(("--micro-batches %d must divide --batch %d"):format(args.micro_batches, args.batch))
 end
-local parallel = args.dp * args.tp > 1
+if args.pp < 1 or args.pp > args.layers then fail(("--pp %d: expected 1 to --layers (%d) stages"):format(args.pp, args.layers)) end
+if args.dp < 1 or args.tp < 1 or args.dp * args.tp * args.pp ~= flow.world_size() then
+  fail(("--dp %d x --tp %d x --pp %d must equal the number of ranks (%d): run under mpirun -np %d"):format(
+    args.dp, args.tp, args.pp, flow.world_size(), args.dp * args.tp * args.pp))
+end
+local parallel = args.dp * args.tp * args.pp > 1
 if parallel and (args.save ~= "" or args.resume ~= "") then
-  fail("--save/--resume with --dp/--tp > 1 are not supported yet (checkpoints are written from one rank's local tensors)")
+  fail("--save/--resume with --dp/--tp/--pp > 1 are not supported yet (checkpoints are written from one rank's local tensors)")
 end
 if args.tp > 1 and (args.heads % args.tp ~= 0 or (4 * args.dim) % args.tp ~= 0) then
   fail(("--tp %d must divide --heads %d and 4 x --dim"):format(args.tp, args.heads))
@@ -73,26 +81,38 @@ if on_gpu then model:to(args.device) end
 -- are > 1), parameters broadcast over dp and Megatron-split over tp, batches split over dp.
 -- Every rank draws the same batch from the same RNG; to_global keeps each rank's slice.
 local S, B = flow.sbp.split, flow.sbp.broadcast
+-- With --pp P each pipeline stage is such a layout on its own dp x tp ranks (stage s holds ranks
+-- s*dp*tp ...); batches live on all ranks (a dp*P x tp mesh), and the graph moves activations
+-- between stages.
 local place, batch_sbp, replicated
+local stage_places = {}
 local devtype = on_gpu and "cuda" or "cpu"
 if parallel then
-  local ranks = {}
-  for r = 0, flow.world_size() - 1 do ranks[#ranks + 1] = r end
-  if args.dp > 1 and args.tp > 1 then
+  local two_d = args.dp > 1 and args.tp > 1
+  -- rows x tp ranks from `first`: a 2-D mesh for dp x tp, else 1-D
+  local function layout(first, rows)
+    local ranks = {}
+    for r = first, first + rows * args.tp - 1 do ranks[#ranks + 1] = r end
+    if not two_d then return flow.placement(devtype, ranks) end
     local mesh = {}
-    for i = 0, args.dp - 1 do
+    for i = 0, rows - 1 do
       mesh[i + 1] = {}
       for j = 0, args.tp - 1 do mesh[i + 1][j + 1] = ranks[i * args.tp + j + 1] end
     end
-    place, batch_sbp, replicated = flow.placement(devtype, mesh), { S(0), B }, { B, B }
-    model:to_global(place, function(name) return { B, gpt.tensor_parallel_sbp(name) } end)
-  elseif args.tp > 1 then
-    place, batch_sbp, replicated = flow.placement(devtype, ranks), B, B
-    model:to_global(place, gpt.tensor_parallel_sbp)
-  else
-    place, batch_sbp, replicated = flow.placement(devtype, ranks), S(0), B
-    model:to_global(place, B)
+    return flow.placement(devtype, mesh)
   end
+  for s = 0, args.pp - 1 do stage_places[s + 1] = layout(s * args.dp * args.tp, args.dp) end
+  place = args.pp > 1 and layout(0, args.dp * args.pp) or stage_places[1]
+  local param_sbp
+  if two_d then
+    batch_sbp, replicated = { S(0), B }, { B, B }
+    param_sbp = function(name) return { B, gpt.tensor_parallel_sbp(name) } end
+  elseif args.tp > 1 then
+    batch_sbp, replicated, param_sbp = B, B, gpt.tensor_parallel_sbp
+  else
+    batch_sbp, replicated, param_sbp = S(0), B, B
+  end
+  model:to_global(stage_places[1], param_sbp)
 end
 local function get_batch(split)
   local x, y = ds:batch(split, args.batch, args.seq)
@@ -176,13 +196,16 @@ local step_graph
 if args.mode == "graph" then
   step_graph = flow.nn.Graph {
     model = model, optimizer = opt, clip_grad_norm = args.grad_clip > 0 and args.grad_clip or nil,
-    config = { amp = args.amp },
+    config = { amp = args.amp, grad_accumulation_steps = args.micro_batches, zero_stage = args.zero },
     build = function(self, x, y)
       local _, l = self.model(x, y)
       l:backward()
       return l
     end,
   }
+  if args.pp > 1 then
+    for _, st in ipairs(gpt.pipeline_stages(model, stage_places)) do step_graph:set_stage(st[1], st[2]) end
+  end
 end
 
 -- Mean loss over eval_iters batches of the val split: always the same batches (drawn at a fixed

@@ -172,6 +172,25 @@ describe("nn.Graph passes", function()
     assert.is_true(mem.measured_peak >= mem.planned)
   end)
 
+  it("fusion: a residual add writes into its dying input's buffer, with the same numbers", function()
+    local m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
+    local fused = nn.Graph { model = m, build = function(self, x) return (self.model(x) + x):sum() end }
+    local plain = nn.Graph { model = m, config = { allow_fuse_add_to_output = false },
+                             build = function(self, x) return (self.model(x) + x):sum() end }
+    local keep = nn.Graph { model = m, build = function(self, x)
+      local h = self.model(x)
+      return h + x, h -- h is returned: its buffer must stay
+    end }
+    local x = flow.randn({ 8, 16 })
+    assert.equal(plain(x):item(), fused(x):item())
+    assert.is_true(fused:stats().fused >= 1)
+    assert.equal(0, plain:stats().fused)
+    local s, h = keep(x)
+    assert.equal(0, keep:stats().fused)
+    assert.near(0, (s - (m(x) + x)):abs():max():item(), 1e-6)
+    assert.near(0, (h - m(x)):abs():max():item(), 1e-6)
+  end)
+
   it("optimizer: one AdamW update per call, lr and step fed at each run", function()
     local w = flow.tensor({ 1.0, -2.0 })
     w.requires_grad = true

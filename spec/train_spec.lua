@@ -184,8 +184,13 @@ describe("scripts/train_gpt.lua", function()
 
   it("rejects flags it cannot honour with a clear message", function()
     local cases = {
-      { "--dp 2", "%-%-dp 2 x %-%-tp 1 must equal the number of ranks %(1%)" },
-      { "--mode graph", "graph mode need the lazy graph and actor engine" },
+      { "--dp 2", "%-%-dp 2 x %-%-tp 1 x %-%-pp 1 must equal the number of ranks %(1%)" },
+      { "--mode lazy", "%-%-mode lazy: expected eager or graph" },
+      { "--pp 2", "%-%-pp 2 needs %-%-mode graph" },
+      { "--mode graph --pp 2", "%-%-dp 1 x %-%-tp 1 x %-%-pp 2 must equal the number of ranks %(1%)" },
+      { "--mode graph --micro-batches 3 --batch 8", "%-%-micro%-batches 3 must divide %-%-batch 8" },
+      { "--mode graph --zero 4", "%-%-zero 4: expected 0, 1, 2 or 3" },
+      { "--checkpointing", "%-%-checkpointing: activation checkpointing is not built yet" },
       { "--layer 2", "unknown flag %-%-layer %(flags: .*%-%-layers" },
       { "--device tpu", "%-%-device tpu: expected cpu or cuda" },
       { "--amp bf16", "%-%-amp bf16 needs %-%-device cuda" },

@@ -62,8 +62,17 @@ function GPT:forward(idx, targets)
   local x = self.drop(self.wte(idx) + self.wpe(pos))
   for i = 1, #self.h do x = self.h[i](x) end
   x = self.ln_f(x)
-  local logits = F.linear(x, self.wte.weight) -- tied: logits = x wte^T
-  if targets then return logits, F.cross_entropy(logits, targets) end
+  -- tied: logits = x wte^T. On a pipeline the head's stage reads the embedding's weight from the
+  -- first stage (boxed between the placements; its gradient goes back the same way).
+  local w = self.wte.weight
+  if x.is_global and w.is_global and x.placement ~= w.placement then w = w:to_global(x.placement, w.sbp) end
+  local logits = F.linear(x, w)
+  if targets then
+    if targets.is_global and logits.is_global and targets.placement ~= logits.placement then
+      targets = targets:to_global(logits.placement, targets.sbp)
+    end
+    return logits, F.cross_entropy(logits, targets)
+  end
   return logits
 end
 
@@ -74,6 +83,18 @@ end
 -- (S(0)): the lookup gives partial sums, the logits x wte^T come out split on the vocabulary
 -- (when moving the activations costs less than moving the table) and the loss is flow.parallel's
 -- vocab-parallel cross-entropy. Everything else is broadcast.
+-- Pipeline stages for nn.Graph: the embeddings and the first blocks on placements[1], ..., the
+-- last blocks and the final layer norm on placements[#placements] (blocks spread evenly).
+-- Returns {{module, placement}, ...} for G:set_stage.
+function gpt.pipeline_stages(model, placements)
+  local n, L = #placements, #model.h
+  if n < 1 or n > L then error(("gpt.pipeline_stages: %d stages for %d blocks"):format(n, L), 2) end
+  local stages = { { model.wte, placements[1] }, { model.wpe, placements[1] } }
+  for i = 1, L do stages[#stages + 1] = { model.h[i], placements[(i - 1) * n // L + 1] } end
+  stages[#stages + 1] = { model.ln_f, placements[n] }
+  return stages
+end
+
 function gpt.tensor_parallel_sbp(name)
   local S, B = flow.sbp.split, flow.sbp.broadcast
   if name:match("c_attn%.[wb]") or name:match("c_fc%.[wb]") then return S(0) end

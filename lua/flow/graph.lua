@@ -21,7 +21,8 @@ Graph.__index = Graph
 
 local options = { model = "table", optimizer = "table", lr_scheduler = "function", clip_grad_norm = "number",
                   build = "function", config = "table" }
-local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string" }
+local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string",
+                         allow_fuse_add_to_output = "boolean", zero_stage = "number" }
 
 local function check_options(t, known, what)
   for k, v in pairs(t) do
@@ -45,16 +46,20 @@ function M.new(opts)
   local rn = config.register_num or 1
   if rn < 1 or math.type(rn) ~= "integer" then error(("nn.Graph config: register_num must be an integer >= 1 (got %s)"):format(rn), 2) end
   local acc = config.grad_accumulation_steps or 1
-  if acc ~= 1 then
-    error(("nn.Graph config: grad_accumulation_steps = %s: micro-batches (the unpack/repeat/acc actors) are not built "
-      .. "yet; only 1 is supported"):format(tostring(acc)), 2)
+  if math.type(acc) ~= "integer" or acc < 1 then
+    error(("nn.Graph config: grad_accumulation_steps must be an integer >= 1 (got %s)"):format(tostring(acc)), 2)
   end
+  local zero = config.zero_stage or 0
+  if math.type(zero) ~= "integer" or zero < 0 or zero > 3 then
+    error(("nn.Graph config: zero_stage must be 0, 1, 2 or 3 (got %s)"):format(tostring(zero)), 2)
+  end
+  if zero > 0 and not opts.optimizer then error("nn.Graph config: zero_stage needs an optimizer", 2) end
   if config.amp and config.amp ~= "bf16" and config.amp ~= "off" then
     error(("nn.Graph config: amp must be \"bf16\" or \"off\" (got %q)"):format(config.amp), 2)
   end
   local self = setmetatable({
     model = opts.model, optimizer = opts.optimizer, lr_scheduler = opts.lr_scheduler, clip = opts.clip_grad_norm,
-    build = opts.build, config = config, register_num = rn, plans = {}, compiles = 0, last = nil,
+    build = opts.build, config = config, register_num = rn, accumulation = acc, plans = {}, compiles = 0, last = nil,
   }, Graph)
   return self
 end
@@ -87,23 +92,249 @@ local function params_of(self)
   return out
 end
 
+-- Micro-batch k of M of a batch tensor (axis 0). A tensor split over ranks on axis 0 is unpacked
+-- shard by shard: each rank's k-th slice of its own rows, so no data moves (the micro-batch is
+-- still split, with 1/M of the rows); any other tensor is sliced as a whole.
+local function micro_batch(t, k, M)
+  local s = t:shape()
+  if #s == 0 then error("nn.Graph: grad_accumulation_steps needs batch tensors (axis 0); got a 0-d input", 0) end
+  local ways = flow._split_ways(t, 0)
+  local rows = s[1] // ways
+  if s[1] % ways ~= 0 or rows % M ~= 0 then
+    error(("nn.Graph: grad_accumulation_steps = %d does not divide the batch: %d rows%s"):format(M, s[1],
+      ways > 1 and (" split over %d ranks (%d each)"):format(ways, rows) or ""), 0)
+  end
+  local mb = rows // M
+  if ways == 1 then return flow.narrow(t, 0, k * mb, mb) end
+  local grouped = { ways, rows }
+  for i = 2, #s do grouped[#grouped + 1] = s[i] end
+  local out = { ways * mb }
+  for i = 2, #s do out[#out + 1] = s[i] end
+  return flow.reshape(flow.narrow(flow.reshape(t, grouped), 1, k * mb, mb), out)
+end
+
+-- Run build once per micro-batch (inputs unpacked, variables the same, each backward seeded with
+-- 1/M so the accumulated gradients are the whole batch's); outputs are averaged over them.
+function Graph:_trace_micro_batches(lazy, n)
+  local M = self.accumulation
+  local function run(inputs)
+    local function go() return table.pack(self.build(self, table.unpack(inputs, 1, n))) end
+    if self.config.amp == "bf16" then return flow.autocast("bfloat16", go) end
+    return go()
+  end
+  if M == 1 then return run(lazy) end
+  -- on a pipeline every micro-batch's forward is traced before the backwards (GPipe's order), so
+  -- a stage's stream runs forwards ahead while later stages work on earlier micro-batches
+  local defer = self.stages ~= nil and flow._defer_backward(true)
+  local sum
+  for k = 0, M - 1 do
+    local micro = {}
+    for i = 1, n do micro[i] = flow.is_tensor(lazy[i]) and micro_batch(lazy[i], k, M) or lazy[i] end
+    local prev = flow._seed_scale(1 / M)
+    local ok, outs = pcall(run, micro)
+    flow._seed_scale(prev)
+    if not ok then
+      if self.stages then flow._defer_backward(defer); pcall(flow._run_deferred_backward) end
+      error(outs, 0)
+    end
+    if not sum then sum = outs
+    else for i = 1, outs.n do sum[i] = sum[i] + outs[i] end end
+  end
+  if self.stages then
+    flow._defer_backward(defer)
+    flow._run_deferred_backward()
+  end
+  for i = 1, sum.n do if flow.is_tensor(sum[i]) then sum[i] = sum[i] / M end end
+  return sum
+end
+
+-------------------------------------------------------------------------------- pipeline stages
+
+-- Put a module's computation on `placement` (a pipeline stage): its parameters move there now
+-- (in the model and the optimizer; a tensor tied to an earlier stage's module stays there), and
+-- in the trace its tensor inputs are boxed to that placement (send/recv between placements).
+function Graph:set_stage(module, placement)
+  if type(module) ~= "table" or not module._order then error("nn.Graph:set_stage: expected a module", 2) end
+  if type(placement) ~= "userdata" or not pcall(function() return placement.ranks end) or not placement.ranks then
+    error(("nn.Graph:set_stage: expected a placement (got %s)"):format(tostring(placement)), 2)
+  end
+  if next(self.plans) then error("nn.Graph:set_stage: stages must be set before the first call", 2) end
+  self.stages = self.stages or {}
+  self.staged = self.staged or {}
+  self.stages[#self.stages + 1] = { module = module, placement = placement }
+  local map = {}
+  flow.no_grad(function()
+    for _, p in ipairs(module:parameters()) do
+      if not self.staged[p] and not (p.is_global and p.placement == placement) then
+        local q = p:to_global(placement, p.is_global and p.sbp or flow.sbp.broadcast):detach()
+        q:requires_grad_(true)
+        map[p] = q
+        self.staged[q] = true
+      end
+      self.staged[p] = true
+    end
+  end)
+  if self.model then self.model:swap_parameters(map) else module:swap_parameters(map) end
+  local opt = self.optimizer
+  if opt then
+    opt:swap_parameters(map)
+    for i, p in opt:each() do -- state made before the move follows its parameter
+      for key, t in pairs(opt.state[i] or {}) do
+        if p.is_global and t.placement ~= p.placement then opt.state[i][key] = t:to_global(p.placement, p.sbp) end
+      end
+    end
+  end
+  return self
+end
+
+-- While tracing, each staged module boxes its inputs to its placement.
+function Graph:_enter_stages()
+  for _, st in ipairs(self.stages or {}) do
+    local P, forward = st.placement, st.module.forward
+    rawset(st.module, "forward", function(m, ...)
+      local args = table.pack(...)
+      for i = 1, args.n do
+        local a = args[i]
+        if flow.is_tensor(a) and a.is_global and a.placement ~= P then args[i] = a:to_global(P, a.sbp) end
+      end
+      return forward(m, table.unpack(args, 1, args.n))
+    end)
+  end
+  return function()
+    for _, st in ipairs(self.stages or {}) do rawset(st.module, "forward", nil) end
+  end
+end
+
+-------------------------------------------------------------------------------- ZeRO
+
+-- ZeRO over the data-parallel axis (mesh axis 0, where the parameters are broadcast), as SBP:
+-- stage 1 keeps the optimizer state split S(0) there; stage 2 also reduce-scatters the gradients
+-- (P -> S(0)) instead of all-reducing them; stage 3 also stores the parameters split and the
+-- trace all-gathers each (S(0) -> B) before use, its gradient coming back by reduce-scatter.
+local function sharded(sbp)
+  if type(sbp) ~= "table" then return flow.sbp.split(0) end
+  local z = {}
+  for i, v in ipairs(sbp) do z[i] = v end
+  z[1] = flow.sbp.split(0)
+  return z
+end
+
+local function broadcast_on_axis0(sbp)
+  return (type(sbp) == "table" and sbp[1] or sbp) == flow.sbp.broadcast
+end
+
+function Graph:_setup_zero()
+  local stage = self.config.zero_stage or 0
+  if self.zero ~= nil or stage == 0 then return end
+  self.zero = false
+  local params = params_of(self)
+  local P = params[1] and params[1].is_global and params[1].placement
+  if not P or P.shape[1] == 1 then
+    io.stderr:write(("nn.Graph: warning: zero_stage = %d with data parallelism 1 (%s): nothing to shard, running without ZeRO\n"):format(
+      stage, P and "mesh axis 0 has one rank" or "local parameters"))
+    return
+  end
+  local z = { stage = stage, placement = P, shard = {}, full = {} }
+  for _, p in ipairs(params) do
+    if not p.is_global or p.placement ~= P or not broadcast_on_axis0(p.sbp) then
+      error(("nn.Graph: zero_stage needs every parameter broadcast over mesh axis 0 (the data-parallel axis) of %s; "
+        .. "a parameter of shape {%s} has sbp %s"):format(tostring(P), table.concat(p:shape(), ","), tostring(p.sbp)), 0)
+    end
+    z.shard[p], z.full[p] = sharded(p.sbp), p.sbp
+  end
+  local opt = self.optimizer
+  opt:init_state()
+  flow.no_grad(function()
+    for i, p in opt:each() do
+      for key, t in pairs(opt.state[i] or {}) do opt.state[i][key] = t:to_global(P, z.shard[p]) end
+    end
+    if stage == 3 then
+      local map = {}
+      for _, p in ipairs(params) do
+        local s = p:to_global(P, z.shard[p]):detach()
+        s:requires_grad_(true)
+        map[p] = s
+        z.shard[s], z.full[s] = z.shard[p], z.full[p]
+      end
+      if self.model then self.model:swap_parameters(map) end
+      opt:swap_parameters(map)
+    end
+  end)
+  self.zero = z
+end
+
+-- The optimizer pass under ZeRO: every update runs on this rank's shard of the parameter, its
+-- gradient and its state; stages 1-2 all-gather the updated shards into the parameter.
+function Graph:_zero_updates(g)
+  local z, opt = self.zero, self.optimizer
+  local P = z.placement
+  local work, grads = {}, {}
+  flow.no_grad(function()
+    for i, p, grp in opt:each() do
+      if p.grad then
+        local gs = p.grad:to_global(P, z.shard[p]) -- B -> S(0) a local slice; P -> S(0) a reduce-scatter
+        work[#work + 1] = { i, p, gs, grp }
+        grads[#grads + 1] = gs
+      end
+    end
+    if self.clip then flow.optim.clip_grads(grads, self.clip) end
+    for _, w in ipairs(work) do
+      local i, p, gs, grp = w[1], w[2], w[3], w[4]
+      g:tag(grp.index)
+      if z.stage == 3 then
+        opt:update(i, p, gs, grp)
+      else
+        local ps = p:to_global(P, z.shard[p])
+        opt:update(i, ps, gs, grp)
+        p:copy_(ps:to_global(P, z.full[p]))
+      end
+    end
+    g:tag(0)
+  end)
+end
+
 function Graph:_compile(args)
+  self:_setup_zero()
   local g = flow._graph.new()
   local opt = self.optimizer
   local params = params_of(self)
   if opt then opt:init_state() end
+  local z = self.zero
+  -- ZeRO-3: the trace sees each parameter all-gathered where the model reads it
+  local restore_params = function() end
+  local partial = z and z.stage >= 2 and flow._partial_leaf_grads(true)
   local saved = {}
   for i, p in ipairs(params) do saved[i] = p.grad; p.grad = nil end
   g:begin()
-  local ok, err = pcall(function()
+  -- debug >= 2: trace errors carry the Lua traceback of the build code that raised them
+  local handler = (self.config.debug or 0) >= 2 and debug.traceback or function(e) return e end
+  local ok, err = xpcall(function()
     local lazy = {}
     for i = 1, args.n do
       local a = args[i]
       lazy[i] = flow.is_tensor(a) and g:input(a) or a
     end
-    local function run_build() return table.pack(self.build(self, table.unpack(lazy, 1, args.n))) end
-    local outs = self.config.amp == "bf16" and flow.autocast("bfloat16", run_build) or run_build()
-    if opt then
+    if z and z.stage == 3 and self.model then
+      local gathered = {}
+      for _, p in ipairs(params) do gathered[p] = p:to_global(z.placement, z.full[p]) end
+      restore_params = self.model:swap_parameters(gathered)
+    end
+    local leave = self:_enter_stages()
+    local ok_trace, outs = pcall(self._trace_micro_batches, self, lazy, args.n)
+    leave()
+    if not ok_trace then error(outs, 0) end
+    restore_params()
+    if self.stages then -- results come back to where the inputs live, so every rank can read them
+      local home
+      for i = 1, args.n do if flow.is_tensor(args[i]) and args[i].is_global then home = home or args[i].placement end end
+      for i = 1, outs.n do
+        local o = outs[i]
+        if home and flow.is_tensor(o) and o.is_global and o.placement ~= home then outs[i] = o:to_global(home, o.sbp) end
+      end
+    end
+    if z then
+      self:_zero_updates(g)
+    elseif opt then
       if self.clip then flow.optim.clip_grad_norm(params, self.clip) end
       opt:apply(function(gi) g:tag(gi) end)
       g:tag(0)
@@ -114,16 +345,18 @@ function Graph:_compile(args)
       end
       g:output(outs[i])
     end
-  end)
+  end, handler)
   g:finish()
+  restore_params()
+  if z and z.stage >= 2 then flow._partial_leaf_grads(partial) end
   for i, p in ipairs(params) do p.grad = saved[i] end
   if not ok then error(err, 0) end
-  g:compile(self.register_num)
+  g:compile(self.register_num, self.config.allow_fuse_add_to_output ~= false)
   self.compiles = self.compiles + 1
   if (self.config.debug or 0) > 0 then
     local st = g:stats()
-    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings; tasks %d compute, %d collective, %d copy"):format(
-      self.compiles, st.nodes, st.live, st.boxings, st.tasks.compute, st.tasks.collective, st.tasks.copy))
+    print(("nn.Graph: compiled plan %d: %d nodes traced, %d live, %d boxings, %d adds fused; tasks %d compute, %d collective, %d copy"):format(
+      self.compiles, st.nodes, st.live, st.boxings, st.fused, st.tasks.compute, st.tasks.collective, st.tasks.copy))
   end
   return g
 end

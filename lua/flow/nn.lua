@@ -10,22 +10,19 @@ nn.functional = F
 
 -- Inputs of rank > 2 are folded into one [N, in] matrix first: one GEMM each way, and the weight
 -- gradient comes out [out, in] directly instead of per batch and then summed.
--- With a bias on local tensors of one device, the fused "linear" op writes the bias and lets GEMM
--- add onto it (one pass over the output fewer).
+-- With a bias, the fused "linear" op writes the bias and lets GEMM add onto it (one pass over the
+-- output fewer); on global tensors its SBP rule splits rows, out features or in features.
 function F.linear(x, weight, bias)
   local s = x:shape()
-  local fused = bias ~= nil and #s >= 2 and x.device == weight.device and x.device == bias.device
-    and not x.is_global and not weight.is_global and not bias.is_global
   local x2 = x
   if #s > 2 then x2 = flow.reshape(x, { x:numel() // s[#s], s[#s] }) end
   local y
-  if fused then y = flow._call("linear", {}, x2, weight, bias)
+  if bias then y = flow._call("linear", {}, x2, weight, bias)
   else y = flow.matmul(x2, weight, { transpose_b = true }) end
   if #s > 2 then
     s[#s] = weight:shape()[1]
     y = flow.reshape(y, s)
   end
-  if bias and not fused then y = y + bias end
   return y
 end
 
@@ -249,6 +246,23 @@ function Module:to(device)
     rawset(owner, k, m)
   end)
   return self
+end
+
+-- Replace parameters by map[t] wherever they appear (tied ones stay tied); returns a function
+-- that puts the previous ones back. nn.Graph uses it (ZeRO-3 shards the parameters, and its
+-- trace gathers them before use).
+function Module:swap_parameters(map)
+  local undo = {}
+  each_parameter(self, "", function(owner, k, _, t)
+    local new = map[t]
+    if new ~= nil then
+      undo[#undo + 1] = { owner, k, t }
+      rawset(owner, k, new)
+    end
+  end)
+  return function()
+    for i = #undo, 1, -1 do rawset(undo[i][1], undo[i][2], undo[i][3]) end
+  end
 end
 
 -- Make every parameter a global tensor on placement with sbp (data parallel: sbp = broadcast).

@@ -51,6 +51,13 @@ function Optimizer:zero_grad()
   for _, p in self:each() do p.grad = nil end
 end
 
+-- Replace parameters by map[p] (their state stays: it is keyed by position).
+function Optimizer:swap_parameters(map)
+  for _, g in ipairs(self.groups) do
+    for i, p in ipairs(g.params) do g.params[i] = map[p] or p end
+  end
+end
+
 -- Set the learning rate of every group (what a schedule calls once per step).
 function Optimizer:set_lr(lr)
   for _, g in ipairs(self.groups) do g.lr = lr end
@@ -202,25 +209,44 @@ AdamW.state_keys = Adam.state_keys
 -- norm stays a tensor until the end (in a graph it is one: the scale is min(1, max_norm / norm)
 -- computed on the device, never read back), and is returned as a number for real tensors.
 function optim.clip_grad_norm(params, max_norm)
+  local grads = {}
+  for _, p in ipairs(params) do
+    if p.grad then grads[#grads + 1] = p.grad end
+  end
+  return optim.clip_grads(grads, max_norm)
+end
+
+-- A 0-d global t moved (broadcast) to where `like` lives, when that is another placement
+-- (gradients of pipeline stages live on different placements).
+local function beside(t, like)
+  if not (t.is_global and like.is_global) or t.placement == like.placement then return t end
+  local b = flow.sbp.broadcast
+  if #like.placement.shape > 1 then
+    b = {}
+    for i = 1, #like.placement.shape do b[i] = flow.sbp.broadcast end
+  end
+  return t:to_global(like.placement, b)
+end
+
+-- clip_grad_norm on a list of gradient tensors (scaled in place).
+function optim.clip_grads(grads, max_norm)
   local total
   flow.no_grad(function()
-    local grads = {}
-    for _, p in ipairs(params) do
-      local g = p.grad
-      if g then
-        grads[#grads + 1] = g
-        local gf = g.dtype == "float64" and g or g:cast("float64")
-        local sq = flow.sum(gf * gf)
-        total = total and total + sq or sq
-      end
+    for _, g in ipairs(grads) do
+      local gf = g.dtype == "float64" and g or g:cast("float64")
+      local sq = flow.sum(gf * gf)
+      total = total and total + beside(sq, total) or sq
     end
     if not total then return end
     total = flow.sqrt(total)
     local coef = flow.clamp(max_norm / (total + 1e-6), nil, 1)
-    for _, g in ipairs(grads) do g:mul_(g.dtype == "float64" and coef or coef:cast(g.dtype)) end
+    for _, g in ipairs(grads) do
+      local c = beside(coef, g)
+      g:mul_(g.dtype == "float64" and c or c:cast(g.dtype))
+    end
   end)
   if not total then return 0 end
-  return flow.is_lazy(total) and total or total:item()
+  return flow._graph.tracing() and total or total:item()
 end
 
 -- Linear warmup over `warmup` steps to lr, then cosine decay to min_lr at `steps` (llm.c's

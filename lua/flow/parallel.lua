@@ -45,8 +45,9 @@ function parallel.cross_entropy(logits, target, opts)
   local place, list = logits.placement, sbp_list(logits)
   local shape = logits:shape()
   local last, C = #shape - 1, shape[#shape]
-  -- targets outside [0, C) are an error as on one rank (no rank would pick them)
-  local bad = flow.no_grad(function()
+  -- targets outside [0, C) are an error as on one rank (no rank would pick them). A graph has no
+  -- data while tracing: there the check is left out (see the note on nn.Graph in the README).
+  local bad = flow._graph.tracing() and 0 or flow.no_grad(function()
     return flow.sum((flow.lt(target, 0):long() + flow.ge(target, C):long()) * flow.ne(target, ignore):long()):item()
   end)
   if bad > 0 then
@@ -64,7 +65,15 @@ function parallel.cross_entropy(logits, target, opts)
   end
   if has_p then logits = logits:to_global(place, one(whole)) end
   local m = flow.no_grad(function()
-    local local_max = flow.max(logits:detach():to_local(), -1, true)
+    local mine = logits:detach():to_local()
+    local shape = mine:shape()
+    local local_max
+    if shape[#shape] == 0 then -- a rank outside the placement (a pipeline stage it is not in) holds nothing
+      shape[#shape] = 1
+      local_max = flow.zeros(shape, { dtype = mine.dtype, device = mine.device })
+    else
+      local_max = flow.max(mine, -1, true)
+    end
     return flow.max(local_max:to_global(place, one(whole)), -1, true)
   end)
   local z = logits - m

@@ -5,7 +5,8 @@ local utils = {}
 
 -- Flags: parse_args(arg, spec) with spec = {name = default, ...}; "--name value" or
 -- "--name=value"; dashes in names map to underscores ("--min-lr" sets min_lr). The value is
--- converted to the default's type; a flag not in spec is an error that lists the known ones.
+-- converted to the default's type (a boolean default makes a switch: "--name" alone sets it); a
+-- flag not in spec is an error that lists the known ones.
 function utils.parse_args(argv, spec)
   local out = {}
   for k, v in pairs(spec) do out[k] = v end
@@ -22,14 +23,20 @@ function utils.parse_args(argv, spec)
     if not name then
       name = a:match("^%-%-([%w%-_]+)$")
       if not name then error(("unexpected argument '%s' (flags: %s)"):format(a, known()), 0) end
-      i = i + 1
-      value = argv[i]
+      if type(spec[(name:gsub("%-", "_"))]) == "boolean" then value = "true" -- a switch takes no value
+      else
+        i = i + 1
+        value = argv[i]
+      end
     end
     local key = name:gsub("%-", "_")
     local def = spec[key]
     if def == nil then error(("unknown flag --%s (flags: %s)"):format(name, known()), 0) end
     if value == nil then error(("flag --%s needs a value"):format(name), 0) end
-    if type(def) == "number" then
+    if type(def) == "boolean" then
+      if value ~= "true" and value ~= "false" then error(("flag --%s is a switch: true or false (got '%s')"):format(name, value), 0) end
+      out[key] = value == "true"
+    elseif type(def) == "number" then
       local n = tonumber(value)
       if not n then error(("flag --%s needs a number (got '%s')"):format(name, value), 0) end
       if math.type(def) == "integer" then

@@ -5,7 +5,7 @@
 -- Prints step time (median of --steps after --warmup) and peak storage bytes during a step, for
 -- eager and graph, and their ratios; with --dp N the batch is split over the ranks (data parallel:
 -- in the graph the gradient all-reduces run on the collective stream while backward goes on).
--- Last, the actor engine's own cost: µs per act on a chain of 1000 no-op actors.
+-- Then the add-to-output fusion on and off. Last, the actor engine's own cost: µs per act on a chain of 1000 no-op actors.
 local flow = require "flow"
 local utils = require "flow.utils"
 local gpt = require "flow.gpt"
@@ -67,7 +67,13 @@ model, opt, x, y = setup()
 local G = flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0,
   build = function(self, idx, tgt) local _, l = self.model(idx, tgt); l:backward(); return l end }
 local graph_ms, graph_peak = measure(function() return G(x, y):item() end)
-local mem = G:memory()
+local mem, fused = G:memory(), G:stats().fused
+
+-- the same graph without the add-to-output fusion
+model, opt, x, y = setup()
+local G2 = flow.nn.Graph { model = model, optimizer = opt, clip_grad_norm = 1.0, config = { allow_fuse_add_to_output = false },
+  build = function(self, idx, tgt) local _, l = self.model(idx, tgt); l:backward(); return l end }
+local unfused_ms = measure(function() return G2(x, y):item() end)
 
 local MB = 1 / 2 ^ 20
 print(("graph bench: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, dp %d, OPENBLAS_NUM_THREADS=%s"):format(
@@ -75,6 +81,8 @@ print(("graph bench: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, dp %d, OPE
   os.getenv("OPENBLAS_NUM_THREADS") or "unset"))
 print(("step ms (median of %d): eager %.1f, graph %.1f -> graph/eager %.2fx time"):format(args.steps, eager_ms, graph_ms,
   graph_ms / eager_ms))
+print(("fusion add-to-output: %d adds write into their input's buffer; step %.1f ms fused, %.1f ms unfused -> %.3fx"):format(
+  fused, graph_ms, unfused_ms, graph_ms / unfused_ms))
 print(("peak storage during a step: eager %.1f MB, graph %.1f MB -> graph/eager %.2fx"):format(eager_peak * MB,
   graph_peak * MB, graph_peak / eager_peak))
 print(("graph plan: arena %.1f MB (%.1f MB unpacked, %.1f MB alive at most), dedicated %.1f MB, captured %.1f MB; planned %.1f MB, measured %.1f MB"):format(

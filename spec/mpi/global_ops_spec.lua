@@ -100,6 +100,54 @@ describe("matmul SBP", function()
   end)
 end)
 
+describe("linear SBP", function()
+  local F = flow.nn.functional
+  -- y = x W^T + b: 5 rows, 3 in and 6 out features, so splits are uneven at 2 and 4 ranks
+  local x0, w0, b0 = randn({ 5, 3 }), flow.arange(0, 18):float():view({ 6, 3 }) / 10 - 0.8, flow.arange(0, 6):float() / 4
+  local r = flow.arange(0, 30):float():view({ 5, 6 }) / 30 - 0.5
+  local function reference()
+    local x, w, b = x0:detach():requires_grad_(true), w0:detach():requires_grad_(true), b0:detach():requires_grad_(true)
+    local y = flow.matmul(x, w, { transpose_b = true }) + b
+    flow.sum(y * r):backward()
+    return y, { x.grad, w.grad, b.grad }
+  end
+  local expect, grads = reference()
+  for _, c in ipairs({
+    { "S(0), B, B gives S(0): rows split", { S(0), B, B }, "S(0)" },
+    { "B, S(0), S(0) gives S(1): out features split", { B, S(0), S(0) }, "S(1)" },
+    { "S(1), S(1), B gives P: in features split, the broadcast bias counted once", { S(1), S(1), B }, "P" },
+    { "S(1), S(1), P gives P", { S(1), S(1), PS }, "P" },
+    { "P, B, P gives P", { PS, B, PS }, "P" },
+    { "B, P, P gives P", { B, PS, PS }, "P" },
+  }) do
+    it(c[1] .. ", values and gradients equal the 1-rank ones", function()
+      local ins = {}
+      for i, t in ipairs({ x0, w0, b0 }) do ins[i] = global(t, P, c[2][i]):detach():requires_grad_(true) end
+      local y = F.linear(ins[1], ins[2], ins[3])
+      if ws > 1 then assert.equal(c[3], tostring(y.sbp)) end -- one rank: every signature is free
+      assert_close(expect, whole(y), 1e-5)
+      flow.sum(y * global(r, P, B)):backward()
+      for i = 1, 3 do
+        assert.equal(tostring(c[2][i]), tostring(ins[i].grad.sbp))
+        assert_close(grads[i], whole(ins[i].grad), 1e-5)
+      end
+    end)
+  end
+  it("a 3-d input is folded into rows and keeps its batch split", function()
+    local x3 = randn({ 4, 3, 3 })
+    local y = F.linear(global(x3, P, S(0)), global(w0, P, B), global(b0, P, B))
+    assert.same({ 4, 3, 6 }, y:shape())
+    assert_close(flow.matmul(x3, w0, { transpose_b = true }) + b0, whole(y), 1e-5)
+  end)
+  it("runs the linear op under its own rule", function()
+    local text = flow.explain(function()
+      return F.linear(global(x0, P, S(1)), global(w0, P, S(1)), global(b0, P, B))
+    end)
+    assert.matches("signature [linear]", text, 1, true)
+    assert.not_matches("matmul(", text, 1, true)
+  end)
+end)
+
 describe("reductions and normalisations", function()
   local x = randn({ 6, 4 })
   it("sum over the split axis gives P", function()
@@ -151,6 +199,35 @@ describe("cross-entropy SBP", function()
       assert_close(xl.grad, whole(x.grad), 1e-5)
     end)
   end
+end)
+
+describe("cross-entropy mean over global rows", function()
+  -- [2, 5, 4] logits split on axis 1 (uneven at 2 and 4 ranks); ignore_index 3 leaves the last
+  -- rows of the second sample without a target, so some shards count fewer targets than others
+  local logits0 = randn({ 2, 5, 4 })
+  local target0 = flow.tensor({ { 0, 3, 2, 1, 3 }, { 1, 2, 0, 3, 3 } })
+  for _, sbp in ipairs({ S(0), S(1) }) do
+    it(("divides the sum by the global count of targets not ignored (rows %s)"):format(tostring(sbp)), function()
+      local x = global(logits0, P, sbp):detach():requires_grad_(true)
+      local loss = flow.cross_entropy(x, global(target0, P, sbp), { ignore_index = 3 })
+      local xl = logits0:detach():requires_grad_(true)
+      local ll = flow.cross_entropy(xl, target0, { ignore_index = 3 })
+      assert_close(ll, whole(loss), 1e-5)
+      loss:backward()
+      ll:backward()
+      assert_close(xl.grad, whole(x.grad), 1e-5)
+    end)
+  end
+  it("keeps the logits split: the loss op runs on shards", function()
+    local x, t = global(logits0, P, S(0)), global(target0, P, S(0))
+    local text = flow.explain(function() return flow.cross_entropy(x, t, { ignore_index = 3 }) end)
+    if ws > 1 then assert.matches("signature [cross_entropy]: S(0), S(0) ->", text, 1, true) end
+  end)
+  it("takes a whole tensor through the fused mean when called with its flags (no split signature)", function()
+    local CE_MEAN = (1 << 16) | (1 << 17)
+    local sigs = flow._signatures("cross_entropy", { flags = CE_MEAN }, logits0, target0)
+    assert.equal(1, #sigs)
+  end)
 end)
 
 describe("global autograd", function()
