@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -406,6 +407,15 @@ void flow_comm_finalize(void) {
   }
 }
 
+void flow_comm_abort(int code) {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!flow_comm_uses_mpi() || world->size < 2 || fin) return;
+  fflush(stdout);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 int flow_comm_node_local(int *rank, int *size) {
   *rank = 0;
   *size = 1;
@@ -430,6 +440,8 @@ int flow_comm_init(void) {
 int flow_comm_init_mpi(void) { return flow_error_set("flow_comm_init_mpi: this build has no MPI (FLOW_MPI=OFF)"); }
 
 bool flow_comm_uses_mpi(void) { return false; }
+
+void flow_comm_abort(int code) { (void)code; }
 
 void flow_comm_finalize(void) {
   free_cached();

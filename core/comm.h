@@ -74,6 +74,10 @@ bool flow_comm_uses_mpi(void);
 /* Finalise MPI when this process started it (also at exit, if the state was never closed);
  * frees every cached communicator. */
 void flow_comm_finalize(void);
+/* End every rank of a multi-rank MPI world now with this exit code (MPI_Abort), for an error one
+ * rank cannot recover from: a finalize would wait forever on peers blocked in a collective.
+ * Returns (doing nothing) in a world of one, where the caller exits as usual. */
+void flow_comm_abort(int code);
 int flow_comm_rank(void);
 int flow_comm_size(void);
 flow_comm *flow_comm_world(void);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/comm.h"
 #include "repl.h"
 
 int luaopen_flow(lua_State *L);
@@ -122,12 +123,16 @@ int flow_main_pcall(lua_State *L, int nargs, int nres) {
   return rc;
 }
 
-/* Print the error on top (if status says there is one) and pop it; returns status. */
+/* Print the error on top (if status says there is one) and pop it; returns status. With several
+ * ranks only the failing one prints, so the message says which it is. */
 static int report(lua_State *L, int status) {
   if (status != LUA_OK) {
+    int top = lua_gettop(L);
     const char *msg = lua_tostring(L, -1);
-    flow_repl_print_error(L, progname, msg ? msg : "(error object is not a string)");
-    lua_pop(L, 1);
+    if (!msg) msg = "(error object is not a string)";
+    if (flow_comm_size() > 1) msg = lua_pushfstring(L, "[rank %d] %s", flow_comm_rank(), msg);
+    flow_repl_print_error(L, progname, msg);
+    lua_settop(L, top - 1);
   }
   return status;
 }
@@ -328,6 +333,9 @@ int main(int argc, char **argv) {
   int status = lua_pcall(L, 2, 1, 0);
   int ok = lua_toboolean(L, -1);
   report(L, status);
+  /* An uncaught error on one rank ends the whole job now: closing the state would finalize MPI,
+   * which waits for peers that may be blocked in a collective this rank never joins. */
+  if (!ok || status != LUA_OK) flow_comm_abort(EXIT_FAILURE);
   lua_close(L);
   pool_free(&pool);
   return ok && status == LUA_OK ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -1,5 +1,6 @@
 -- flowlua as a drop-in lua5.4: the same arguments given to $FLOW_BIN and to Debian's lua5.4 print
--- the same and exit the same (the program's name aside); os.exit under mpirun ends cleanly.
+-- the same and exit the same (the program's name aside); os.exit under mpirun ends cleanly, and
+-- an uncaught error on one rank ends the whole job.
 local shell = require "support.shell"
 local bin = os.getenv("FLOW_BIN")
 local sh_quote, has, run = shell.quote, shell.has, shell.run
@@ -108,5 +109,27 @@ describe("flowlua under mpirun", function()
     if not flow._has_mpi then return pending("this build has no MPI (FLOW_MPI=OFF)") end
     local _, _, code = mpirun(2, "-e 'os.exit(3)'")
     assert.equal(3, code)
+  end)
+
+  it("ends the whole job at once when one rank raises: its error, tagged with its rank, once", function()
+    if not has("mpirun") then return pending("mpirun is not installed") end
+    if not flow._has_mpi then return pending("this build has no MPI (FLOW_MPI=OFF)") end
+    -- rank 0 goes on into a collective that rank 1 never joins
+    local one_fails = write("one_fails.lua", [[
+local P = flow.placement("cpu", {0, 1})
+if flow.rank() == 1 then error("only rank 1 fails") end
+local x = flow.ones({4}, {placement = P, sbp = flow.sbp.split(0)})
+print(x:to_global(P, flow.sbp.broadcast):sum():item())
+]])
+    local t0 = flow.now()
+    local out, err, code = mpirun(2, sh_quote(one_fails))
+    local elapsed = flow.now() - t0
+    assert.is_true(elapsed < 10, ("took %.1f s"):format(elapsed))
+    assert.are_not.equal(0, code)
+    assert.are_not.equal(124, code, "timed out") -- timeout's status: the job hung
+    local _, n = err:gsub("only rank 1 fails", "")
+    assert.equal(1, n, err)
+    assert.matches("%[rank 1%] [^\n]*one_fails.lua:2: only rank 1 fails", err)
+    assert.equal("", out)
   end)
 end)
