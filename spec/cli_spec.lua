@@ -1,6 +1,7 @@
 -- flowlua as a drop-in lua5.4: the same arguments given to $FLOW_BIN and to Debian's lua5.4 print
 -- the same and exit the same (the program's name aside); os.exit under mpirun ends cleanly, and
 -- an uncaught error on one rank ends the whole job.
+local flow = require "flow"
 local shell = require "support.shell"
 local bin = os.getenv("FLOW_BIN")
 local sh_quote, has, run = shell.quote, shell.has, shell.run

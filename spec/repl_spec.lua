@@ -3,6 +3,7 @@
 -- orted) to keep it quick. Under AddressSanitizer the children skip the
 -- exit-time leak check: MPI's unloaded plugins leave allocations the suppressions cannot name,
 -- and this spec is about what the REPL prints (the runner process checks the library's leaks).
+local flow = require "flow"
 local bin = os.getenv("FLOW_BIN")
 if not bin then
   describe("the flowlua REPL", function()

@@ -1,5 +1,6 @@
 -- Start-up: a plain run is a world of one without MPI; MPI starts under a launcher or when asked;
 -- flow.so required from a host lua5.4 leaves the host's GC mode and print alone.
+local flow = require "flow"
 local shell = require "support.shell"
 local bin = os.getenv("FLOW_BIN")
 local sh_quote, run = shell.quote, shell.run
