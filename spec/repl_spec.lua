@@ -89,6 +89,23 @@ describe("the flowlua REPL", function()
   end)
 end)
 
+describe("the flowlua REPL on a terminal", function()
+  it("opens with a banner: version, Lua release, build (CPU/CUDA, MPI) and world size", function()
+    if run("command -v script >/dev/null; echo $?") ~= "0\n" then return pending("script (util-linux) is not installed") end
+    -- script(1) gives flowlua a pseudo-terminal; HOME keeps the history file out of the user's
+    local home = os.tmpname()
+    os.remove(home)
+    os.execute("mkdir " .. sh_quote(home))
+    local out = run("printf 'print(6 * 7)\\n' | HOME=" .. sh_quote(home) .. " timeout 20 script -qec "
+      .. sh_quote(flowlua) .. " /dev/null")
+    os.execute("rm -rf " .. sh_quote(home))
+    local want = ("flowlua %s %%(Lua 5%%.4%%.%%d+%%) | build: %s, %s | world: 1 rank | Ctrl%%-D exits"):format(
+      flow.__version:gsub("%.", "%%."), flow.cuda.built and "CUDA" or "CPU", flow._has_mpi and "MPI" or "no MPI")
+    assert.matches(want, out)
+    assert.matches("[^%d]42\r?\n", out) -- after the echoed line and readline's escapes
+  end)
+end)
+
 describe("the flowlua REPL under mpirun", function()
   it("runs what rank 0 reads on every rank, prints values once and tags errors by rank", function()
     if run("command -v mpirun >/dev/null; echo $?") ~= "0\n" then return pending("mpirun is not installed") end
