@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -329,22 +330,68 @@ static const flow_comm_ops mpi_ops = {
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */
 
-int flow_comm_init(void) {
-  if (world) return 0;
+/* MPI's singleton start costs about a second (it starts a runtime daemon), so a plain run is a
+ * world of one on comm_self.c. MPI starts when a launcher made a world to join (the variables
+ * mpirun, srun and the PMI/PMIx launchers give each process), when FLOW_MPI=1 asks for it, or when
+ * MPI is already running (a host program started it). FLOW_MPI=0 keeps it off even then. srun
+ * sets SLURM_STEP_NUM_TASKS only for a job step, not in the batch script. */
+static bool launched(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
+                                     "MPI_LOCALNRANKS", "SLURM_STEP_NUM_TASKS", NULL};
+  for (int i = 0; vars[i]; i++)
+    if (getenv(vars[i])) return true;
+  return false;
+}
+
+static bool want_mpi(void) {
+  const char *env = getenv("FLOW_MPI");
+  if (env && *env) return strcmp(env, "0") != 0;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  return inited || launched();
+}
+
+/* Finalise MPI when the process exits without closing the Lua state (os.exit(0) under mpirun):
+ * mpirun reports a rank that exits without MPI_Finalize as a failure. */
+static void finalize_at_exit(void) { flow_comm_finalize(); }
+
+int flow_comm_init_mpi(void) {
+  if (world && world->ops == &mpi_ops) return 0;
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
-    int provided;
+    int provided, fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return flow_error_set("flow_comm_init_mpi: MPI was finalized and cannot start again");
     lsan_off();
     int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     lsan_on();
-    if (rc != MPI_SUCCESS) return flow_error_set("MPI_Init_thread failed");
+    if (rc != MPI_SUCCESS) return flow_error_set("flow_comm_init_mpi: MPI_Init_thread failed");
+    if (!we_started) atexit(finalize_at_exit);
     we_started = true;
+  }
+  /* The world of one used before MPI started may be held by placements: it stays valid (a group
+   * of rank 0 alone) and is freed with the cached groups. */
+  if (world) {
+    cached *c = calloc(1, sizeof *c);
+    if (!c) return flow_error_set("flow_comm_init_mpi: out of memory");
+    c->comm = world;
+    c->next = cache;
+    cache = c;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   world = wrap(MPI_COMM_WORLD);
   return world ? 0 : -1;
 }
+
+int flow_comm_init(void) {
+  if (world) return 0;
+  if (want_mpi()) return flow_comm_init_mpi();
+  world = flow_comm_self_new();
+  return world ? 0 : -1;
+}
+
+bool flow_comm_uses_mpi(void) { return world && world->ops == &mpi_ops; }
 
 void flow_comm_finalize(void) {
   free_cached();
@@ -358,13 +405,22 @@ void flow_comm_finalize(void) {
     MPI_Finalize();
     lsan_on();
   }
-  we_started = false;
+}
+
+void flow_comm_abort(int code) {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!flow_comm_uses_mpi() || world->size < 2 || fin) return;
+  fflush(stdout);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 int flow_comm_node_local(int *rank, int *size) {
   *rank = 0;
   *size = 1;
   if (!world && flow_comm_init() != 0) return -1;
+  if (!flow_comm_uses_mpi()) return 0;
   MPI_Comm node;
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
     return flow_error_set("MPI_Comm_split_type failed");
@@ -380,6 +436,12 @@ int flow_comm_init(void) {
   if (!world) world = flow_comm_self_new();
   return world ? 0 : -1;
 }
+
+int flow_comm_init_mpi(void) { return flow_error_set("flow_comm_init_mpi: this build has no MPI (FLOW_MPI=OFF)"); }
+
+bool flow_comm_uses_mpi(void) { return false; }
+
+void flow_comm_abort(int code) { (void)code; }
 
 void flow_comm_finalize(void) {
   free_cached();

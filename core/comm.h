@@ -4,6 +4,7 @@
 #ifndef FLOW_COMM_H
 #define FLOW_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "dtype.h"
@@ -62,10 +63,21 @@ struct flow_comm {
   int rank, size;
 };
 
-/* Start MPI if nobody did (a plain run is a world of one); idempotent. */
+/* The world: MPI's when launched by mpirun/srun (or FLOW_MPI=1, or MPI already running), else a
+ * world of one without MPI (comm_self.c); idempotent. */
 int flow_comm_init(void);
-/* Finalise MPI when flow_comm_init started it; frees every cached communicator. */
+/* Start MPI now and make its world this process's world (a singleton without a launcher); for a
+ * user who asks for MPI. Error in a build without MPI, or after MPI was finalized. */
+int flow_comm_init_mpi(void);
+/* Whether the world runs on MPI (raw MPI calls are valid). */
+bool flow_comm_uses_mpi(void);
+/* Finalise MPI when this process started it (also at exit, if the state was never closed);
+ * frees every cached communicator. */
 void flow_comm_finalize(void);
+/* End every rank of a multi-rank MPI world now with this exit code (MPI_Abort), for an error one
+ * rank cannot recover from: a finalize would wait forever on peers blocked in a collective.
+ * Returns (doing nothing) in a world of one, where the caller exits as usual. */
+void flow_comm_abort(int code);
 int flow_comm_rank(void);
 int flow_comm_size(void);
 flow_comm *flow_comm_world(void);

@@ -307,6 +307,12 @@ void flow_lua_open_cuda(lua_State *L) {
     {"nccl_usable", f_nccl_usable}, {"local_device", f_local_device}, {"_kernels", f_kernels}, {NULL, NULL}};
   lua_newtable(L);
   luaL_setfuncs(L, cuda_fns, 0);
+#ifdef FLOW_HAVE_CUDA
+  lua_pushboolean(L, 1);
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "built"); /* this build has the CUDA backend (a GPU may still be missing) */
   lua_setfield(L, -2, "cuda");
 
   lua_getfield(L, -1, "backends");

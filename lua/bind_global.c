@@ -1,7 +1,8 @@
 /* Lua bindings: global. Ranks (rank, world_size, barrier, print_all, rank-0 print), placements,
  * SBP values, to_global/to_local, explain, global creation and the registry hooks the tensor
- * bindings call for a global tensor's shape, fields and printing. MPI starts when the module
- * opens and finalises when the Lua state closes. */
+ * bindings call for a global tensor's shape, fields and printing. The world is made when the
+ * module opens (MPI only under a launcher or when asked: core/comm.c) and finalised when the Lua
+ * state closes. */
 #ifdef FLOW_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -20,6 +21,20 @@
 #define SBP_MT "flow.SBP"
 
 /* ---- ranks --------------------------------------------------------------------------------------- */
+
+/* init_mpi(): start MPI now (a singleton when no launcher made a world); idempotent. Returns the
+ * world size. */
+static int l_init_mpi(lua_State *L) {
+  if (flow_comm_init_mpi() != 0) return flow_lua_error(L);
+  lua_pushinteger(L, flow_comm_size());
+  return 1;
+}
+
+/* mpi_running(): whether the world runs on MPI (false for a plain run: a world of one). */
+static int l_mpi_running(lua_State *L) {
+  lua_pushboolean(L, flow_comm_uses_mpi());
+  return 1;
+}
 
 static int l_rank(lua_State *L) { lua_pushinteger(L, flow_comm_rank()); return 1; }
 static int l_world_size(lua_State *L) { lua_pushinteger(L, flow_comm_size()); return 1; }
@@ -465,6 +480,7 @@ static int r_global_create(lua_State *L) {
 static int l_raw_mpi(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   flow_tensor *s = flow_lua_check(L, 2, "_mpi"), *r = flow_lua_check(L, 3, "_mpi");
+  if (!flow_comm_uses_mpi()) return luaL_error(L, "_mpi: MPI is not running (launch with mpirun, or call flow.init_mpi())");
   if (s->dtype != FLOW_F32 || r->dtype != FLOW_F32 || !flow_tensor_is_contiguous(s) || !flow_tensor_is_contiguous(r))
     return luaL_error(L, "_mpi: contiguous float32 tensors only");
   int n = (int)flow_tensor_numel(s), p = flow_comm_size(), rc;
@@ -605,7 +621,8 @@ void flow_lua_open_global(lua_State *L) {
   lua_pushcfunction(L, sbp_eq); lua_setfield(L, -2, "__eq");
   lua_pop(L, 1);
 
-  static const luaL_Reg fns[] = {{"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
+  static const luaL_Reg fns[] = {{"init_mpi", l_init_mpi}, {"mpi_running", l_mpi_running},
+                                 {"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
                                  {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain},
                                  {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi},
                                  {"_signatures", l_signatures}, {"_pack_blocks", l_pack_blocks}, {NULL, NULL}};

@@ -1,18 +1,20 @@
-/* flowlua: a Lua 5.4 interpreter with the flow module built in.
- *   flowlua [options] [script [args...]]
- *   -e CHUNK  run CHUNK     -i  REPL after the script     -v  print the version
- * With no script the REPL opens (see repl.c). `flow` is a global. */
+/* flowlua: a Lua 5.4 interpreter with the flow module built in, a drop-in for lua5.4:
+ *   flowlua [options] [script [args]]
+ * Options as lua5.4's (-e stat, -i, -l mod, -l g=mod, -v, -E, -W, --, -), LUA_INIT_5_4/LUA_INIT,
+ * and the `flow` global. Unlike lua5.4, stdin that is not a terminal runs through the REPL (values
+ * print; rank 0's stdin feeds every rank under mpirun); `flowlua -` runs it as a script. */
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../core/comm.h"
 #include "repl.h"
 
 int luaopen_flow(lua_State *L);
-
 /* Lua's allocator for flowlua: blocks up to 256 bytes (tensor boxes, closures, small tables) are
  * recycled through free lists by size class, which halves the allocation cost of a small eager op
  * compared with glibc malloc. Lua always passes a block's size back, so no header is needed. */
@@ -72,10 +74,34 @@ static void pool_free(small_pool *pool) {
     }
 }
 
+static const char *progname = "flowlua";
+
 static int panic(lua_State *L) {
-  fprintf(stderr, "flowlua: unprotected error: %s\n", lua_tostring(L, -1));
+  fprintf(stderr, "%s: unprotected error: %s\n", progname, lua_tostring(L, -1));
   return 0;
 }
+
+/* ---- warnings (lua_setwarnf): as lauxlib's, which a state made by lua_newstate lacks --------- */
+
+/* Off until "@on"; a message may come in pieces (tocont), written as one "Lua warning: " line. */
+typedef struct warn_state { int on, midline; } warn_state;
+
+static void warnf(void *ud, const char *msg, int tocont) {
+  warn_state *w = ud;
+  if (!w->midline && !tocont && msg[0] == '@') { /* a control message */
+    if (strcmp(msg, "@on") == 0) w->on = 1;
+    else if (strcmp(msg, "@off") == 0) w->on = 0;
+    return;
+  }
+  if (!w->on) return;
+  if (!w->midline) fputs("Lua warning: ", stderr);
+  fputs(msg, stderr);
+  if (!tocont) fputs("\n", stderr);
+  fflush(stderr);
+  w->midline = tocont;
+}
+
+/* ---- running chunks --------------------------------------------------------------------------- */
 
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
@@ -97,14 +123,44 @@ int flow_main_pcall(lua_State *L, int nargs, int nres) {
   return rc;
 }
 
-void flow_main_report(lua_State *L, const char *prog) {
-  const char *msg = lua_tostring(L, -1);
-  flow_repl_print_error(L, prog, msg ? msg : "(error object is not a string)");
-  lua_pop(L, 1);
+/* Print the error on top (if status says there is one) and pop it; returns status. With several
+ * ranks only the failing one prints, so the message says which it is. */
+static int report(lua_State *L, int status) {
+  if (status != LUA_OK) {
+    int top = lua_gettop(L);
+    const char *msg = lua_tostring(L, -1);
+    if (!msg) msg = "(error object is not a string)";
+    if (flow_comm_size() > 1) msg = lua_pushfstring(L, "[rank %d] %s", flow_comm_rank(), msg);
+    flow_repl_print_error(L, progname, msg);
+    lua_settop(L, top - 1);
+  }
+  return status;
+}
+
+static int dochunk(lua_State *L, int status) {
+  if (status == LUA_OK) status = flow_main_pcall(L, 0, 0);
+  return report(L, status);
+}
+
+static int dostring(lua_State *L, const char *s, const char *name) {
+  return dochunk(L, luaL_loadbuffer(L, s, strlen(s), name));
+}
+
+/* -l g=mod: g = require "mod"; -l mod: mod = require "mod" (as lua5.4.4). */
+static int dolibrary(lua_State *L, char *globname) {
+  char *modname = strchr(globname, '=');
+  if (modname) *modname++ = '\0';
+  else modname = globname;
+  lua_getglobal(L, "require");
+  lua_pushstring(L, modname);
+  int status = flow_main_pcall(L, 1, 1);
+  if (status == LUA_OK) lua_setglobal(L, globname);
+  return report(L, status);
 }
 
 static void create_arg_table(lua_State *L, char **argv, int argc, int script) {
-  lua_createtable(L, argc - script, script + 1);
+  if (script == argc) script = 0; /* no script: every argument gets an index <= 0 */
+  lua_createtable(L, argc - (script + 1), script + 1);
   for (int i = 0; i < argc; i++) {
     lua_pushstring(L, argv[i]);
     lua_rawseti(L, -2, i - script);
@@ -112,11 +168,96 @@ static void create_arg_table(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
-static int run_script(lua_State *L, const char *path, int nargs_from, int argc, char **argv) {
-  if (luaL_loadfile(L, strcmp(path, "-") == 0 ? NULL : path) != LUA_OK) return 1;
-  int n = 0;
-  for (int i = nargs_from; i < argc; i++, n++) lua_pushstring(L, argv[i]);
-  return flow_main_pcall(L, n, 0) != LUA_OK;
+/* The script at argv[0] ("-" is stdin unless it came after "--"), with arg[1..] as its ... */
+static int handle_script(lua_State *L, char **argv) {
+  const char *fname = argv[0];
+  if (strcmp(fname, "-") == 0 && strcmp(argv[-1], "--") != 0) fname = NULL;
+  int status = luaL_loadfile(L, fname);
+  if (status == LUA_OK) {
+    lua_getglobal(L, "arg");
+    int n = (int)luaL_len(L, -1);
+    luaL_checkstack(L, n + 3, "too many arguments to script");
+    for (int i = 1; i <= n; i++) lua_rawgeti(L, -i, i);
+    lua_remove(L, -n - 1);
+    status = flow_main_pcall(L, n, 0);
+  }
+  return report(L, status);
+}
+
+/* LUA_INIT_5_4, else LUA_INIT: "@file" runs the file, anything else is a chunk (named after the
+ * variable, as lua5.4 does). */
+static int handle_luainit(lua_State *L) {
+  const char *name = "=LUA_INIT_" LUA_VERSION_MAJOR "_" LUA_VERSION_MINOR, *init = getenv(name + 1);
+  if (!init) {
+    name = "=LUA_INIT";
+    init = getenv(name + 1);
+  }
+  if (!init) return LUA_OK;
+  if (init[0] == '@') return dochunk(L, luaL_loadfile(L, init + 1));
+  return dostring(L, init, name);
+}
+
+/* ---- options ---------------------------------------------------------------------------------- */
+
+enum { HAS_ERROR = 1, HAS_I = 2, HAS_V = 4, HAS_E = 8, HAS_NOENV = 16 };
+
+/* Checks the options before any runs (as lua5.4): returns the HAS_ flags; *first is the script's
+ * index (argc when none), or the bad option's index with HAS_ERROR. */
+static int collect_args(char **argv, int argc, int *first) {
+  int args = 0, i;
+  for (i = 1; i < argc; i++) {
+    *first = i;
+    const char *a = argv[i];
+    if (a[0] != '-') return args;
+    switch (a[1]) {
+    case '-':
+      if (a[2]) return HAS_ERROR;
+      *first = i + 1;
+      return args;
+    case '\0': return args; /* "-": the script is stdin */
+    case 'E':
+      if (a[2]) return HAS_ERROR;
+      args |= HAS_NOENV;
+      break;
+    case 'W':
+      if (a[2]) return HAS_ERROR;
+      break;
+    case 'i':
+      args |= HAS_I; /* -i implies -v */
+      /* fall through */
+    case 'v':
+      if (a[2]) return HAS_ERROR;
+      args |= HAS_V;
+      break;
+    case 'e':
+      args |= HAS_E;
+      /* fall through */
+    case 'l': /* both need an argument, attached or next */
+      if (!a[2] && (++i >= argc || argv[i][0] == '-')) return HAS_ERROR;
+      break;
+    default: return HAS_ERROR;
+    }
+  }
+  *first = i;
+  return args;
+}
+
+static void print_usage(const char *bad) {
+  if (bad[1] == 'e' || bad[1] == 'l') fprintf(stderr, "%s: '%s' needs argument\n", progname, bad);
+  else fprintf(stderr, "%s: unrecognized option '%s'\n", progname, bad);
+  fprintf(stderr,
+          "usage: %s [options] [script [args]]\n"
+          "Available options are:\n"
+          "  -e stat   execute string 'stat'\n"
+          "  -i        enter interactive mode after executing 'script'\n"
+          "  -l mod    require library 'mod' into global 'mod'\n"
+          "  -l g=mod  require library 'mod' into global 'g'\n"
+          "  -v        show version information\n"
+          "  -E        ignore environment variables\n"
+          "  -W        turn warnings on\n"
+          "  --        stop handling options\n"
+          "  -         stop handling options and execute stdin\n",
+          progname);
 }
 
 static void print_version(lua_State *L) {
@@ -127,48 +268,75 @@ static void print_version(lua_State *L) {
   lua_pop(L, 2);
 }
 
-static void usage(const char *prog) {
-  fprintf(stderr, "usage: %s [-e chunk] [-i] [-v] [script [args]]\n", prog);
+/* -e and -l in order, and -W where it stands; 0 once one fails. */
+static int run_args(lua_State *L, char **argv, int n) {
+  for (int i = 1; i < n; i++) {
+    int option = argv[i][1];
+    if (option == 'e' || option == 'l') {
+      char *extra = argv[i] + 2;
+      if (!*extra) extra = argv[++i];
+      int status = option == 'e' ? dostring(L, extra, "=(command line)") : dolibrary(L, extra);
+      if (status != LUA_OK) return 0;
+    } else if (option == 'W') {
+      lua_warning(L, "@on", 0);
+    }
+  }
+  return 1;
 }
 
-int main(int argc, char **argv) {
-  const char *prog = argv[0];
-  static small_pool pool;
-  lua_State *L = lua_newstate(lua_alloc, &pool);
-  if (L) lua_atpanic(L, panic);
-  if (!L) { fprintf(stderr, "%s: cannot create Lua state\n", prog); return 1; }
+/* Everything runs here, under lua_pcall, so that even an error opening flow is reported. */
+static int pmain(lua_State *L) {
+  int argc = (int)lua_tointeger(L, 1);
+  char **argv = lua_touserdata(L, 2);
+  int script = argc, args = collect_args(argv, argc, &script);
+  int optlim = script > 0 ? script : argc;
+  if (args == HAS_ERROR) {
+    print_usage(argv[script]);
+    return 0;
+  }
+  if (args & HAS_NOENV) { /* libraries ignore LUA_PATH and friends */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "LUA_NOENV");
+  }
   luaL_openlibs(L);
   luaL_requiref(L, "flow", luaopen_flow, 1);
   lua_pop(L, 1);
   flow_repl_init(L);
+  if (args & HAS_V) print_version(L);
+  create_arg_table(L, argv, argc, script);
+  if (!(args & HAS_NOENV) && handle_luainit(L) != LUA_OK) return 0;
+  if (!run_args(L, argv, optlim)) return 0;
+  if (script < argc && handle_script(L, argv + script) != LUA_OK) return 0;
+  if ((args & HAS_I) || (script == argc && !(args & (HAS_E | HAS_V)))) flow_repl_run(L);
+  lua_pushboolean(L, 1);
+  return 1;
+}
 
-  int script = 0, interactive = 0, ran_chunk = 0, status = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (a[0] != '-' || strcmp(a, "-") == 0) { script = i; break; }
-    if (strcmp(a, "--") == 0) { if (i + 1 < argc) script = i + 1; break; }
-    if (strcmp(a, "-i") == 0) interactive = 1;
-    else if (strcmp(a, "-v") == 0) { print_version(L); ran_chunk = 1; }
-    else if (strcmp(a, "-e") == 0 || strncmp(a, "-e", 2) == 0) {
-      const char *chunk = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
-      if (!chunk) { usage(prog); lua_close(L); pool_free(&pool); return 1; }
-      create_arg_table(L, argv, argc, 0);
-      if (luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)") != LUA_OK ||
-          flow_main_pcall(L, 0, 0) != LUA_OK) {
-        flow_main_report(L, prog);
-        status = 1;
-        break;
-      }
-      ran_chunk = 1;
-    } else { usage(prog); lua_close(L); pool_free(&pool); return 1; }
+int main(int argc, char **argv) {
+  if (argv[0] && argv[0][0]) progname = argv[0];
+  static small_pool pool;
+  static warn_state warn;
+  lua_State *L = lua_newstate(lua_alloc, &pool);
+  if (!L) {
+    fprintf(stderr, "%s: cannot create Lua state\n", progname);
+    return EXIT_FAILURE;
   }
-  if (status == 0 && script) {
-    create_arg_table(L, argv, argc, script);
-    if (run_script(L, argv[script], script + 1, argc, argv)) { flow_main_report(L, prog); status = 1; }
-  }
-  if (status == 0 && (interactive || (!script && !ran_chunk))) flow_repl_run(L);
-  status = flow_repl_finish(L, status);
+  lua_atpanic(L, panic);
+  lua_setwarnf(L, warnf, &warn);
+  /* Eager code makes many short-lived tensors: generational GC frees them in minor collections
+   * (4x less overhead per small op than incremental mode). flowlua's own choice, as lua5.4's;
+   * the module leaves a host interpreter's GC mode alone. */
+  lua_gc(L, LUA_GCGEN, 0, 0);
+  lua_pushcfunction(L, pmain);
+  lua_pushinteger(L, argc);
+  lua_pushlightuserdata(L, argv);
+  int status = lua_pcall(L, 2, 1, 0);
+  int ok = lua_toboolean(L, -1);
+  report(L, status);
+  /* An uncaught error on one rank ends the whole job now: closing the state would finalize MPI,
+   * which waits for peers that may be blocked in a collective this rank never joins. */
+  if (!ok || status != LUA_OK) flow_comm_abort(EXIT_FAILURE);
   lua_close(L);
   pool_free(&pool);
-  return status;
+  return ok && status == LUA_OK ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -54,9 +54,6 @@ int luaopen_flow(lua_State *L) {
   lua_setfield(L, -3, "flow"); /* package.loaded.flow, so the Lua library can require it */
   lua_remove(L, -2);
   flow_lua_init_tables(L);
-  /* Eager code makes many short-lived tensors: generational GC frees them in minor collections
-   * (4x less overhead per small op than incremental mode). */
-  lua_gc(L, LUA_GCGEN, 0, 0);
   set_dtypes(L);
   lua_pushliteral(L, "0.1.0");
   lua_setfield(L, -2, "__version");

@@ -41,8 +41,6 @@ void flow_repl_print_error(lua_State *L, const char *prog, const char *msg) {
   fflush(stderr);
 }
 
-int flow_repl_finish(lua_State *L, int status) { (void)L; return status; }
-
 /* ---- Ctrl-C ------------------------------------------------------------------------------- */
 
 /* While Lua runs, SIGINT sets a hook that raises at the next call, return or count step (as
@@ -379,6 +377,21 @@ static void run_chunk(lua_State *L) {
   lua_settop(L, base);
 }
 
+/* "flowlua 0.1.0 (Lua 5.4.6) | build: CPU, MPI | world: 4 ranks | Ctrl-D exits", read from the
+ * flow module so it says what this process loaded. */
+static void banner(lua_State *L) {
+  lua_getglobal(L, "flow");
+  lua_getfield(L, -1, "__version");
+  lua_getfield(L, -2, "_has_mpi");
+  lua_getfield(L, -3, "cuda");
+  lua_getfield(L, -1, "built");
+  printf("flowlua %s (%s) | build: %s, %s | world: %d rank%s | Ctrl-D exits\n",
+         lua_isstring(L, -4) ? lua_tostring(L, -4) : "?", LUA_RELEASE, lua_toboolean(L, -1) ? "CUDA" : "CPU",
+         lua_toboolean(L, -3) ? "MPI" : "no MPI", nranks, nranks == 1 ? "" : "s");
+  fflush(stdout);
+  lua_pop(L, 5);
+}
+
 static void history_start(char *path, size_t n) {
   const char *home = getenv("HOME");
   path[0] = 0;
@@ -408,6 +421,7 @@ void flow_repl_run(lua_State *L) {
     rl_attempted_completion_function = complete;
     rl_completer_word_break_characters = " \t\n\"\\'`@$><=;|&{}()[],+-*/%^~#";
     history_start(history, sizeof history);
+    banner(L);
   }
   char *pending = NULL; /* an incomplete chunk waiting for more lines */
   for (;;) {

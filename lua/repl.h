@@ -1,5 +1,5 @@
 /* The interactive loop of flowlua (readline, auto-print, multi-line input, Ctrl-C), and the
- * hooks main.c calls around it (MPI start-up and shutdown live behind these too). */
+ * pieces it shares with main.c (the flow global, error printing, a protected call). */
 #ifndef FLOW_REPL_H
 #define FLOW_REPL_H
 
@@ -8,7 +8,6 @@
 void flow_repl_init(lua_State *L);               /* after the flow module is open */
 void flow_repl_run(lua_State *L);                /* until EOF */
 void flow_repl_print_error(lua_State *L, const char *prog, const char *msg);
-int flow_repl_finish(lua_State *L, int status);  /* before lua_close; returns the exit status */
 int flow_main_pcall(lua_State *L, int nargs, int nres);
 
 #endif

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config lua5.4 liblua5.4-dev lua-busted lua-filesystem
-          libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libreadline-dev zlib1g-dev jargon-text
+          libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libreadline-dev zlib1g-dev jargon-text lua-argparse
           python3-torch)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,9 +1,11 @@
 -- Train a small GPT-2 on byte-level text (or llm.c .bin token shards):
 --   flowlua scripts/train_gpt.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 16 --steps 1200
---                                  --data FILE --save CKPT --resume CKPT --device cuda --amp bf16 ...]
+--                                  --data FILE --save CKPT --resume CKPT --device cuda --amp bf16
+--                                  --log run.jsonl ...]      (--help lists every flag)
 -- On GPUs: --device cuda (each rank drives flow.cuda.local_device()). --amp bf16 runs the matmuls
 -- and attention in bfloat16 with float32 master weights: on cuda, and on CPUs with AVX512-BF16 or
--- AMX through oneDNN (elsewhere it says so and runs float32). --dp/--tp lay the model out over ranks.
+-- AMX through oneDNN (elsewhere it says so and runs float32). --dp/--tp/--pp lay the model out
+-- over ranks; --mode graph runs the step as a compiled graph on the actor engine.
 -- AdamW with linear warmup and cosine decay, gradient clipping, periodic validation loss, a
 -- sampled text at the end, and checkpoints that resume bit for bit.
 local flow = require "flow"
@@ -11,24 +13,120 @@ local utils = require "flow.utils"
 local data = require "flow.data"
 local gpt = require "flow.gpt"
 
-local defaults = {
-  layers = 4, dim = 128, heads = 4, seq = 64, batch = 16, steps = 1200,
-  dropout = 0.0, lr = 3e-3, warmup = 60, min_lr = 3e-4, weight_decay = 0.1, grad_clip = 1.0,
-  eval_every = 300, eval_iters = 10, log_every = 50,
-  data = "/usr/share/doc/jargon-text/jargon.txt.gz", val_fraction = 0.05,
-  save = "", save_every = 0, stop_at = 0, resume = "", seed = 1337, sample_len = 200, temperature = 0.8,
-  dp = 1, tp = 1, pp = 1, mode = "eager", device = "cpu", amp = "off", micro_batches = 1, zero = 0, checkpointing = false,
-}
-local ok, args = pcall(utils.parse_args, arg, defaults)
-if not ok then
-  io.stderr:write("train_gpt: ", args, "\n")
-  os.exit(2)
-end
-
 local function fail(msg)
   io.stderr:write("train_gpt: ", msg, "\n")
   os.exit(2)
 end
+
+-------------------------------------------------------------------------------- flags
+
+-- Flags by lua-argparse (Debian: lua-argparse): "--name value" or "--name=value", dashes in names
+-- become underscores in args ("--min-lr" sets args.min_lr), --help lists them with defaults.
+local argparse_ok, argparse = pcall(require, "argparse")
+if not argparse_ok then fail("needs lua-argparse (Debian: apt install lua-argparse; LuaRocks: luarocks install argparse)") end
+
+-- --help is our own flag, not argparse's: argparse's prints and exits from inside the parser, and
+-- the specs run this script in-process with their own print and os.exit.
+local parser = argparse("train_gpt.lua", "Train a small GPT-2 on byte-level text or llm.c .bin token shards.")
+  :help_max_width(100):add_help(false)
+parser:flag("-h --help", "show this help (every flag with its default) and exit")
+-- the converter of a flag's value to a number of this math.type ("integer" or "float")
+local function number(kind, flag)
+  return function(s)
+    local n = tonumber(s)
+    if kind == "integer" then n = n and math.tointeger(n) end
+    if n == nil then return nil, ("flag %s needs %s, got '%s'"):format(flag, kind == "integer" and "an integer" or "a number", s) end
+    return n
+  end
+end
+-- Sections of {name, default, description}. A default of false marks a flag another flag can
+-- contradict: argparse leaves it nil when not given (so the contradiction can be told apart from
+-- the default) and the description carries the default.
+local integer = "integer" -- for a flag whose default is false
+local sections = {
+  {"Model",
+    {"layers", 4, "transformer blocks"}, {"dim", 128, "embedding width"}, {"heads", 4, "attention heads"},
+    {"seq", 64, "context length (tokens)"}, {"dropout", 0.0, "dropout probability"}},
+  {"Training",
+    {"batch", 16, "sequences per step"}, {"steps", 1200, "optimizer steps"},
+    {"lr", 3e-3, "peak learning rate (AdamW)"},
+    {"warmup", false, "linear warmup steps (default: 5% of --steps, 60 for 1200)", integer},
+    {"min_lr", 3e-4, "learning rate at the end of the cosine decay"}, {"weight_decay", 0.1, "AdamW weight decay"},
+    {"grad_clip", 1.0, "clip the gradients' global norm to this (0: off)"}, {"seed", 1337, "RNG seed"},
+    {"stop_at", 0, "stop after this step (0: at --steps); the schedule still spans --steps"}},
+  {"Data, evaluation and logs",
+    {"data", "/usr/share/doc/jargon-text/jargon.txt.gz", "text file (bytes), .gz, or llm.c .bin token shard"},
+    {"val_fraction", 0.05, "share of a text file held out for validation"},
+    {"eval_every", false, "validation loss every this many steps, 0: off (default: 300)", integer},
+    {"eval_iters", 10, "batches per validation loss"}, {"log_every", 50, "print a step line every this many steps"},
+    {"log", "", "append one JSON object per step and per evaluation to this .jsonl file"},
+    {"sample_len", 200, "bytes sampled at the end (byte vocabularies only; 0: off)"},
+    {"temperature", 0.8, "sampling temperature"}},
+  {"Checkpoints",
+    {"save", "", "write a checkpoint here (at the end, and every --save-every steps)"},
+    {"save_every", 0, "checkpoint every this many steps (0: only at the end)"},
+    {"resume", "", "continue from this checkpoint (its step must be below --steps)"}},
+  {"Parallelism and devices",
+    {"dp", 1, "data-parallel ranks"}, {"tp", 1, "tensor-parallel ranks"},
+    {"pp", 1, "pipeline stages, each on its own dp x tp ranks (needs --mode graph)"},
+    {"mode", false, "eager, or graph: the step traced once and run by the actor engine (default: eager)"},
+    {"micro_batches", 1, "split each batch into this many, gradients accumulated (needs --mode graph)"},
+    {"zero", 0, "ZeRO stage 0-3: shard optimizer state, gradients, parameters (needs --mode graph)"},
+    {"device", "cpu", "cpu, cuda (this rank's GPU) or cuda:N"},
+    {"amp", "off", "off, or bf16 (autocast matmuls and attention; needs --device cuda)"}},
+}
+local names = {}
+for _, sec in ipairs(sections) do
+  local opts = {}
+  for i = 2, #sec do
+    local name, default, help, convert = table.unpack(sec[i])
+    names[#names + 1] = "--" .. name:gsub("_", "-")
+    local kind = (convert == integer or math.type(default) == "integer") and "n" or math.type(default) and "x"
+      or default == "" and "file" or name
+    local o = parser:option(names[#names], help):argname("<" .. kind .. ">")
+    if default then o:default(tostring(default)):show_default(default ~= "") end
+    if convert or math.type(default) then o:convert(number(convert or math.type(default), names[#names])) end
+    opts[#opts + 1] = o
+  end
+  if sec[1] == "Parallelism and devices" then
+    opts[#opts + 1] = parser:flag("--graph", "same as --mode graph")
+    opts[#opts + 1] = parser:flag("--checkpointing", "recompute each block's activations in the backward (graph mode)")
+    names[#names + 1] = "--graph"
+    names[#names + 1] = "--checkpointing"
+  elseif sec[1] == "Data, evaluation and logs" then
+    opts[#opts + 1] = parser:flag("--no-eval", "no validation loss (same as --eval-every 0)")
+    names[#names + 1] = "--no-eval"
+  end
+  parser:group(sec[1], table.unpack(opts))
+end
+names[#names + 1] = "--help"
+table.sort(names)
+
+local ok, args = parser:pparse(arg)
+if not ok then
+  -- name the unknown flag and list the known ones, as the other scripts' flags do
+  local bad = args:match("^unknown option '%-%-([^']*)'")
+  if bad then
+    local tip = args:match("Did you mean '([^']*)'")
+    fail(("unknown flag --%s (flags: %s)%s"):format(bad, table.concat(names, " "), tip and ("; did you mean %s?"):format(tip) or ""))
+  end
+  fail(args:gsub("\n", " ") .. " (see --help)")
+end
+if args.help then
+  print(parser:get_help())
+  os.exit(0)
+end
+if args.graph and args.mode and args.mode ~= "graph" then fail(("--graph contradicts --mode %s"):format(args.mode)) end
+args.mode = args.mode or (args.graph and "graph" or "eager")
+args.checkpointing = args.checkpointing or false
+if args.no_eval and args.eval_every and args.eval_every > 0 then
+  fail(("--no-eval contradicts --eval-every %d"):format(args.eval_every))
+end
+args.eval_every = args.no_eval and 0 or args.eval_every or 300
+args.warmup = args.warmup or math.max(1, args.steps // 20)
+if args.warmup > args.steps then fail(("--warmup %d is past --steps %d"):format(args.warmup, args.steps)) end
+if args.stop_at > args.steps then fail(("--stop-at %d is past --steps %d"):format(args.stop_at, args.steps)) end
+if args.save_every > 0 and args.save == "" then fail("--save-every needs --save FILE") end
 
 if args.mode ~= "eager" and args.mode ~= "graph" then fail(("--mode %s: expected eager or graph"):format(args.mode)) end
 if args.mode ~= "graph" then
@@ -181,7 +279,36 @@ if args.resume ~= "" then
   local ok_ck, step = pcall(load_checkpoint, args.resume)
   if not ok_ck then fail(step) end
   start = step
+  local last = args.stop_at > 0 and args.stop_at or args.steps
+  if start >= last then
+    fail(("--resume %s: the checkpoint is at step %d, which is not below %s %d: nothing to train (raise --steps)"):format(
+      args.resume, start, args.stop_at > 0 and "--stop-at" or "--steps", last))
+  end
   print(("resumed from %s at step %d"):format(args.resume, start))
+end
+
+-- --log FILE.jsonl: one JSON object a line, {"step", "loss", "lr", "tokens_per_s", "ms"} per step
+-- and {"step", "val_loss"} per evaluation, written by rank 0 and flushed per line so a run can be
+-- watched (scripts/plot.lua draws it). Appended to, so a resumed run continues its log.
+local log_file
+if args.log ~= "" and flow.rank() == 0 then
+  local err
+  log_file, err = io.open(args.log, "a")
+  if not log_file then fail(("--log %s: %s"):format(args.log, err)) end
+end
+-- fields: a list of {key, number}, kept in order so the lines read alike
+local function log(fields)
+  if not log_file then return end
+  local parts = {}
+  for i, kv in ipairs(fields) do
+    local v = kv[2]
+    -- %.17g round-trips a double; JSON has no inf or nan
+    local text = math.type(v) == "integer" and tostring(v)
+      or (v == v and math.abs(v) ~= math.huge) and ("%.17g"):format(v) or "null"
+    parts[i] = ('"%s":%s'):format(kv[1], text)
+  end
+  log_file:write("{", table.concat(parts, ","), "}\n")
+  log_file:flush()
 end
 
 -------------------------------------------------------------------------------- training
@@ -251,6 +378,7 @@ local t_last, steps_since = t_begin, 0
 local first_loss, last_loss
 local last_step = args.stop_at > 0 and math.min(args.stop_at, args.steps) or args.steps
 for step = start, last_step - 1 do
+  local t_step = utils.now()
   local lr = lr_at(step)
   opt:set_lr(lr)
   local x, y = get_batch("train")
@@ -275,8 +403,9 @@ for step = start, last_step - 1 do
   last_loss = l
   steps_since = steps_since + 1
   local done = step + 1
+  local now = utils.now()
+  log({{"step", done}, {"loss", l}, {"lr", lr}, {"tokens_per_s", tokens_per_step / (now - t_step)}, {"ms", (now - t_step) * 1000}})
   if done % args.log_every == 0 or done == last_step or step == start then
-    local now = utils.now()
     local dt = (now - t_last) / steps_since
     print(("step %5d/%d | loss %.6f | lr %.3e | %7.0f tok/s | %5.1f GFLOP/s | %7.1f ms/step | ETA %s"):format(
       done, args.steps, l, lr, tokens_per_step / dt, flops_per_token * tokens_per_step / dt / 1e9, dt * 1000,
@@ -285,7 +414,9 @@ for step = start, last_step - 1 do
     t_last, steps_since = now, 0
   end
   if args.eval_every > 0 and (done % args.eval_every == 0 or done == last_step) then
-    print(("step %5d/%d | val loss %.4f"):format(done, args.steps, evaluate()))
+    local val = evaluate()
+    log({{"step", done}, {"val_loss", val}})
+    print(("step %5d/%d | val loss %.4f"):format(done, args.steps, val))
   end
   if args.save ~= "" and ((args.save_every > 0 and done % args.save_every == 0) or done == last_step) then
     save_checkpoint(args.save, done)
@@ -305,3 +436,4 @@ elseif args.sample_len > 0 and ds.vocab_size == 256 then
   local toks = model:generate(prompt, args.sample_len, args.temperature)
   print("sample: " .. data.decode_bytes(prompt) .. data.decode_bytes(toks))
 end
+if log_file then log_file:close() end

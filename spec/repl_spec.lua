@@ -1,8 +1,9 @@
--- Drives the flowlua binary (FLOW_BIN, exported by scripts/test.sh) through pipes. Each start
--- costs an MPI initialisation, so one REPL session serves several checks; MPI runs as an
--- isolated singleton (no orted) to keep it quick. Under AddressSanitizer the children skip the
+-- Drives the flowlua binary (FLOW_BIN, exported by scripts/test.sh) through pipes. One REPL
+-- session serves several checks; should a child start MPI, it runs as an isolated singleton (no
+-- orted) to keep it quick. Under AddressSanitizer the children skip the
 -- exit-time leak check: MPI's unloaded plugins leave allocations the suppressions cannot name,
 -- and this spec is about what the REPL prints (the runner process checks the library's leaks).
+local flow = require "flow"
 local bin = os.getenv("FLOW_BIN")
 if not bin then
   describe("the flowlua REPL", function()
@@ -85,6 +86,23 @@ describe("the flowlua REPL", function()
     assert.matches("^rc=0\nready\n", res)
     assert.matches("flowlua: interrupted", res)
     assert.matches("\n42\n$", res)
+  end)
+end)
+
+describe("the flowlua REPL on a terminal", function()
+  it("opens with a banner: version, Lua release, build (CPU/CUDA, MPI) and world size", function()
+    if run("command -v script >/dev/null; echo $?") ~= "0\n" then return pending("script (util-linux) is not installed") end
+    -- script(1) gives flowlua a pseudo-terminal; HOME keeps the history file out of the user's
+    local home = os.tmpname()
+    os.remove(home)
+    os.execute("mkdir " .. sh_quote(home))
+    local out = run("printf 'print(6 * 7)\\n' | HOME=" .. sh_quote(home) .. " timeout 20 script -qec "
+      .. sh_quote(flowlua) .. " /dev/null")
+    os.execute("rm -rf " .. sh_quote(home))
+    local want = ("flowlua %s %%(Lua 5%%.4%%.%%d+%%) | build: %s, %s | world: 1 rank | Ctrl%%-D exits"):format(
+      flow.__version:gsub("%.", "%%."), flow.cuda.built and "CUDA" or "CPU", flow._has_mpi and "MPI" or "no MPI")
+    assert.matches(want, out)
+    assert.matches("[^%d]42\r?\n", out) -- after the echoed line and readline's escapes
   end)
 end)
 

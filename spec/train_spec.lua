@@ -213,6 +213,118 @@ describe("scripts/train_gpt.lua", function()
     end
   end)
 
+  it("--help lists every flag with its description and default, and exits 0", function()
+    local ok, out = run("--help")
+    assert.is_false(ok)
+    assert.matches("exit 0$", out)
+    assert.matches("Usage: train_gpt.lua", out)
+    assert.matches("%-%-steps <n>%s+optimizer steps %(default: 1200%)", out)
+    assert.matches("%-%-warmup <n>%s+linear warmup steps %(default: 5%% of %-%-steps", out)
+    assert.matches("%-%-data <data>%s+text file.-%(default:%s+/usr/share/doc/jargon%-text/jargon.txt.gz%)", out)
+    assert.matches("%-%-mode <mode>%s+eager, or graph", out)
+    -- every flag main's graph mode has, switches included
+    for _, f in ipairs({ "--pp", "--micro-batches", "--zero", "--checkpointing", "--log", "--resume", "--amp" }) do
+      assert.matches("\n%s+" .. f:gsub("%-", "%%-") .. "[ <]", out)
+    end
+    assert.matches("%-%-checkpointing%s+recompute", out)
+  end)
+
+  it("rejects contradictory flags, and a --resume with nothing left to train", function()
+    local p = text_file()
+    local ck = os.tmpname()
+    local base = ("--data %s --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --sample-len 0 --eval-every 0"):format(p)
+    local ok, out = run(base .. " --steps 3 --save " .. ck)
+    assert.is_true(ok, out)
+    local cases = {
+      { " --steps 3 --resume " .. ck, "%-%-resume .*: the checkpoint is at step 3, which is not below %-%-steps 3: nothing to train" },
+      { " --steps 2 --resume " .. ck, "the checkpoint is at step 3, which is not below %-%-steps 2" },
+      { " --steps 9 --stop-at 3 --resume " .. ck, "the checkpoint is at step 3, which is not below %-%-stop%-at 3" },
+      { " --graph --mode eager", "%-%-graph contradicts %-%-mode eager" },
+      { " --no-eval --eval-every 5", "%-%-no%-eval contradicts %-%-eval%-every 5" },
+      { " --steps 5 --warmup 6", "%-%-warmup 6 is past %-%-steps 5" },
+      { " --steps 5 --stop-at 6", "%-%-stop%-at 6 is past %-%-steps 5" },
+      { " --save-every 2", "%-%-save%-every needs %-%-save FILE" },
+      { " --steps 2.5", "flag %-%-steps needs an integer, got '2.5'" },
+      { " --lr", "option '%-%-lr' requires an argument" },
+      { " stray", "too many arguments" },
+      { " --warmupp 3", "unknown flag %-%-warmupp .*did you mean %-%-warmup%?" },
+    }
+    for _, c in ipairs(cases) do
+      local ok_, out_ = run(base .. c[1])
+      assert.is_false(ok_, c[1])
+      assert.matches("exit 2$", out_)
+      assert.matches(c[2], out_)
+    end
+    -- the warmup default is 5% of --steps: a 40-step run warms up over 2 steps, so the lr is
+    -- still rising at step 2 and peaks at step 3
+    local ok2, out2 = run(base .. " --steps 40 --stop-at 3 --log-every 1 --lr 0.01")
+    assert.is_true(ok2, out2)
+    local lrs = {}
+    for v in out2:gmatch("| lr ([%d.e+-]+) |") do lrs[#lrs + 1] = tonumber(v) end
+    assert.are.same({ 0.005, 0.01 }, { lrs[1], lrs[2] })
+    os.remove(p)
+    os.remove(ck)
+  end)
+
+  it("--log writes one JSON object per step and per evaluation; plot.lua draws them as SVG paths", function()
+    local json = require "dkjson"
+    local p = text_file()
+    local log = os.tmpname()
+    os.remove(log) -- the log is appended to: start from no file
+    local ok, out = run(("--data %s --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 6 --warmup 2 "
+      .. "--eval-every 3 --eval-iters 2 --sample-len 0 --log %s"):format(p, log))
+    assert.is_true(ok, out)
+    local train, val = {}, {}
+    for line in io.lines(log) do
+      local obj, _, err = json.decode(line)
+      assert.is_table(obj, err)
+      if obj.val_loss then
+        val[#val + 1] = obj
+        assert.are.same({ step = obj.step, val_loss = obj.val_loss }, obj) -- nothing else
+      else
+        train[#train + 1] = obj
+        for _, k in ipairs({ "step", "loss", "lr", "tokens_per_s", "ms" }) do assert.is_number(obj[k], k) end
+        assert.is_true(obj.ms > 0 and obj.tokens_per_s > 0)
+      end
+    end
+    assert.are.equal(6, #train)
+    for i, t in ipairs(train) do assert.are.equal(i, t.step) end
+    assert.are.same({ 3, 6 }, { val[1].step, val[2].step })
+    -- the logged loss is the printed one
+    assert.matches(("step%%s+6/6 | loss %.6f"):format(train[6].loss):gsub("%.", "%%."), out)
+    assert.is_true(train[2].lr > train[6].lr)
+
+    local svg = os.tmpname()
+    local ok2, out2 = run(log .. " " .. svg, "scripts/plot.lua")
+    assert.is_true(ok2, out2)
+    assert.matches("6 train and 2 val points", out2)
+    local f = assert(io.open(svg))
+    local text = f:read("a")
+    f:close()
+    assert.matches("^<svg xmlns=\"http://www.w3.org/2000/svg\"", text)
+    assert.matches("</svg>\n$", text)
+    -- a path per curve, a point per logged value; x grows with the step, y falls with the loss
+    local paths = {}
+    for id, d in text:gmatch('<path id="(%w+)" d="([^"]*)"') do
+      local pts = {}
+      for x, y in d:gmatch("[ML]([%d.]+) ([%d.]+)") do pts[#pts + 1] = { tonumber(x), tonumber(y) } end
+      paths[id] = pts
+    end
+    assert.are.equal(6, #paths.train)
+    assert.are.equal(2, #paths.val)
+    for i = 2, 6 do assert.is_true(paths.train[i][1] > paths.train[i - 1][1]) end
+    local lo, hi = 1, 1
+    for i = 2, 6 do
+      if train[i].loss < train[lo].loss then lo = i end
+      if train[i].loss > train[hi].loss then hi = i end
+    end
+    assert.is_true(paths.train[lo][2] > paths.train[hi][2]) -- SVG's y axis points down
+    local ok3, out3 = run(p .. " " .. svg, "scripts/plot.lua")
+    assert.is_false(ok3)
+    assert.matches("plot: .*:1: not a JSON object", out3)
+    for _, f_ in ipairs({ p, log, svg }) do os.remove(f_) end
+  end)
+
   -- on a GPU: the same small run on cuda (float32, then bf16 autocast) learns like the CPU run
   local gpu = flow.cuda.is_available()
   local function git(name, fn)

@@ -13,9 +13,9 @@ function M.text_file()
   return p
 end
 
--- Run the script with these flags: its print goes to a buffer and os.exit becomes an error.
--- Returns ok, the output.
-function M.run(flags)
+-- Run the script (scripts/train_gpt.lua unless named) with these flags: its print goes to a
+-- buffer and os.exit becomes an error. Returns ok, the output.
+function M.run(flags, script)
   local argv, out = {}, {}
   for w in flags:gmatch("%S+") do argv[#argv + 1] = w end
   local env = setmetatable({
@@ -24,7 +24,7 @@ function M.run(flags)
     os = setmetatable({ exit = function(code) error("exit " .. tostring(code), 0) end }, { __index = os }),
     io = setmetatable({ stderr = { write = function(_, ...) out[#out + 1] = table.concat({ ... }) end } }, { __index = io }),
   }, { __index = _G })
-  local ok, err = pcall(assert(loadfile("scripts/train_gpt.lua", "t", env)))
+  local ok, err = pcall(assert(loadfile(script or "scripts/train_gpt.lua", "t", env)))
   return ok, table.concat(out, "\n") .. (ok and "" or "\n" .. tostring(err))
 end
 
