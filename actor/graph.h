@@ -27,6 +27,7 @@ typedef struct flow_gnode {
   int nout, out0;            /* values out0 .. out0 + nout - 1 */
   int nctrl, *ctrl;          /* nodes that must act before this one (readers before an in-place write) */
   int tag;                   /* optimizer group (1-based) whose lr and step feed attrs.lr / attrs.k; 0: none */
+  flow_dtype autocast;       /* OP: the autocast dtype it was traced under (kernels read it per thread) */
   bool live;                 /* set by the dead-node pass */
 } flow_gnode;
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/autocast.h"
 #include "../core/comm.h"
 #include "../core/rng.h"
 #include "../ops/elementwise.h"
@@ -95,7 +96,11 @@ static int act_op(void *ctx, int64_t piece, const int *in_slot, const int *out_s
     if (n->op->kind == FLOW_OP_COMPUTE || n->op->kind == FLOW_OP_SOURCE) out[j] = p->v[v].slot[out_slot_of(p, v, out_slot)];
   }
   if (rc == 0 && n->op->kind == FLOW_OP_INPLACE) out[0] = in[0];
-  if (rc == 0) rc = flow_op_run_kernel(n->op, in, n->nin, &t->attrs, out);
+  if (rc == 0) { /* under the autocast the op was traced with: the setting is per thread */
+    flow_dtype prev = flow_set_autocast(n->autocast);
+    rc = flow_op_run_kernel(n->op, in, n->nin, &t->attrs, out);
+    flow_set_autocast(prev);
+  }
   if (rc == 0 && n->op->kind == FLOW_OP_VIEW)
     for (int j = 0; j < n->nout; j++) store(&p->v[n->out0 + j], out_slot_of(p, n->out0 + j, out_slot), out[j]);
   if (rc == 0 && n->op->kind == FLOW_OP_INPLACE) {

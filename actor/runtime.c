@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "../core/error.h"
+#include "../core/tensor.h"
 
 /* How long a stream polls its inbox before it sleeps on its condvar: a handoff between two busy
  * streams then costs a cache-line transfer instead of a futex wake-up (several µs). */
@@ -375,7 +376,10 @@ static void *stream_main(void *arg) {
     bool quit = s->quit;
     seen = s->gen;
     pthread_mutex_unlock(&s->mu);
-    if (quit) return NULL;
+    if (quit) {
+      flow_thread_release(); /* the tensors and blocks this thread cached go back to malloc */
+      return NULL;
+    }
     stream_run(s);
     pthread_mutex_lock(&rt->mu);
     if (++rt->ndone == rt->nstreams) pthread_cond_signal(&rt->done_cv);
@@ -511,7 +515,8 @@ static int merge_events(flow_rt *rt) {
   for (int i = 0; i < rt->nstreams; i++) n += rt->streams[i].nev;
   if (reserve(&rt->events, &rt->capevents, n, sizeof *rt->events)) return -1;
   for (int i = 0; i < rt->nstreams; i++) {
-    memcpy(rt->events + rt->nevents, rt->streams[i].ev, (size_t)rt->streams[i].nev * sizeof *rt->events);
+    if (rt->streams[i].nev)
+      memcpy(rt->events + rt->nevents, rt->streams[i].ev, (size_t)rt->streams[i].nev * sizeof *rt->events);
     rt->nevents += rt->streams[i].nev;
   }
   qsort(rt->events, (size_t)rt->nevents, sizeof *rt->events, by_start);

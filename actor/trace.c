@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../ops/eager_global.h"
+#include "../core/autocast.h"
 #include "../core/rng.h"
 #include "../ops/elementwise.h"
 #include "graph.h"
@@ -177,6 +178,7 @@ static int record_op(const flow_op *op, flow_tensor *const *in, int nin, const f
   flow_gnode *node = &g->nodes[n];
   node->op = op;
   node->attrs = *a;
+  node->autocast = flow_autocast_dtype();
   node->in = ids;
   node->nin = nin;
   if (op->kind == FLOW_OP_VIEW) {
@@ -381,6 +383,7 @@ static int clone_node(flow_graph *g, int n, int *map) {
   flow_gnode *src = &g->nodes[n], *dst = &g->nodes[c];
   dst->op = src->op;
   dst->attrs = src->attrs;
+  dst->autocast = src->autocast;
   dst->box = src->box;
   dst->tag = src->tag;
   dst->in = malloc((size_t)(src->nin ? src->nin : 1) * sizeof(int));

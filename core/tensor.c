@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "error.h"
 
 /* Tensor and storage headers are recycled through per-thread free lists (see cpu_alloc). */
@@ -26,6 +27,21 @@ static void cache_put(header_cache *c, void *p) {
   *(void **)p = c->head;
   c->head = p;
   c->count++;
+}
+
+static void cache_drain(header_cache *c) {
+  while (c->head) {
+    void *p = c->head;
+    c->head = *(void **)p;
+    free(p);
+  }
+  c->count = 0;
+}
+
+void flow_thread_release(void) {
+  cache_drain(&tensor_cache);
+  cache_drain(&storage_cache);
+  flow_device_cpu_empty_cache();
 }
 
 void flow_attrs_init(flow_attrs *a) {

@@ -98,6 +98,10 @@ const flow_attrs *flow_attrs_default(void);
 #define FLOW_KERNEL(name) \
   int name(flow_tensor *const *in, int nin, flow_tensor **out, int nout, const flow_attrs *a)
 
+/* A thread that made tensors (an actor runtime's stream) gives its cached headers and host blocks
+ * back before it ends: they are per thread. */
+void flow_thread_release(void);
+
 /* Storage */
 flow_storage *flow_storage_new(flow_device dev, size_t nbytes);
 /* Bytes held by live storages of a device type, and their high-water mark since the last reset

@@ -166,6 +166,11 @@ describe("scripts/train_gpt.lua", function()
     assert.is_true(okg, graph)
     local lf, lg = losses(full), losses(graph)
     for s = 1, 6 do assert.are.equal(lf[s], lg[s]) end
+    -- autocast reaches the kernels on the actor threads: bf16 in a graph is eager's bf16
+    local okb, be = run(base .. " --amp bf16")
+    local okc, bg = run(base .. " --amp bf16 --mode graph")
+    assert.is_true(okb and okc, be .. bg)
+    for s = 1, 6 do assert.are.equal(losses(be)[s], losses(bg)[s]) end
     for _, modes in ipairs({ { "eager", "graph" }, { "graph", "eager" } }) do
       local ok2, part = run(base .. " --stop-at 3 --save " .. ck .. " --mode " .. modes[1])
       assert.is_true(ok2, part)
