@@ -458,10 +458,13 @@ function Graph:dot(path)
   return s
 end
 
--- Run the graph once more with the same inputs... no: record the acts of the next `steps` calls
--- of fn (default: the next call) as a Chrome/Perfetto trace, every rank merged into one file.
+-- Record every act of the graph's runs inside fn as a Chrome/Perfetto trace, every rank's merged
+-- into one file (written by rank 0; pid = rank, tid = stream). Returns each rank's events.
 -- G:trace(path, function() G(x, y) end)
 function Graph:trace(path, fn)
+  if type(fn) ~= "function" then
+    error("nn.Graph:trace: expected a function running the graph, as in G:trace(path, function() G(x, y) end)", 2)
+  end
   local g = last_plan(self, "trace")
   g:trace(true)
   local ok, err = pcall(fn)
