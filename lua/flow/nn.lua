@@ -226,8 +226,11 @@ function Module:load_state_dict(sd, strict)
   if strict and #unexpected > 0 then
     error(("load_state_dict: unexpected key '%s'%s"):format(unexpected[1], #unexpected > 1 and (" (and %d more)"):format(#unexpected - 1) or ""), 2)
   end
-  for name, p in pairs(mine) do
-    local src = sd[name]
+  local names = {} -- one order on every rank: copying into global parameters is a global op
+  for name in pairs(mine) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local p, src = mine[name], sd[name]
     if src ~= nil then
       if not is_tensor(src) then error(("load_state_dict: key '%s' is a %s, not a tensor"):format(name, type(src)), 2) end
       local ps, ss = p:shape(), src:shape()
