@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device.h"
 #include "error.h"
@@ -31,6 +32,18 @@ static void free_cached(void) {
     free(c->ranks);
     free(c);
   }
+}
+
+static double timeout_s = -1;
+
+void flow_comm_set_timeout(double seconds) { timeout_s = seconds; }
+
+double flow_comm_timeout(void) {
+  if (timeout_s <= 0) {
+    const char *e = getenv("FLOW_TIMEOUT");
+    timeout_s = e && atof(e) > 0 ? atof(e) : 300;
+  }
+  return timeout_s;
 }
 
 #ifdef FLOW_HAVE_MPI
@@ -246,6 +259,35 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
   return 0;
 }
 
+/* Wait for the requests, giving the core away while nothing arrives: a rank that waits on a peer
+ * (a pipeline stage waiting for the previous one's activations) would otherwise spin on a core
+ * its own compute thread needs. Spins briefly first, so quick exchanges keep their latency.
+ * A wait longer than FLOW_TIMEOUT seconds (default 300) is an error naming the peers' op. */
+static int wait_all(const char *what, int n, MPI_Request *req) {
+  double timeout = flow_comm_timeout();
+  struct timespec t0, now, nap = {0, 0};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long spins = 0;; spins++) {
+    int done = 0, e = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+    if (e != MPI_SUCCESS) return mpi_fail(what, e);
+    if (done) return 0;
+    if (spins < 2000) continue;
+    nap.tv_nsec = nap.tv_nsec ? (nap.tv_nsec * 2 > 200000 ? 200000 : nap.tv_nsec * 2) : 5000;
+    nanosleep(&nap, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double waited = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+    if (waited > timeout) {
+      for (int i = 0; i < n; i++) {
+        if (req[i] == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&req[i]);
+        MPI_Request_free(&req[i]);
+      }
+      return flow_error_set("[rank %d] %s: nothing arrived for %.0f s (FLOW_TIMEOUT): a peer rank stopped or "
+                            "skipped this transfer", flow_comm_rank(), what, waited);
+    }
+  }
+}
+
 static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const flow_comm_msg *recvs, int nrecv,
                       flow_dtype dt, int tag) {
   MPI_Request *req = malloc((size_t)(nsend + nrecv + 1) * sizeof *req);
@@ -263,8 +305,8 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
     if (e != MPI_SUCCESS) rc = mpi_fail("send", e);
     else n++;
   }
-  int e = MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
-  if (rc == 0 && e != MPI_SUCCESS) rc = mpi_fail("exchange", e);
+  int e = rc == 0 ? wait_all("exchange", n, req) : (MPI_Waitall(n, req, MPI_STATUSES_IGNORE), -1);
+  if (rc == 0) rc = e;
   free(req);
   return rc;
 }

@@ -63,6 +63,10 @@ struct flow_comm {
   int rank, size;
 };
 
+/* How long a transfer may wait for its peers before it fails (seconds; FLOW_TIMEOUT, default 300). */
+double flow_comm_timeout(void);
+void flow_comm_set_timeout(double seconds);
+
 /* The world: MPI's when launched by mpirun/srun (or FLOW_MPI=1, or MPI already running), else a
  * world of one without MPI (comm_self.c); idempotent. */
 int flow_comm_init(void);

@@ -237,6 +237,14 @@ static int l_seed_scale(lua_State *L) {
   return 1;
 }
 
+/* flow._set_timeout(seconds) -> previous: how long a transfer waits for its peers (FLOW_TIMEOUT). */
+static int l_set_timeout(lua_State *L) {
+  double prev = flow_comm_timeout();
+  flow_comm_set_timeout(luaL_checknumber(L, 1));
+  lua_pushnumber(L, prev);
+  return 1;
+}
+
 /* flow._graph.tracing(): is a graph being traced on this thread (ops record instead of run)? */
 static int l_tracing(lua_State *L) {
   lua_pushboolean(L, flow_lazy_tracing());
@@ -295,6 +303,8 @@ void flow_lua_open_graph(lua_State *L) {
   lua_setfield(L, -2, "_graph");
   lua_pushcfunction(L, l_allgather_strings);
   lua_setfield(L, -2, "_allgather_strings");
+  lua_pushcfunction(L, l_set_timeout);
+  lua_setfield(L, -2, "_set_timeout");
   lua_pushcfunction(L, l_seed_scale);
   lua_setfield(L, -2, "_seed_scale");
   lua_pushcfunction(L, l_defer_backward);

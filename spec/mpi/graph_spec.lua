@@ -288,3 +288,25 @@ describe("checkpoints across layouts #mpi", function()
     os.remove(p)
   end)
 end)
+
+describe("transfers that never complete #mpi", function()
+  it("a receive whose sender skipped it fails after FLOW_TIMEOUT, naming the rank, instead of hanging", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local a, b = flow.placement("cpu", { 0 }), flow.placement("cpu", { 1 })
+    local x = flow.ones({ 4 }):to_global(a, B)
+    local prev = flow._set_timeout(1)
+    local ok, err, waited = true, nil, 0
+    if me == 1 then -- rank 0 never sends
+      local t0 = os.time()
+      ok, err = pcall(function() return x:to_global(b, B) end)
+      waited = os.time() - t0
+    end
+    flow._set_timeout(prev)
+    flow.ones({ 1 }):to_global(flow.placement("cpu", ranks()), B) -- everyone meets again
+    if me == 1 then
+      assert.is_false(ok)
+      assert.matches("%[rank 1%] exchange: nothing arrived for %d s %(FLOW_TIMEOUT%)", err)
+      assert.is_true(waited <= 4)
+    end
+  end)
+end)
