@@ -412,6 +412,43 @@ static int r_tostring_global(lua_State *L) {
   return 1;
 }
 
+/* flow._layout(placement, sbp, shape) -> one {rank =, coord = {...}, start = {...}, size = {...},
+ * partial = bool} per rank of the placement: the block of the logical tensor each rank holds (0-based
+ * starts). What flow.visualize draws. */
+static int l_layout(lua_State *L) {
+  const flow_placement *p = check_placement(L, 1, "_layout");
+  flow_nd_sbp s;
+  check_nd_sbp(L, 2, "_layout", &s);
+  int64_t shape[FLOW_MAX_DIMS];
+  int nd = flow_lua_shape(L, 3, shape, "_layout");
+  if (flow_global_check("_layout", p, &s, nd) != 0) return flow_lua_error(L);
+  bool partial = false;
+  for (int m = 0; m < s.n; m++) partial |= s.v[m].kind == FLOW_SBP_P;
+  lua_createtable(L, p->nranks, 0);
+  for (int i = 0; i < p->nranks; i++) {
+    int coord[FLOW_MAX_MESH];
+    int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
+    flow_placement_coord(p, i, coord);
+    flow_global_box(p, &s, nd, shape, coord, -1, start, size);
+    lua_createtable(L, 0, 5);
+    lua_pushinteger(L, p->ranks[i]);
+    lua_setfield(L, -2, "rank");
+    lua_createtable(L, p->ndim, 0);
+    for (int m = 0; m < p->ndim; m++) { lua_pushinteger(L, coord[m]); lua_rawseti(L, -2, m + 1); }
+    lua_setfield(L, -2, "coord");
+    lua_createtable(L, nd, 0);
+    for (int d = 0; d < nd; d++) { lua_pushinteger(L, start[d]); lua_rawseti(L, -2, d + 1); }
+    lua_setfield(L, -2, "start");
+    lua_createtable(L, nd, 0);
+    for (int d = 0; d < nd; d++) { lua_pushinteger(L, size[d]); lua_rawseti(L, -2, d + 1); }
+    lua_setfield(L, -2, "size");
+    lua_pushboolean(L, partial);
+    lua_setfield(L, -2, "partial");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
 /* registry["flow.global_create"](opname, shape, value, opts): see lua/bind_create.c. Each rank
  * makes its own shard; along partial_sum axes coordinate 0 holds the values, the rest zeros. */
 static int r_global_create(lua_State *L) {
@@ -623,7 +660,7 @@ void flow_lua_open_global(lua_State *L) {
 
   static const luaL_Reg fns[] = {{"init_mpi", l_init_mpi}, {"mpi_running", l_mpi_running},
                                  {"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
-                                 {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain},
+                                 {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain}, {"_layout", l_layout},
                                  {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi},
                                  {"_signatures", l_signatures}, {"_pack_blocks", l_pack_blocks}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};

@@ -14,4 +14,8 @@ setmetatable(flow, {
   end,
 })
 
+-- Pictures of global layouts (lua/flow/visualize.lua), loaded on first use.
+function flow.visualize(t, path) return require("flow.visualize").draw(t, path) end
+function flow.visualize_boxing(t, placement, sbp, path) return require("flow.visualize").boxing(t, placement, sbp, path) end
+
 return flow
