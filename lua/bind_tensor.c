@@ -107,6 +107,48 @@ static int t_shape(lua_State *L) {
   return push_list(L, t->ndim, t->shape);
 }
 
+/* t.shape: the shape as a list that is also callable, so t.shape[1], #t.shape and t:shape() (a
+ * fresh plain list, as before) all work; it prints as {2, 3}. */
+#define SHAPE_MT "flow.Shape"
+
+static int shape_call(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 1);
+  lua_createtable(L, (int)n, 0);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, 1, i);
+    lua_rawseti(L, -2, i);
+  }
+  return 1;
+}
+
+static int shape_tostring(lua_State *L) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addchar(&b, '{');
+  for (lua_Integer i = 1, n = luaL_len(L, 1); i <= n; i++) {
+    lua_geti(L, 1, i);
+    if (i > 1) luaL_addstring(&b, ", ");
+    luaL_addvalue(&b);
+  }
+  luaL_addchar(&b, '}');
+  luaL_pushresult(&b);
+  return 1;
+}
+
+static int push_shape_field(lua_State *L) {
+  lua_settop(L, 1);
+  t_shape(L);
+  if (luaL_newmetatable(L, SHAPE_MT)) {
+    lua_pushcfunction(L, shape_call);
+    lua_setfield(L, -2, "__call");
+    lua_pushcfunction(L, shape_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
 static int t_size(lua_State *L) {
   flow_lua_check(L, 1, "size");
   if (lua_isnoneornil(L, 2)) return t_shape(L);
@@ -211,6 +253,7 @@ static int t_index(lua_State *L) {
     }
     if (strcmp(k, "is_global") == 0) { lua_pushboolean(L, t->global != NULL); return 1; }
     if (strcmp(k, "ndim") == 0) { lua_settop(L, 1); return t_dim(L); }
+    if (strcmp(k, "shape") == 0) return push_shape_field(L);
   }
   flow_lua_push_methods(L);
   lua_pushvalue(L, 2);

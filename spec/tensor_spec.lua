@@ -18,3 +18,18 @@ describe("tensor fields", function()
     assert.is_nil(t.grad)
   end)
 end)
+
+describe("t.shape", function()
+  it("is the shape as a field (indexable, with a length, printing as {2, 3}) and t:shape() still works", function()
+    local x = flow.zeros({ 2, 3 })
+    assert.equal(3, x.shape[2])
+    assert.equal(2, #x.shape)
+    assert.equal("{2, 3}", tostring(x.shape))
+    local s = x:shape()
+    assert.are.same({ 2, 3 }, s)
+    assert.is_nil(getmetatable(s)) -- a plain list, the caller's to change
+    s[1] = 9
+    assert.equal(2, x.shape[1])
+    assert.equal("{}", tostring(flow.tensor(1.5).shape))
+  end)
+end)
