@@ -128,6 +128,16 @@ if args.warmup > args.steps then fail(("--warmup %d is past --steps %d"):format(
 if args.stop_at > args.steps then fail(("--stop-at %d is past --steps %d"):format(args.stop_at, args.steps)) end
 if args.save_every > 0 and args.save == "" then fail("--save-every needs --save FILE") end
 
+for _, k in ipairs({ "layers", "dim", "heads", "seq", "batch", "steps" }) do
+  if args[k] < 1 then fail(("--%s %s: expected a positive integer"):format(k, tostring(args[k]))) end
+end
+if args.save ~= "" then -- find an unwritable path now, not after the whole run
+  local probe = args.save .. ".probe"
+  local f, err = io.open(probe, "w")
+  if not f then fail(("--save %s: cannot write there (%s)"):format(args.save, err)) end
+  f:close()
+  os.remove(probe)
+end
 if args.mode ~= "eager" and args.mode ~= "graph" then fail(("--mode %s: expected eager or graph"):format(args.mode)) end
 if args.mode ~= "graph" then
   for _, f in ipairs({ { "pp", 1 }, { "micro_batches", 1 }, { "zero", 0 }, { "checkpointing", false } }) do

@@ -201,6 +201,9 @@ describe("scripts/train_gpt.lua", function()
     local cases = {
       { "--dp 2", "%-%-dp 2 x %-%-tp 1 x %-%-pp 1 must equal the number of ranks %(1%)" },
       { "--mode lazy", "%-%-mode lazy: expected eager or graph" },
+      { "--batch 0", "%-%-batch 0: expected a positive integer" },
+      { "--heads 0", "%-%-heads 0: expected a positive integer" },
+      { "--save /nonexistent-dir/ck.st", "%-%-save /nonexistent%-dir/ck.st: cannot write there" },
       { "--pp 2", "%-%-pp 2 needs %-%-mode graph" },
       { "--mode graph --pp 2", "%-%-dp 1 x %-%-tp 1 x %-%-pp 2 must equal the number of ranks %(1%)" },
       { "--mode graph --micro-batches 3 --batch 8", "%-%-micro%-batches 3 must divide %-%-batch 8" },
