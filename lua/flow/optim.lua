@@ -239,19 +239,28 @@ local function beside(t, like)
 end
 
 -- clip_grad_norm on a list of gradient tensors (scaled in place).
+-- Gradients on several placements (pipeline stages) are summed per placement first, so one
+-- partial norm and one coefficient cross between placements, not one per gradient.
 function optim.clip_grads(grads, max_norm)
   local total
   flow.no_grad(function()
+    local order, sums = {}, {}
     for _, g in ipairs(grads) do
+      local key = g.is_global and tostring(g.placement) or ""
       local gf = g.dtype == "float64" and g or g:cast("float64")
       local sq = flow.sum(gf * gf)
-      total = total and total + beside(sq, total) or sq
+      if not sums[key] then order[#order + 1] = key end
+      sums[key] = sums[key] and sums[key] + sq or sq
     end
+    for _, key in ipairs(order) do total = total and total + beside(sums[key], total) or sums[key] end
     if not total then return end
     total = flow.sqrt(total)
     local coef = flow.clamp(max_norm / (total + 1e-6), nil, 1)
+    local moved = {}
     for _, g in ipairs(grads) do
-      local c = beside(coef, g)
+      local key = g.is_global and tostring(g.placement) or ""
+      moved[key] = moved[key] or beside(coef, g)
+      local c = moved[key]
       g:mul_(g.dtype == "float64" and c or c:cast(g.dtype))
     end
   end)
