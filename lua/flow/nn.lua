@@ -38,11 +38,12 @@ function F.softplus(x, opts) return flow.softplus(x, opts) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
 function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
--- logits split on the class axis (vocab parallel): the composition in flow.parallel
+-- PyTorch's layout: logits [C], [N, C] or [N, C, d1, ...], target [], [N] or [N, d1, ...].
+-- Logits split on the class axis (vocab parallel): the composition in flow.parallel.
 function F.cross_entropy(logits, target, opts)
   flow._check_opts("cross_entropy", opts, { "ignore_index", "reduction" })
   local parallel = require "flow.parallel"
-  if parallel.last_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
+  if parallel.class_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
   return flow.cross_entropy(logits, target, opts)
 end
 function F.dropout(x, p, training)
