@@ -14,4 +14,6 @@ setmetatable(flow, {
   end,
 })
 
+require("flow.reductions")(flow)
+
 return flow
