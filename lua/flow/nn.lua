@@ -56,16 +56,16 @@ local function reduce(fn, loss, reduction)
 end
 
 -- mse_loss(input, target) = reduce((input - target)^2)
-function F.mse_loss(input, target, opts)
+F.mse_loss = flow._named("mse_loss", function(input, target, opts)
   flow._check_opts("mse_loss", opts, { "reduction" })
   local d = input - target
   return reduce("mse_loss", d * d, opts and opts.reduction)
-end
+end)
 
 -- nll_loss(input, target): input log-probabilities [C], [N, C] or [N, C, d1, ...] (class axis 1, as
 -- cross_entropy), target int64 [], [N] or [N, d1, ...]; loss = -input[n, target[n], ...], 0 where
 -- target == ignore_index (default -100); mean divides the sum by the count of targets not ignored.
-function F.nll_loss(input, target, opts)
+F.nll_loss = flow._named("nll_loss", function(input, target, opts)
   flow._check_opts("nll_loss", opts, { "ignore_index", "reduction" })
   local ignore = opts and opts.ignore_index or -100
   local reduction = opts and opts.reduction or "mean"
@@ -79,21 +79,21 @@ function F.nll_loss(input, target, opts)
   local loss = flow.masked_fill(-picked, ignored, 0)
   if reduction ~= "mean" then return reduce("nll_loss", loss, reduction) end
   return flow.sum(loss) / flow.sum(flow.ne(target, ignore):cast(loss.dtype))
-end
+end)
 
 -- binary_cross_entropy_with_logits(x, y, {weight, reduction}) as torch computes it, stable for any x:
 --   m = max(-x, 0); loss = (1 - y) x + m + log(exp(-m) + exp(-x - m))   [= -(y log s(x) + (1-y) log(1-s(x)))]
 -- times weight when given.
-function F.binary_cross_entropy_with_logits(input, target, opts)
+F.binary_cross_entropy_with_logits = flow._named("binary_cross_entropy_with_logits", function(input, target, opts)
   flow._check_opts("binary_cross_entropy_with_logits", opts, { "weight", "reduction" })
   local m = flow.clamp(-input, 0)
   local loss = (1 - target) * input + m + flow.log(flow.exp(-m) + flow.exp(-input - m))
   if opts and opts.weight then loss = loss * opts.weight end
   return reduce("binary_cross_entropy_with_logits", loss, opts and opts.reduction)
-end
+end)
 
 -- one_hot(t, num_classes): int64 [..., C] with 1 at t's class, C = num_classes or max(t) + 1
-function F.one_hot(t, num_classes)
+F.one_hot = flow._named("one_hot", function(t, num_classes)
   if not flow.is_tensor(t) or t.dtype ~= "int64" then error("one_hot: expected an int64 tensor of class indices", 2) end
   local C = num_classes
   if C == nil or C == -1 then
@@ -105,7 +105,7 @@ function F.one_hot(t, num_classes)
   end
   local classes = flow.arange(0, C, 1, { dtype = "int64", device = t.device })
   return flow.eq(flow.unsqueeze(t, -1), classes):long()
-end
+end)
 function F.dropout(x, p, training)
   if training == false or (p or 0.5) == 0 then return x end
   return flow.dropout(x, p or 0.5, true)

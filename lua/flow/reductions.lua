@@ -19,7 +19,7 @@ return function(flow)
   -- logsumexp(x, axes, keepdim) = m + log(sum(exp(x - m))) with m the max over the axes, held
   -- constant (the value does not depend on it, so the gradient is softmax(x) either way) and 0
   -- where it is infinite, as torch.logsumexp: all -inf gives -inf, a +inf gives +inf.
-  function flow.logsumexp(x, axes, keepdim)
+  flow.logsumexp = flow._named("logsumexp", function(x, axes, keepdim)
     local list = axis_list(x, axes)
     local m = flow.no_grad(function()
       local m = x:detach()
@@ -29,18 +29,18 @@ return function(flow)
     local out = flow.log(flow.sum(flow.exp(x - m), list, true)) + m
     if keepdim then return out end
     return flow.squeeze(out, list)
-  end
+  end)
 
   -- std(x, axes, keepdim, unbiased = true) = sqrt(var(x, axes, keepdim, unbiased))
-  function flow.std(x, axes, keepdim, unbiased)
+  flow.std = flow._named("std", function(x, axes, keepdim, unbiased)
     return flow.sqrt(flow.var(x, axes, keepdim, unbiased))
-  end
+  end)
 
   -- any: some element is nonzero (NaN counts as nonzero); all: none is zero. Bool, no gradient.
-  function flow.any(x, axes, keepdim)
+  flow.any = flow._named("any", function(x, axes, keepdim)
     return flow.gt(flow.sum(flow.ne(x, 0):long(), axes, keepdim), 0)
-  end
-  function flow.all(x, axes, keepdim)
+  end)
+  flow.all = flow._named("all", function(x, axes, keepdim)
     return flow.eq(flow.sum(flow.eq(x, 0):long(), axes, keepdim), 0)
-  end
+  end)
 end
