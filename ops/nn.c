@@ -10,6 +10,7 @@
 #include "autograd.h"
 #include "elementwise.h"
 #include "reduce.h"
+#include "shape.h"
 
 /* op-specific attrs.flags bits */
 enum {
@@ -249,7 +250,8 @@ flow_tensor *flow_layer_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *b
 
 /* ---- cross_entropy ---------------------------------------------------------------------------
  * inputs: logits [..., C], target int64 [...]. outputs: loss ([] or [...] for reduction "none"),
- * lse [...] (log-sum-exp of each row in stat_dtype, for the backward). */
+ * lse [...] (log-sum-exp of each row in stat_dtype, for the backward). The op's class axis is last;
+ * flow_cross_entropy below takes PyTorch's (axis 1) and moves it there. */
 
 static int infer_cross_entropy(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                                flow_meta *out) {
@@ -340,16 +342,40 @@ static flow_tensor *global_mean(flow_tensor *sum, flow_tensor *target, int64_t i
   return mean;
 }
 
+/* PyTorch's layout: logits [C], [N, C] or [N, C, d1, ...] with target [], [N] or [N, d1, ...]. The
+ * op takes its class axis last, so N-D logits are viewed as [N, d1, ..., C] first (a permutation:
+ * the loss of element (n, d1, ...) is that of its class vector, and the gradient flows back through
+ * the view). */
 flow_tensor *flow_cross_entropy(flow_tensor *logits, flow_tensor *target, int64_t ignore_index,
                                 flow_reduction reduction) {
+  flow_tensor *x = logits;
+  if (logits->ndim > 2) {
+    char sx[128], st[128];
+    if (target->ndim != logits->ndim - 1 || target->shape[0] != logits->shape[0] ||
+        !flow_shape_eq(target->ndim - 1, target->shape + 1, logits->ndim - 2, logits->shape + 2)) {
+      flow_error_set("cross_entropy: logits %s are [N, C, d1, ...] and need target [N, d1, ...] (got %s)",
+                     flow_shape_str(logits->ndim, logits->shape, sx, sizeof sx),
+                     flow_shape_str(target->ndim, target->shape, st, sizeof st));
+      return NULL;
+    }
+    int64_t dims[FLOW_MAX_DIMS];
+    int n = 0;
+    dims[n++] = 0;
+    for (int i = 2; i < logits->ndim; i++) dims[n++] = i;
+    dims[n++] = 1;
+    if (!(x = flow_permute(logits, n, dims))) return NULL;
+  } else {
+    flow_tensor_incref(x);
+  }
   flow_attrs at;
   flow_attrs_init(&at);
   at.ignore_index = ignore_index;
   if (reduction != FLOW_REDUCTION_NONE) at.flags |= CE_REDUCE;
-  bool global = logits->global || target->global;
+  bool global = x->global || target->global;
   if (reduction == FLOW_REDUCTION_MEAN && !global) at.flags |= CE_MEAN; /* one fused kernel */
-  flow_tensor *in[2] = {logits, target};
+  flow_tensor *in[2] = {x, target};
   flow_tensor *loss = flow_op_call1(&flow_op_cross_entropy, in, 2, &at);
+  flow_tensor_decref(x);
   if (!loss || reduction != FLOW_REDUCTION_MEAN || !global) return loss;
   flow_tensor *mean = global_mean(loss, target, ignore_index);
   flow_tensor_decref(loss);

@@ -45,7 +45,34 @@ for _, dt in ipairs({"float64", "float32"}) do
   case("relu transposed " .. dt, function() return flow.relu(t({{1.0, -2.0, nan}, {-0.5, 3.0, 0.0}}, dt, true):transpose(0, 1)) end, true)
   case("sin 0-d " .. dt, function() return flow.sin(t(0.7, dt, true)) end, true)
   case("erf size-0 " .. dt, function() return flow.erf(flow.zeros({0}, {dtype = dt, requires_grad = true})) end, false)
+  -- cross_entropy on N-D logits: the class axis is 1 ([N, C, d1, ...] with target [N, d1, ...])
+  local L3 = {{{1.0, -2.0}, {0.5, 3.0}, {-1.5, 0.25}}, {{2.0, 0.0}, {-0.5, 1.5}, {4.0, -3.0}}}
+  local T3 = {{0, -100}, {2, 1}}
+  case("cross_entropy [N,C,d1] mean " .. dt, function() return F.cross_entropy(t(L3, dt, true), flow.tensor(T3)) end, true)
+  case("cross_entropy [N,C,d1] none " .. dt, function()
+    return F.cross_entropy(t(L3, dt, true), flow.tensor(T3), {reduction = "none"}) end, true)
+  case("cross_entropy [N,C,d1,d2] sum ignore_index 1 " .. dt, function()
+    return F.cross_entropy(t({L3[1], L3[2], L3[1]}, dt, true):view({1, 3, 3, 2}), flow.tensor({{{1, 0}, {2, 1}, {0, 2}}}),
+      {ignore_index = 1, reduction = "sum"}) end, true)
+  case("logsumexp axis 1 " .. dt, function() return flow.logsumexp(t({{1.0, -2.0, 3.0}, {0.5, -inf, 0.25}}, dt, true), 1) end, true)
+  case("logsumexp all keepdim " .. dt, function() return flow.logsumexp(t(L3, dt, true), {0, 1, 2}, true) end, true)
+  case("std axis 0 " .. dt, function() return flow.std(t(L3, dt, true), 0) end, true)
+  case("std biased " .. dt, function() return flow.std(t(L3, dt, true), {1, 2}, true, false) end, true)
+  case("mse_loss " .. dt, function() return F.mse_loss(t(L3, dt, true), t(L3, dt) * 0.5) end, true)
+  case("mse_loss none " .. dt, function() return F.mse_loss(t({1.0, -2.0, 3.0}, dt, true), t({0.5, 0.0, 3.0}, dt), {reduction = "none"}) end, true)
+  case("nll_loss [N,C,d1] " .. dt, function() return F.nll_loss(t(L3, dt, true), flow.tensor(T3)) end, true)
+  case("nll_loss sum ignore_index 2 " .. dt, function()
+    return F.nll_loss(t({{1.0, -2.0, 0.5}, {3.0, -1.5, 0.25}}, dt, true), flow.tensor({2, 0}), {ignore_index = 2, reduction = "sum"}) end, true)
+  case("bce_with_logits " .. dt, function()
+    return F.binary_cross_entropy_with_logits(t({-30.0, -1.5, 0.0, 0.5, 2.5, 40.0}, dt, true), t({0.0, 1.0, 0.5, 1.0, 0.0, 1.0}, dt)) end, true)
+  case("bce_with_logits weight none " .. dt, function()
+    return F.binary_cross_entropy_with_logits(t({-1.5, 0.0, 2.5}, dt, true), t({1.0, 0.5, 0.0}, dt),
+      {weight = t({2.0, 1.0, 0.5}, dt), reduction = "none"}) end, true)
+  case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
+  case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
 end
+case("one_hot", function() return F.one_hot(flow.tensor({{0, 2}, {1, 0}})) end)
+case("one_hot num_classes 4", function() return F.one_hot(flow.tensor({3, 1}), 4) end)
 case("int64 / int64", function() return flow.tensor({3, 4, -7}) / flow.tensor({2, 0, 2}) end)
 case("int64 + 2.0", function() return flow.tensor({1, 2}) + 2.0 end)
 case("int64 + 2", function() return flow.tensor({1, 2}) + 2 end)
@@ -62,7 +89,9 @@ case("div floor float", function() return flow.div(flow.tensor({7.5, -7.5}), 2, 
 
 local function flat(v, out)
   out = out or {}
-  if type(v) == "table" then for _, x in ipairs(v) do flat(x, out) end else out[#out + 1] = v end
+  if type(v) == "table" then for _, x in ipairs(v) do flat(x, out) end
+  elseif type(v) == "boolean" then out[#out + 1] = v and 1 or 0 -- torch's side prints bools as numbers
+  else out[#out + 1] = v end
   return out
 end
 local function parse(s)

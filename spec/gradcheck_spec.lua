@@ -422,6 +422,33 @@ cases.to_local = {
 
 -- ---- the specs ------------------------------------------------------------------------------
 
+-- Functions composed of ops in Lua (lua/flow/reductions.lua, the losses in lua/flow/nn.lua): their
+-- gradient comes from the ops' rules; checked here as a whole.
+local F = flow.nn.functional
+local composed = {
+  {"logsumexp", function(x) return flow.logsumexp(x, 1) end, {inputs = {{3, 4}}}},
+  {"logsumexp over two axes, keepdim", function(x) return flow.logsumexp(x, {0, 2}, true) end, {inputs = {{2, 3, 2}}}},
+  {"std", function(x) return flow.std(x, 0) end, {inputs = {{4, 3}}}},
+  {"std biased, all", function(x) return flow.std(x, nil, false, false) end, {inputs = {{3, 2}}}},
+  {"mse_loss", function(a, b) return F.mse_loss(a, b) end, {inputs = {{3, 2}, {3, 2}}}},
+  {"mse_loss none", function(a, b) return F.mse_loss(a, b, {reduction = "none"}) end, {inputs = {{4}, {4}}}},
+  {"nll_loss [N, C, d1] with an ignored target", function(x) return F.nll_loss(x, flow.tensor({{0, -100}, {2, 1}})) end,
+   {inputs = {{2, 3, 2}}}},
+  {"nll_loss sum", function(x) return F.nll_loss(x, flow.tensor({1, 0, 2}), {reduction = "sum"}) end, {inputs = {{3, 3}}}},
+  {"binary_cross_entropy_with_logits", function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,
+   {inputs = {{5}, fixed(flow.tensor({0.0, 1.0, 0.5, 1.0, 0.0}, {dtype = F64}))}}},
+  {"binary_cross_entropy_with_logits weight, sum", function(x, w)
+    return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
+  end, {inputs = {{3}, {3}}}},
+}
+
+describe("gradient check of compositions", function()
+  for _, c in ipairs(composed) do
+    c[3].label = c[1]
+    it(c[1], function() check_case(c[1], c[2], c[3]) end)
+  end
+end)
+
 describe("gradient check", function()
   local ops = flow._ops()
   table.sort(ops, function(a, b) return a.name < b.name end)

@@ -246,11 +246,11 @@ describe("cross_entropy", function()
     assert_close(each, flow.cross_entropy(x, t, {reduction = "none"}):totable(), 1e-12, "none")
   end)
 
-  it("takes logits with leading axes and a custom ignore_index", function()
-    local x = randt({2, 3, 4})
+  it("takes N-D logits [N, C, d1] with the class axis at 1, as PyTorch, and a custom ignore_index", function()
+    local x = randt({2, 4, 3})
     local target = {{1, 0, 3}, {2, 2, 0}}
     local l = flow.cross_entropy(x, flow.tensor(target), {ignore_index = 0, reduction = "none"}):totable()
-    local xt = x:totable()
+    local xt = x:transpose(1, 2):totable()
     for i = 1, 2 do
       assert_close(lua_losses(xt[i], target[i], 0), l[i], 1e-12, "batch " .. i)
     end
@@ -268,6 +268,17 @@ describe("cross_entropy", function()
       local f = function(x) return flow.cross_entropy(x, t, {reduction = red}) end
       assert.is_true(gc.gradcheck(f, {randt({3, 4})}) < 1e-7, red)
     end
+    local t3 = flow.tensor({{2, -100}, {0, 1}})
+    for _, red in ipairs({"mean", "sum", "none"}) do
+      local f = function(x) return flow.cross_entropy(x, t3, {reduction = red}) end
+      assert.is_true(gc.gradcheck(f, {randt({2, 3, 2})}) < 1e-7, "[N, C, d1] " .. red)
+    end
+  end)
+
+  it("rejects N-D logits whose target is not [N, d1, ...]", function()
+    local ok, err = pcall(flow.cross_entropy, randt({2, 4, 3}), flow.tensor({{0, 1, 2, 3}, {0, 1, 2, 3}}))
+    assert.is_false(ok)
+    assert.matches("cross_entropy: logits {2,4,3} are [N, C, d1, ...] and need target [N, d1, ...] (got {2,4})", err, 1, true)
   end)
 
   it("gives the same loss in float32", function()

@@ -66,14 +66,18 @@ function GPT:forward(idx, targets)
   -- first stage (boxed between the placements; its gradient goes back the same way).
   local w = self.wte.weight
   if x.is_global and w.is_global and x.placement ~= w.placement then w = w:to_global(x.placement, w.sbp) end
-  local logits = F.linear(x, w)
+  -- logits [B*T, V] (the rows F.linear multiplies anyway), returned as [B, T, V]; the loss takes
+  -- them flat with targets [B*T] (PyTorch's cross_entropy has its class axis at 1, not last)
+  local xs = x:shape()
+  local logits = F.linear(flow.reshape(x, { xs[1] * xs[2], xs[3] }), w)
+  local out = flow.reshape(logits, { xs[1], xs[2], logits:shape()[2] })
   if targets then
     if targets.is_global and logits.is_global and targets.placement ~= logits.placement then
       targets = targets:to_global(logits.placement, targets.sbp)
     end
-    return logits, F.cross_entropy(logits, targets)
+    return out, F.cross_entropy(logits, flow.reshape(targets, { xs[1] * xs[2] }))
   end
-  return logits
+  return out
 end
 
 -- Megatron-style tensor parallelism from SBP annotations alone: the first Linear of attention

@@ -14,6 +14,23 @@ setmetatable(flow, {
   end,
 })
 
+-- f as the function `name`: an error raised inside it (by an op it calls, or by Lua on a bad
+-- argument) is raised again naming `name`, as the C bindings name theirs.
+function flow._named(name, f)
+  local prefix = name .. ":"
+  local function pass(ok, ...)
+    if ok then return ... end
+    local msg = ...
+    if type(msg) ~= "string" then error(msg, 0) end
+    msg = msg:gsub("^[^:\n]*%.lua:%d+: ", "")
+    if msg:sub(1, #prefix) ~= prefix then msg = name .. ": " .. msg end
+    error(msg, 0)
+  end
+  return function(...) return pass(pcall(f, ...)) end
+end
+
+require("flow.reductions")(flow)
+
 -- Pictures of global layouts (lua/flow/visualize.lua), loaded on first use.
 function flow.visualize(t, path) return require("flow.visualize").draw(t, path) end
 function flow.visualize_boxing(t, placement, sbp, path) return require("flow.visualize").boxing(t, placement, sbp, path) end

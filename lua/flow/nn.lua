@@ -38,13 +38,74 @@ function F.softplus(x, opts) return flow.softplus(x, opts) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
 function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
--- logits split on the class axis (vocab parallel): the composition in flow.parallel
+-- PyTorch's layout: logits [C], [N, C] or [N, C, d1, ...], target [], [N] or [N, d1, ...].
+-- Logits split on the class axis (vocab parallel): the composition in flow.parallel.
 function F.cross_entropy(logits, target, opts)
   flow._check_opts("cross_entropy", opts, { "ignore_index", "reduction" })
   local parallel = require "flow.parallel"
-  if parallel.last_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
+  if parallel.class_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
   return flow.cross_entropy(logits, target, opts)
 end
+-- The losses below are compositions of flow ops, computed as torch computes them (same numbers),
+-- with the gradient from the ops' rules. reduction: "mean" (default) | "sum" | "none".
+local function reduce(fn, loss, reduction)
+  if reduction == nil or reduction == "mean" then return flow.mean(loss) end
+  if reduction == "sum" then return flow.sum(loss) end
+  if reduction == "none" then return loss end
+  error(("%s: reduction must be \"mean\", \"sum\" or \"none\" (got %s)"):format(fn, tostring(reduction)), 3)
+end
+
+-- mse_loss(input, target) = reduce((input - target)^2)
+F.mse_loss = flow._named("mse_loss", function(input, target, opts)
+  flow._check_opts("mse_loss", opts, { "reduction" })
+  local d = input - target
+  return reduce("mse_loss", d * d, opts and opts.reduction)
+end)
+
+-- nll_loss(input, target): input log-probabilities [C], [N, C] or [N, C, d1, ...] (class axis 1, as
+-- cross_entropy), target int64 [], [N] or [N, d1, ...]; loss = -input[n, target[n], ...], 0 where
+-- target == ignore_index (default -100); mean divides the sum by the count of targets not ignored.
+F.nll_loss = flow._named("nll_loss", function(input, target, opts)
+  flow._check_opts("nll_loss", opts, { "ignore_index", "reduction" })
+  local ignore = opts and opts.ignore_index or -100
+  local reduction = opts and opts.reduction or "mean"
+  if not flow.is_tensor(target) or target.dtype ~= "int64" then
+    error("nll_loss: target must be an int64 tensor of class indices", 2)
+  end
+  local axis = #input:shape() == 1 and 0 or 1
+  local ignored = flow.eq(target, ignore)
+  local safe = flow.masked_fill(target, ignored, 0)
+  local picked = flow.squeeze(flow.gather(input, axis, flow.unsqueeze(safe, axis)), axis)
+  local loss = flow.masked_fill(-picked, ignored, 0)
+  if reduction ~= "mean" then return reduce("nll_loss", loss, reduction) end
+  return flow.sum(loss) / flow.sum(flow.ne(target, ignore):cast(loss.dtype))
+end)
+
+-- binary_cross_entropy_with_logits(x, y, {weight, reduction}) as torch computes it, stable for any x:
+--   m = max(-x, 0); loss = (1 - y) x + m + log(exp(-m) + exp(-x - m))   [= -(y log s(x) + (1-y) log(1-s(x)))]
+-- times weight when given.
+F.binary_cross_entropy_with_logits = flow._named("binary_cross_entropy_with_logits", function(input, target, opts)
+  flow._check_opts("binary_cross_entropy_with_logits", opts, { "weight", "reduction" })
+  local m = flow.clamp(-input, 0)
+  local loss = (1 - target) * input + m + flow.log(flow.exp(-m) + flow.exp(-input - m))
+  if opts and opts.weight then loss = loss * opts.weight end
+  return reduce("binary_cross_entropy_with_logits", loss, opts and opts.reduction)
+end)
+
+-- one_hot(t, num_classes): int64 [..., C] with 1 at t's class, C = num_classes or max(t) + 1
+F.one_hot = flow._named("one_hot", function(t, num_classes)
+  if not flow.is_tensor(t) or t.dtype ~= "int64" then error("one_hot: expected an int64 tensor of class indices", 2) end
+  local C = num_classes
+  if C == nil or C == -1 then
+    if t:numel() == 0 then error("one_hot: cannot infer the number of classes of an empty tensor", 2) end
+    C = flow.max(t):item() + 1
+  end
+  if t:numel() > 0 and (flow.min(t):item() < 0 or flow.max(t):item() >= C) then
+    error(("one_hot: class values must be in [0, %d) (got [%d, %d])"):format(C, flow.min(t):item(), flow.max(t):item()), 2)
+  end
+  local classes = flow.arange(0, C, 1, { dtype = "int64", device = t.device })
+  return flow.eq(flow.unsqueeze(t, -1), classes):long()
+end)
 function F.dropout(x, p, training)
   if training == false or (p or 0.5) == 0 then return x end
   return flow.dropout(x, p or 0.5, true)

@@ -11,26 +11,41 @@ local function sbp_list(t)
   return s
 end
 
--- Is t global with its last axis split on some mesh axis?
-function parallel.last_axis_split(t)
+-- The class axis of cross-entropy logits, as PyTorch: 0 of [C], else 1 of [N, C, d1, ...].
+local function class_axis(t) return #t:shape() == 1 and 0 or 1 end
+
+-- Is t global with its class axis split on some mesh axis?
+function parallel.class_axis_split(t)
   local list = flow.is_tensor(t) and sbp_list(t)
   if not list then return false end
-  local last = #t:shape() - 1
+  local axis = class_axis(t)
   for _, s in ipairs(list) do
-    if s.kind == "split" and s.axis == last then return true end
+    if s.kind == "split" and s.axis == axis then return true end
   end
   return false
 end
 
+-- [N, C, d1, ..., dk] viewed as [N, d1, ..., dk, C]
+local function class_axis_last(t)
+  local n = #t:shape()
+  if n <= 2 then return t end
+  local dims = { 0 }
+  for i = 2, n - 1 do dims[#dims + 1] = i end
+  dims[#dims + 1] = 1
+  return flow.permute(t, dims)
+end
+
 local function one(list) return #list == 1 and list[1] or list end
 
--- Cross-entropy of logits [..., C] split on the class axis (Megatron's vocab-parallel loss, as
+-- Cross-entropy of logits split on the class axis (Megatron's vocab-parallel loss, as
 -- OneFlow's split_sparse_softmax_cross_entropy pass does it, here from the op rules):
 --   m    = max over the local classes, then the max of the p small maxes (an all-gather of [..., p]);
 --          a constant shift (no gradient: the loss does not depend on it)
 --   lse  = log(sum(exp(x - m))): the sum over the split axis is partial, boxed to broadcast for log
 --   x_t  = the target's shifted logit, picked where it lives: (x - m) * onehot summed -> partial
 --   loss = lse - x_t per row, 0 where target == ignore_index; then none / sum / mean over the rows
+-- Logits and target in PyTorch's layout, as flow.cross_entropy ([N, C, d1, ...] is viewed as
+-- [N, d1, ..., C] first, so "per row" below is per class vector).
 -- opts as flow.cross_entropy: {ignore_index = -100, reduction = "mean" | "sum" | "none"}.
 function parallel.cross_entropy(logits, target, opts)
   opts = opts or {}
@@ -42,6 +57,7 @@ function parallel.cross_entropy(logits, target, opts)
   if not flow.is_tensor(target) or target.dtype ~= "int64" then
     error("cross_entropy: target must be an int64 tensor", 2)
   end
+  logits = class_axis_last(logits)
   local place, list = logits.placement, sbp_list(logits)
   local shape = logits:shape()
   local last, C = #shape - 1, shape[#shape]

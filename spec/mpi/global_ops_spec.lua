@@ -203,15 +203,16 @@ end)
 
 describe("cross-entropy mean over global rows", function()
   -- [2, 5, 4] logits split on axis 1 (uneven at 2 and 4 ranks); ignore_index 3 leaves the last
-  -- rows of the second sample without a target, so some shards count fewer targets than others
+  -- rows of the second sample without a target, so some shards count fewer targets than others.
+  -- The loss takes them as PyTorch does, classes at axis 1: [2, 4, 5] (a transposed view).
   local logits0 = randn({ 2, 5, 4 })
   local target0 = flow.tensor({ { 0, 3, 2, 1, 3 }, { 1, 2, 0, 3, 3 } })
   for _, sbp in ipairs({ S(0), S(1) }) do
     it(("divides the sum by the global count of targets not ignored (rows %s)"):format(tostring(sbp)), function()
       local x = global(logits0, P, sbp):detach():requires_grad_(true)
-      local loss = flow.cross_entropy(x, global(target0, P, sbp), { ignore_index = 3 })
+      local loss = flow.cross_entropy(x:transpose(1, 2), global(target0, P, sbp), { ignore_index = 3 })
       local xl = logits0:detach():requires_grad_(true)
-      local ll = flow.cross_entropy(xl, target0, { ignore_index = 3 })
+      local ll = flow.cross_entropy(xl:transpose(1, 2), target0, { ignore_index = 3 })
       assert_close(ll, whole(loss), 1e-5)
       loss:backward()
       ll:backward()
@@ -220,7 +221,7 @@ describe("cross-entropy mean over global rows", function()
   end
   it("keeps the logits split: the loss op runs on shards", function()
     local x, t = global(logits0, P, S(0)), global(target0, P, S(0))
-    local text = flow.explain(function() return flow.cross_entropy(x, t, { ignore_index = 3 }) end)
+    local text = flow.explain(function() return flow.cross_entropy(x:transpose(1, 2), t, { ignore_index = 3 }) end)
     if ws > 1 then assert.matches("signature [cross_entropy]: S(0), S(0) ->", text, 1, true) end
   end)
   it("takes a whole tensor through the fused mean when called with its flags (no split signature)", function()

@@ -26,6 +26,30 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"relu transposed {dn}"] = (lambda dt=dt: torch.relu(t([[1.0, -2.0, nan], [-0.5, 3.0, 0.0]], dt, True).t()), True)
     cases[f"sin 0-d {dn}"] = (lambda dt=dt: torch.sin(t(0.7, dt, True)), True)
     cases[f"erf size-0 {dn}"] = (lambda dt=dt: torch.erf(t([], dt, True)), True)
+    L3 = [[[1.0, -2.0], [0.5, 3.0], [-1.5, 0.25]], [[2.0, 0.0], [-0.5, 1.5], [4.0, -3.0]]]
+    T3 = [[0, -100], [2, 1]]
+    F = torch.nn.functional
+    cases[f"cross_entropy [N,C,d1] mean {dn}"] = (lambda dt=dt: F.cross_entropy(t(L3, dt, True), torch.tensor(T3)), True)
+    cases[f"cross_entropy [N,C,d1] none {dn}"] = (lambda dt=dt: F.cross_entropy(t(L3, dt, True), torch.tensor(T3), reduction="none"), True)
+    cases[f"cross_entropy [N,C,d1,d2] sum ignore_index 1 {dn}"] = (lambda dt=dt: F.cross_entropy(
+        t([L3[0], L3[1], L3[0]], dt, True).view(1, 3, 3, 2), torch.tensor([[[1, 0], [2, 1], [0, 2]]]), ignore_index=1, reduction="sum"), True)
+    cases[f"logsumexp axis 1 {dn}"] = (lambda dt=dt: torch.logsumexp(t([[1.0, -2.0, 3.0], [0.5, -inf, 0.25]], dt, True), 1), True)
+    cases[f"logsumexp all keepdim {dn}"] = (lambda dt=dt: torch.logsumexp(t(L3, dt, True), (0, 1, 2), keepdim=True), True)
+    cases[f"std axis 0 {dn}"] = (lambda dt=dt: torch.std(t(L3, dt, True), 0), True)
+    cases[f"std biased {dn}"] = (lambda dt=dt: torch.std(t(L3, dt, True), (1, 2), unbiased=False, keepdim=True), True)
+    cases[f"mse_loss {dn}"] = (lambda dt=dt: F.mse_loss(t(L3, dt, True), t(L3, dt) * 0.5), True)
+    cases[f"mse_loss none {dn}"] = (lambda dt=dt: F.mse_loss(t([1.0, -2.0, 3.0], dt, True), t([0.5, 0.0, 3.0], dt), reduction="none"), True)
+    cases[f"nll_loss [N,C,d1] {dn}"] = (lambda dt=dt: F.nll_loss(t(L3, dt, True), torch.tensor(T3)), True)
+    cases[f"nll_loss sum ignore_index 2 {dn}"] = (lambda dt=dt: F.nll_loss(t([[1.0, -2.0, 0.5], [3.0, -1.5, 0.25]], dt, True),
+        torch.tensor([2, 0]), ignore_index=2, reduction="sum"), True)
+    cases[f"bce_with_logits {dn}"] = (lambda dt=dt: F.binary_cross_entropy_with_logits(
+        t([-30.0, -1.5, 0.0, 0.5, 2.5, 40.0], dt, True), t([0.0, 1.0, 0.5, 1.0, 0.0, 1.0], dt)), True)
+    cases[f"bce_with_logits weight none {dn}"] = (lambda dt=dt: F.binary_cross_entropy_with_logits(
+        t([-1.5, 0.0, 2.5], dt, True), t([1.0, 0.5, 0.0], dt), weight=t([2.0, 1.0, 0.5], dt), reduction="none"), True)
+    cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
+    cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
+cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
+cases["one_hot num_classes 4"] = (lambda: torch.nn.functional.one_hot(torch.tensor([3, 1]), 4), False)
 cases["int64 / int64"] = (lambda: torch.tensor([3, 4, -7]) / torch.tensor([2, 0, 2]), False)
 cases["int64 + 2.0"] = (lambda: torch.tensor([1, 2]) + 2.0, False)
 cases["int64 + 2"] = (lambda: torch.tensor([1, 2]) + 2, False)
