@@ -173,7 +173,9 @@ end
 local steps_per_epoch = train.n // args.batch -- the tail of each shuffled epoch is dropped
 if steps_per_epoch < 1 then fail(("--batch %d is larger than the %d training images"):format(args.batch, train.n)) end
 local total_steps = args.epochs * steps_per_epoch
-local opt = flow.optim.SGD(model:parameters(), { lr = args.lr, momentum = args.momentum, nesterov = true,
+local trainable = {}
+for _, p in ipairs(model:parameters()) do if p.requires_grad then trainable[#trainable + 1] = p end end
+local opt = flow.optim.SGD(trainable, { lr = args.lr, momentum = args.momentum, nesterov = true,
                                                  weight_decay = args.weight_decay })
 local lr_at = flow.optim.cosine_schedule({ lr = args.lr, min_lr = args.min_lr, steps = total_steps,
                                            warmup = math.min(args.warmup, total_steps) })
