@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config lua5.4 liblua5.4-dev lua-busted lua-filesystem
           libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libreadline-dev zlib1g-dev jargon-text lua-argparse
-          python3-torch)
+          python3-torch dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

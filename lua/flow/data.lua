@@ -1,7 +1,8 @@
--- flow.data: token streams for language-model training. Byte-level tokens from a text file
--- (plain or gzip), or llm.c .bin shards (a header of 256 int32: magic 20240520, version 1, token
--- count; then uint16 tokens). Batches are random windows drawn from flow's RNG, so they are fixed by
--- flow.manual_seed and a checkpoint of flow.get_rng_state() resumes them exactly.
+-- flow.data: token streams for language-model training, and IDX image/label files (MNIST's
+-- format: data.read_idx). Byte-level tokens from a text file (plain or gzip), or llm.c .bin
+-- shards (a header of 256 int32: magic 20240520, version 1, token count; then uint16 tokens).
+-- Batches are random windows drawn from flow's RNG, so they are fixed by flow.manual_seed and a
+-- checkpoint of flow.get_rng_state() resumes them exactly.
 local flow = require "flow"
 
 local data = {}
@@ -97,6 +98,41 @@ function Dataset:batch(split, B, T)
     ys[b] = table.move(w, 2, T + 1, 1, {})
   end
   return flow.tensor(xs, { dtype = "int64" }), flow.tensor(ys, { dtype = "int64" })
+end
+
+-- IDX files (LeCun's MNIST format, as Fashion-MNIST ships them; plain or gzip): a big-endian
+-- header of magic 0x0000 0803 (uint8 data, 3 dims) or 0x0000 0801 (1 dim) and one uint32 size per
+-- dim, then the bytes row-major. Returns a uint8 tensor of that shape.
+local IDX_UINT8 = 0x08
+function data.read_idx(path)
+  local s = flow.read_file(path)
+  if #s < 4 then error(("data: '%s' is too short for an IDX header (%d bytes)"):format(path, #s), 0) end
+  local zero, dtype, ndim = string.unpack(">I2BB", s)
+  if zero ~= 0 or dtype ~= IDX_UINT8 or ndim < 1 or #s < 4 + 4 * ndim then
+    error(("data: '%s' is not an IDX file of uint8 (expected magic 0x000008NN, got 0x%08x)"):format(
+      path, string.unpack(">I4", s)), 0)
+  end
+  local shape, numel = {}, 1
+  for d = 1, ndim do
+    shape[d] = string.unpack(">I4", s, 1 + 4 * d)
+    numel = numel * shape[d]
+  end
+  local first = 4 + 4 * ndim
+  if #s - first ~= numel then
+    error(("data: '%s' says %s = %d bytes of data but holds %d"):format(path, table.concat(shape, "x"), numel, #s - first), 0)
+  end
+  -- flow has no tensor-from-bytes constructor; a safetensors file is the same bytes behind a JSON
+  -- header, and flow.load reads it in one copy (a Lua list of 47M numbers would take gigabytes).
+  local header = ('{"idx":{"dtype":"U8","shape":[%s],"data_offsets":[0,%d]}}'):format(table.concat(shape, ","), numel)
+  local tmp = os.tmpname()
+  local f = assert(io.open(tmp, "wb"))
+  local ok, err = f:write(string.pack("<I8", #header), header, s:sub(first + 1))
+  f:close()
+  if not ok then os.remove(tmp); error(("data: writing '%s' for '%s': %s"):format(tmp, path, err), 0) end
+  local loaded, t = pcall(flow.load, tmp)
+  os.remove(tmp)
+  if not loaded then error(t, 0) end
+  return t.idx
 end
 
 -- Bytes as text (for printing samples of a byte-level model).
