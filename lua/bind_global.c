@@ -602,6 +602,7 @@ static int l_read_global(lua_State *L) {
   flow_tensor *t = flow_lua_test(L, 1);
   if (t && t->global) {
     const flow_global *g = flow_global_of(t);
+    if (flow_global_settle(g->placement) != 0) return flow_lua_error(L); /* ranks agree before a value shows */
     flow_nd_sbp b;
     b.n = g->placement->ndim;
     for (int m = 0; m < b.n; m++) b.v[m] = flow_sbp_broadcast();

@@ -218,6 +218,7 @@ static flow_tensor *box_shard(const char *what, flow_tensor *t, const flow_place
     memcpy(d.shape, shape, (size_t)ndim * sizeof(int64_t));
     return flow_lazy_box(&d, t);
   }
+  if (plan.nsteps > 0 && flow_global_settle(p) != 0) return NULL; /* data is about to move */
   return run_plan(&plan, p, &src, ndim, shape, t);
 }
 
@@ -235,9 +236,15 @@ flow_tensor *flow_box_run(const flow_box_desc *d, flow_tensor *t) {
 
 /* ---- agreement check --------------------------------------------------------------------------- */
 
-static bool check_on;
+static bool check_on;   /* strict: every op */
+static bool check_off;  /* no check at all (FLOW_CHECK=0) */
 void flow_global_set_check(bool on) { check_on = on; }
 bool flow_global_check_enabled(void) { return check_on; }
+
+__attribute__((constructor)) static void read_check_env(void) {
+  const char *e = getenv("FLOW_CHECK");
+  check_off = e && strcmp(e, "0") == 0;
+}
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
@@ -245,9 +252,10 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-/* Every rank of the placement hashes (op, logical shapes, dtypes, SBP) and compares min and max. */
-static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, const char *sig,
-                 const flow_nd_sbp *target) {
+/* What the ranks of a placement must agree on for one op: the op, its inputs' logical shapes,
+ * dtypes and SBP, the target SBP of a boxing, and the placement's ranks. */
+static uint64_t op_hash(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p,
+                        const flow_nd_sbp *target) {
   uint64_t h = fnv(1469598103934665603ull, op->name, strlen(op->name));
   for (int m = 0; target && m < target->n; m++) {
     int v[2] = {target->v[m].kind, target->v[m].axis};
@@ -267,14 +275,65 @@ static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_
       h = fnv(h, v, sizeof v);
     }
   }
-  h = fnv(h, p->ranks, (size_t)p->nranks * sizeof(int));
+  return fnv(h, p->ranks, (size_t)p->nranks * sizeof(int));
+}
+
+static int same_everywhere(const flow_placement *p, uint64_t h, bool *same) {
   flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
   if (!c) return -1;
-  long long v = (long long)(h >> 2), lo, hi;
-  if (c->ops->minmax(c, v, &lo, &hi) != 0) return -1;
-  if (lo != hi)
+  long long lo, hi;
+  if (c->ops->minmax(c, (long long)(h >> 2), &lo, &hi) != 0) return -1;
+  *same = lo == hi;
+  return 0;
+}
+
+/* The strict check (flow.set_check_consistency(true)): every op, before it runs. */
+static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, const char *sig,
+                 const flow_nd_sbp *target) {
+  bool same;
+  if (same_everywhere(p, op_hash(op, in, nin, p, target), &same) != 0) return -1;
+  if (!same)
     return rank_error("%s: ranks disagree on this global op (the op, its input shapes or SBP differ between "
                       "ranks); this rank called %s", op->name, sig);
+  return 0;
+}
+
+/* The default check, batched: each op folds its hash into its placement's running hash, and the
+ * ranks compare it (one small collective) only before data moves on that placement or a value is
+ * read. Ops between two such points run on shards alone, so a divergence is caught before it can
+ * reach another rank or the user, at a cost of one all-reduce of two integers per boxing. */
+#define PENDING_MAX 16
+static struct pending {
+  const flow_placement *p;
+  uint64_t h;
+  int n;
+  const char *last;
+} pending[PENDING_MAX];
+
+static void fold(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, const flow_nd_sbp *target) {
+  uint64_t h = op_hash(op, in, nin, p, target);
+  int k = 0;
+  while (k < PENDING_MAX && pending[k].p && pending[k].p != p) k++;
+  if (k == PENDING_MAX) k = 0; /* more placements in flight than slots: share the first */
+  pending[k].p = p;
+  pending[k].h = fnv(pending[k].h ? pending[k].h : 1469598103934665603ull, &h, sizeof h);
+  pending[k].n++;
+  pending[k].last = op->name;
+}
+
+int flow_global_settle(const flow_placement *p) {
+  if (check_off || p->me < 0) return 0;
+  for (int k = 0; k < PENDING_MAX; k++) {
+    if (pending[k].p != p || pending[k].n == 0) continue;
+    struct pending was = pending[k];
+    pending[k].h = 0;
+    pending[k].n = 0;
+    bool same;
+    if (same_everywhere(p, was.h, &same) != 0) return -1;
+    if (!same)
+      return rank_error("ranks disagree on the global ops they ran on this placement since its last transfer (an op, "
+                        "an input shape, dtype or SBP differs; %d ops here, the last was %s)", was.n, was.last);
+  }
   return 0;
 }
 
@@ -454,6 +513,8 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     flow_box_desc d = {.src_p = g->placement, .dst_p = tg->placement, .src = g->sbp, .dst = tg->sbp,
                        .ndim = g->ndim, .dtype = in->dtype};
     memcpy(d.shape, g->shape, (size_t)g->ndim * sizeof(int64_t));
+    if (!flow_lazy_tracing() && (flow_global_settle(g->placement) != 0 || flow_global_settle(tg->placement) != 0))
+      return -1;
     flow_tensor *plain = flow_tensor_view_of(in, in->ndim, in->shape, in->stride, in->offset);
     flow_tensor *y = !plain ? NULL : flow_lazy_tracing() ? flow_lazy_box(&d, plain) : flow_box_run(&d, plain);
     flow_tensor_decref(plain);
@@ -469,6 +530,7 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     snprintf(s + strlen(s), sizeof s - strlen(s), " -> %s", flow_nd_sbp_str(&tg->sbp, t, sizeof t));
   }
   if (check_on && agree(&flow_op_to_global, &in, 1, g->placement, s, &tg->sbp) != 0) return -1;
+  if (!check_on && !check_off) fold(&flow_op_to_global, &in, 1, g->placement, &tg->sbp);
   tracef("%s\n", s);
   flow_tensor *y = box_shard("input 1", in, tg->placement, &tg->sbp);
   if (!y) return rank_prefix();
@@ -673,6 +735,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   char desc[768] = "";
   if (check_on || tracing) describe(op, in, nin, p, desc, sizeof desc);
   if (p->me >= 0 && check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
+  if (p->me >= 0 && !check_on && !check_off) fold(op, in, nin, p, NULL);
 
   flow_meta lin[FLOW_SIG_MAX_IO], lmeta[FLOW_SIG_MAX_IO];
   for (int i = 0; i < nin; i++) flow_meta_from(&lin[i], in[i]); /* logical shapes */

@@ -26,7 +26,12 @@ flow_tensor *flow_to_local(flow_tensor *t);
  * stage 2 reduce-scatters it in the optimizer). Per thread; returns the previous setting. */
 bool flow_global_set_partial_leaf_grads(bool on);
 
-/* The cross-rank agreement check before each global op (off by default). */
+/* The default agreement check is batched: every global op folds a hash of itself into its
+ * placement's running hash, and the ranks compare it before data moves on that placement (this
+ * call) or a value is read. FLOW_CHECK=0 turns it off; set_check below makes it strict. */
+int flow_global_settle(const flow_placement *p);
+
+/* The strict cross-rank agreement check, before each global op (off by default). */
 void flow_global_set_check(bool on);
 bool flow_global_check_enabled(void);
 
