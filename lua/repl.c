@@ -4,6 +4,7 @@
 #include "repl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lauxlib.h>
 #ifdef FLOW_HAVE_MPI
 #include <mpi.h>
@@ -15,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <sys/stat.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "bind.h"
@@ -402,6 +405,60 @@ static void history_start(char *path, size_t n) {
   history_truncate_file(path, HISTORY_LINES);
 }
 
+/* ---- the terminal under mpirun ------------------------------------------------------------- */
+
+/* Whether file descriptor fd of process pid is the terminal `tty` (Linux's /proc; else no). */
+static int proc_fd_is(pid_t pid, int fd, const struct stat *tty) {
+  char path[64];
+  struct stat st;
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+  return stat(path, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == tty->st_rdev;
+}
+
+static pid_t terminal_owner = -1; /* the foreground group to give the terminal back to */
+
+/* Under mpirun, rank 0's stdin and stdout are pipes through mpirun. When mpirun itself reads and
+ * writes a terminal (a person typing, not `... | mpirun`), rank 0 takes that terminal over: its
+ * stdin and stdout become the terminal, for readline's editing, completion and history, and its
+ * process group becomes the foreground one, so that mpirun stops forwarding keystrokes (Open MPI
+ * reads stdin only in the foreground) and Ctrl-C reaches rank 0 alone, which interrupts the line
+ * instead of mpirun ending the job. Returns whether it did. */
+static int take_terminal(void) {
+  pid_t launcher = getppid();
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/0", (int)launcher);
+  int fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat tty;
+  /* tcgetpgrp succeeds only on our controlling terminal: the one mpirun was started from */
+  if (!isatty(fd) || tcgetpgrp(fd) < 0 || fstat(fd, &tty) != 0 || !proc_fd_is(launcher, 1, &tty)) {
+    close(fd);
+    return 0;
+  }
+  /* a background group changing the foreground gets SIGTTOU, which would stop it */
+  void (*ttou)(int) = signal(SIGTTOU, SIG_IGN);
+  terminal_owner = tcgetpgrp(fd);
+  int ok = terminal_owner >= 0 && tcsetpgrp(fd, getpgrp()) == 0;
+  signal(SIGTTOU, ttou);
+  if (ok) {
+    fflush(stdout);
+    dup2(fd, 0);
+    dup2(fd, 1);
+    if (proc_fd_is(launcher, 2, &tty)) dup2(fd, 2);
+  }
+  close(fd);
+  return ok;
+}
+
+/* The foreground back to mpirun's group, so the shell gets its terminal back when mpirun ends. */
+static void give_terminal_back(void) {
+  if (terminal_owner < 0) return;
+  void (*ttou)(int) = signal(SIGTTOU, SIG_IGN);
+  tcsetpgrp(0, terminal_owner);
+  signal(SIGTTOU, ttou);
+  terminal_owner = -1;
+}
+
 void flow_repl_run(lua_State *L) {
 #ifdef FLOW_HAVE_MPI
   int mpi_on = 0, mpi_done = 0;
@@ -413,6 +470,7 @@ void flow_repl_run(lua_State *L) {
   }
 #endif
   repl_L = L;
+  if (rank == 0 && nranks > 1 && !isatty(0)) take_terminal();
   int tty = rank == 0 && isatty(0);
   char history[4096] = "";
   if (tty) {
@@ -470,4 +528,6 @@ void flow_repl_run(lua_State *L) {
   free(current.items);
   current = (completions){0};
   if (tty) fputs("\n", stdout);
+  fflush(stdout);
+  give_terminal_back();
 }
