@@ -55,9 +55,13 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "interrupted");
 }
 
+static pid_t *peers;  /* rank 0: the other ranks on this node, which Ctrl-C reaches through it */
+static int npeers;
+
 static void on_sigint_running(int sig) {
   signal(sig, SIG_DFL);
   lua_sethook(repl_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  for (int i = 0; i < npeers; i++) kill(peers[i], SIGINT);
 }
 
 static void on_sigint_prompt(int sig) {
@@ -373,7 +377,8 @@ static void run_chunk(lua_State *L) {
       fputs("\n", stdout);
     }
   }
-  set_sigint(SIG_DFL);
+  /* other ranks ignore a Ctrl-C that rank 0 passes on after they finished the line */
+  set_sigint(rank == 0 ? SIG_DFL : SIG_IGN);
   lua_sethook(L, NULL, 0, 0);
   fflush(stdout);
   report(L, status == LUA_OK ? NULL : lua_tostring(L, -1) ? lua_tostring(L, -1) : "(error object is not a string)");
@@ -450,6 +455,25 @@ static int take_terminal(void) {
   return ok;
 }
 
+/* Rank 0 learns the process ids of the ranks on its own node (same host name), to pass Ctrl-C
+ * on to them: a line interrupted on rank 0 alone would leave the others running it, and rank 0
+ * waiting for them. Ranks on other nodes are out of reach: they finish the line on their own. */
+static void find_peers(void) {
+#ifdef FLOW_HAVE_MPI
+  struct { char host[64]; long pid; } me, *all = NULL;
+  memset(&me, 0, sizeof me);
+  gethostname(me.host, sizeof me.host - 1);
+  me.pid = (long)getpid();
+  if (rank == 0 && !(all = calloc((size_t)nranks, sizeof *all))) return;
+  MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  peers = calloc((size_t)nranks, sizeof *peers);
+  for (int r = 1; peers && r < nranks; r++)
+    if (strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
+  free(all);
+#endif
+}
+
 /* The foreground back to mpirun's group, so the shell gets its terminal back when mpirun ends. */
 static void give_terminal_back(void) {
   if (terminal_owner < 0) return;
@@ -470,7 +494,11 @@ void flow_repl_run(lua_State *L) {
   }
 #endif
   repl_L = L;
-  if (rank == 0 && nranks > 1 && !isatty(0)) take_terminal();
+  if (nranks > 1) {
+    if (rank == 0 && !isatty(0)) take_terminal();
+    if (rank != 0) set_sigint(SIG_IGN);
+    find_peers();
+  }
   int tty = rank == 0 && isatty(0);
   char history[4096] = "";
   if (tty) {
@@ -530,4 +558,7 @@ void flow_repl_run(lua_State *L) {
   if (tty) fputs("\n", stdout);
   fflush(stdout);
   give_terminal_back();
+  free(peers);
+  peers = NULL;
+  npeers = 0;
 }
