@@ -4,6 +4,7 @@
 #include "repl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lauxlib.h>
 #ifdef FLOW_HAVE_MPI
 #include <mpi.h>
@@ -15,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
+#include <sys/stat.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "bind.h"
@@ -52,9 +55,13 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "interrupted");
 }
 
+static pid_t *peers;  /* rank 0: the other ranks on this node, which Ctrl-C reaches through it */
+static int npeers;
+
 static void on_sigint_running(int sig) {
   signal(sig, SIG_DFL);
   lua_sethook(repl_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  for (int i = 0; i < npeers; i++) kill(peers[i], SIGINT);
 }
 
 static void on_sigint_prompt(int sig) {
@@ -370,7 +377,8 @@ static void run_chunk(lua_State *L) {
       fputs("\n", stdout);
     }
   }
-  set_sigint(SIG_DFL);
+  /* other ranks ignore a Ctrl-C that rank 0 passes on after they finished the line */
+  set_sigint(rank == 0 ? SIG_DFL : SIG_IGN);
   lua_sethook(L, NULL, 0, 0);
   fflush(stdout);
   report(L, status == LUA_OK ? NULL : lua_tostring(L, -1) ? lua_tostring(L, -1) : "(error object is not a string)");
@@ -402,6 +410,79 @@ static void history_start(char *path, size_t n) {
   history_truncate_file(path, HISTORY_LINES);
 }
 
+/* ---- the terminal under mpirun ------------------------------------------------------------- */
+
+/* Whether file descriptor fd of process pid is the terminal `tty` (Linux's /proc; else no). */
+static int proc_fd_is(pid_t pid, int fd, const struct stat *tty) {
+  char path[64];
+  struct stat st;
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+  return stat(path, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == tty->st_rdev;
+}
+
+static pid_t terminal_owner = -1; /* the foreground group to give the terminal back to */
+
+/* Under mpirun, rank 0's stdin and stdout are pipes through mpirun. When mpirun itself reads and
+ * writes a terminal (a person typing, not `... | mpirun`), rank 0 takes that terminal over: its
+ * stdin and stdout become the terminal, for readline's editing, completion and history, and its
+ * process group becomes the foreground one, so that mpirun stops forwarding keystrokes (Open MPI
+ * reads stdin only in the foreground) and Ctrl-C reaches rank 0 alone, which interrupts the line
+ * instead of mpirun ending the job. Returns whether it did. */
+static int take_terminal(void) {
+  pid_t launcher = getppid();
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/0", (int)launcher);
+  int fd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat tty;
+  /* tcgetpgrp succeeds only on our controlling terminal: the one mpirun was started from */
+  if (!isatty(fd) || tcgetpgrp(fd) < 0 || fstat(fd, &tty) != 0 || !proc_fd_is(launcher, 1, &tty)) {
+    close(fd);
+    return 0;
+  }
+  /* a background group changing the foreground gets SIGTTOU, which would stop it */
+  void (*ttou)(int) = signal(SIGTTOU, SIG_IGN);
+  terminal_owner = tcgetpgrp(fd);
+  int ok = terminal_owner >= 0 && tcsetpgrp(fd, getpgrp()) == 0;
+  signal(SIGTTOU, ttou);
+  if (ok) {
+    fflush(stdout);
+    dup2(fd, 0);
+    dup2(fd, 1);
+    if (proc_fd_is(launcher, 2, &tty)) dup2(fd, 2);
+  }
+  close(fd);
+  return ok;
+}
+
+/* Rank 0 learns the process ids of the ranks on its own node (same host name), to pass Ctrl-C
+ * on to them: a line interrupted on rank 0 alone would leave the others running it, and rank 0
+ * waiting for them. Ranks on other nodes are out of reach: they finish the line on their own. */
+static void find_peers(void) {
+#ifdef FLOW_HAVE_MPI
+  struct { char host[64]; long pid; } me, *all = NULL;
+  memset(&me, 0, sizeof me);
+  gethostname(me.host, sizeof me.host - 1);
+  me.pid = (long)getpid();
+  if (rank == 0 && !(all = calloc((size_t)nranks, sizeof *all))) return;
+  MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  peers = calloc((size_t)nranks, sizeof *peers);
+  for (int r = 1; peers && r < nranks; r++)
+    if (strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
+  free(all);
+#endif
+}
+
+/* The foreground back to mpirun's group, so the shell gets its terminal back when mpirun ends. */
+static void give_terminal_back(void) {
+  if (terminal_owner < 0) return;
+  void (*ttou)(int) = signal(SIGTTOU, SIG_IGN);
+  tcsetpgrp(0, terminal_owner);
+  signal(SIGTTOU, ttou);
+  terminal_owner = -1;
+}
+
 void flow_repl_run(lua_State *L) {
 #ifdef FLOW_HAVE_MPI
   int mpi_on = 0, mpi_done = 0;
@@ -413,6 +494,11 @@ void flow_repl_run(lua_State *L) {
   }
 #endif
   repl_L = L;
+  if (nranks > 1) {
+    if (rank == 0 && !isatty(0)) take_terminal();
+    if (rank != 0) set_sigint(SIG_IGN);
+    find_peers();
+  }
   int tty = rank == 0 && isatty(0);
   char history[4096] = "";
   if (tty) {
@@ -470,4 +556,9 @@ void flow_repl_run(lua_State *L) {
   free(current.items);
   current = (completions){0};
   if (tty) fputs("\n", stdout);
+  fflush(stdout);
+  give_terminal_back();
+  free(peers);
+  peers = NULL;
+  npeers = 0;
 }
