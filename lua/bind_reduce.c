@@ -27,6 +27,12 @@ static int l_var(lua_State *L) {
   return flow_lua_push(L, flow_var(t, n, axes, lua_toboolean(L, 3), unbiased));
 }
 
+/* cumsum(t, axis) / t:cumsum(axis) */
+static int l_cumsum(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "cumsum");
+  return flow_lua_push(L, flow_cumsum(t, luaL_checkinteger(L, 2), false));
+}
+
 /* The optional single axis at idx; false when nil. */
 static bool opt_axis(lua_State *L, int idx, const char *fn, int64_t *axis) {
   if (lua_isnoneornil(L, idx)) return false;
@@ -70,6 +76,7 @@ static int l_argmin(lua_State *L) { return argmaxmin(L, false); }
 
 void flow_lua_open_reduce(lua_State *L) {
   static const luaL_Reg fns[] = {{"sum", l_sum}, {"mean", l_mean}, {"var", l_var}, {"max", l_max},
-                                 {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin}, {NULL, NULL}};
+                                 {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin},
+                                 {"cumsum", l_cumsum}, {NULL, NULL}};
   flow_lua_register(L, fns, fns);
 }

@@ -167,6 +167,46 @@ flow_tensor *flow_var(flow_tensor *t, int naxes, const int64_t *axes, bool keepd
   return reduce(&flow_op_var, t, naxes, axes, keepdim, unbiased ? FLOW_ATTR_UNBIASED : 0);
 }
 
+/* ---- cumsum ------------------------------------------------------------------------------------ */
+
+/* cumsum(x, axis): y[.., k, ..] = sum_{j <= k} x[.., j, ..]; with FLOW_ATTR_REVERSE the sum runs
+ * over j >= k. Same shape; integer and bool inputs give int64, as torch. A 0-d x is its own sum. */
+static int infer_cumsum(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  (void)nin;
+  int64_t ax;
+  if (flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  *out = in[0];
+  if (!flow_dtype_is_float(in[0].dtype)) out->dtype = FLOW_I64;
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_cumsum) {
+  (void)nin; (void)nout;
+  int axis = in[0]->ndim == 0 ? 0 : (int)(a->axis < 0 ? a->axis + in[0]->ndim : a->axis);
+  return flow_cpu_cumsum(out[0], in[0], axis, a->flags & FLOW_ATTR_REVERSE);
+}
+
+/* y_k = sum_{j <= k} x_j, so dx_j = sum_{k >= j} g_k: the cumsum of g the other way. */
+static int grad_cumsum(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  gin[0] = flow_cumsum(c->gout[0], c->attrs->axis, !(c->attrs->flags & FLOW_ATTR_REVERSE));
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(cumsum) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, FLOW_SBP_LINEAR),
+                 .infer = infer_cumsum, .grad = grad_cumsum};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cumsum, cpu_cumsum)
+
+flow_tensor *flow_cumsum(flow_tensor *t, int64_t axis, bool reverse) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.axis = axis;
+  at.flags = reverse ? FLOW_ATTR_REVERSE : 0;
+  return flow_op_call1(&flow_op_cumsum, &t, 1, &at);
+}
+
 /* ---- max / min / argmax / argmin ------------------------------------------------------------ */
 
 /* attrs.naxes is 0 (over everything: 0-d results, flat indices) or 1 (axes[0]). Sets *axis to

@@ -68,11 +68,17 @@ for _, dt in ipairs({"float64", "float32"}) do
   case("bce_with_logits weight none " .. dt, function()
     return F.binary_cross_entropy_with_logits(t({-1.5, 0.0, 2.5}, dt, true), t({1.0, 0.5, 0.0}, dt),
       {weight = t({2.0, 1.0, 0.5}, dt), reduction = "none"}) end, true)
+  case("cumsum axis 1 nan/inf " .. dt, function() return flow.cumsum(t({{1.0, nan, 3.0}, {inf, 2.0, -inf}}, dt, true), 1) end, true)
+  case("cumsum axis -2 transposed " .. dt, function() return flow.cumsum(t(L3, dt, true):transpose(1, 2), -2) end, true)
+  case("cumsum 0-d " .. dt, function() return flow.cumsum(t(2.5, dt, true), 0) end, true)
+  case("cumsum size-0 " .. dt, function() return flow.cumsum(flow.zeros({2, 0}, {dtype = dt}), 1) end)
   case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
   case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
 end
 case("one_hot", function() return F.one_hot(flow.tensor({{0, 2}, {1, 0}})) end)
 case("one_hot num_classes 4", function() return F.one_hot(flow.tensor({3, 1}), 4) end)
+case("cumsum int32", function() return flow.cumsum(flow.tensor({{1, 2}, {3, 4}}, {dtype = "int32"}), 0) end)
+case("cumsum bool", function() return flow.cumsum(flow.tensor({true, false, true}), 0) end)
 case("int64 / int64", function() return flow.tensor({3, 4, -7}) / flow.tensor({2, 0, 2}) end)
 case("int64 + 2.0", function() return flow.tensor({1, 2}) + 2.0 end)
 case("int64 + 2", function() return flow.tensor({1, 2}) + 2 end)

@@ -298,6 +298,12 @@ cases.permute = {
   {label = "3-d", inputs = {{2, 3, 4}}, attrs = {axes = {2, 0, 1}}},
   {label = "negative dims", inputs = {{2, 3}}, attrs = {axes = {-1, -2}}},
 }
+cases.cumsum = {
+  {label = "axis 1", inputs = {{2, 4}}, attrs = {axis = 1}},
+  {label = "axis -3, reverse", inputs = {{3, 2, 2}}, attrs = {axis = -3, reverse = true}},
+  {label = "transposed", inputs = {transposed({3, 4})}, attrs = {axis = 0}},
+  {label = "0-d", inputs = {{}}, attrs = {axis = 0}},
+}
 cases.narrow = {
   {label = "axis 0", inputs = {{4, 3}}, attrs = {axis = 0, start = 1, length = 2}},
   {label = "negative axis and start", inputs = {{2, 5}}, attrs = {axis = -1, start = -3, length = 2}},
