@@ -309,6 +309,11 @@ cases.flip = {
   {label = "axes -1, 0 of 3-d", inputs = {{2, 3, 2}}, attrs = {axes = {-1, 0}}},
   {label = "transposed", inputs = {transposed({3, 4})}, attrs = {axes = {1}}},
 }
+cases.prod = {
+  {label = "all", inputs = {{2, 3}}},
+  {label = "axis 1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {1}, keepdim = true}},
+  {label = "axis -1, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {-1}}},
+}
 cases.narrow = {
   {label = "axis 0", inputs = {{4, 3}}, attrs = {axis = 0, start = 1, length = 2}},
   {label = "negative axis and start", inputs = {{2, 5}}, attrs = {axis = -1, start = -3, length = 2}},

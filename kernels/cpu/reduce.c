@@ -156,6 +156,37 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
   return 0;
 }
 
+/* acc (type TO) *= x (type TI), acc viewed with the input's shape (stride 0 where reduced). */
+#define DEF_PROD(fname, TI, TO)                                                            \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                    \
+    (void)ctx;                                                                             \
+    char *o = p[0];                                                                        \
+    const char *x = p[1];                                                                  \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1]) *(TO *)o *= (TO) * (const TI *)x; \
+  }
+DEF_PROD(prod_f32, float, double)
+DEF_PROD(prod_f64, double, double)
+DEF_PROD(prod_i64, int64_t, int64_t)
+DEF_PROD(prod_i32, int32_t, int64_t)
+DEF_PROD(prod_u8, uint8_t, int64_t)
+
+int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask) {
+  static const flow_iter_fn fns[FLOW_NDTYPES] = {[FLOW_F32] = prod_f32, [FLOW_F64] = prod_f64,
+                                                  [FLOW_I64] = prod_i64, [FLOW_I32] = prod_i32,
+                                                  [FLOW_U8] = prod_u8, [FLOW_BOOL] = prod_u8};
+  if (!fns[in->dtype]) return flow_error_set("prod: no CPU kernel for dtype %s", flow_dtype_name(in->dtype));
+  flow_dtype acc_dtype = flow_dtype_is_float(in->dtype) ? FLOW_F64 : FLOW_I64;
+  flow_tensor *acc = out->dtype == acc_dtype ? out : flow_tensor_new(acc_dtype, out->device, out->ndim, out->shape);
+  if (!acc) return -1;
+  flow_cpu_fill(acc, 1);
+  accumulate(acc, in, NULL, mask, fns[in->dtype]);
+  if (acc != out) {
+    flow_cpu_copy(out, acc);
+    flow_tensor_decref(acc);
+  }
+  return 0;
+}
+
 /* ---- max / min with indices ----------------------------------------------------------------- */
 
 /* Over x as [outer, K, inner] (contiguous): best value and its first index along K for each
