@@ -85,6 +85,9 @@ for _, dt in ipairs({"float64", "float32"}) do
   case("prod nan/inf " .. dt, function() return flow.prod(t({{2.0, nan}, {inf, -0.5}}, dt), 1) end)
   case("prod 0-d " .. dt, function() return flow.prod(t(2.5, dt, true)) end, true)
   case("prod size-0 " .. dt, function() return flow.prod(flow.zeros({2, 0}, {dtype = dt}), 1) end)
+  case("roll axes 0,-1 " .. dt, function() return flow.roll(t(L3, dt, true), {1, -4}, {0, -1}) end, true)
+  case("roll flat transposed " .. dt, function() return flow.roll(t({{1.0, nan, 3.0}, {inf, 2.0, -inf}}, dt, true):transpose(0, 1), 4) end, true)
+  case("roll size-0 " .. dt, function() return flow.roll(flow.zeros({0, 3}, {dtype = dt}), 2, 0) end)
   case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
   case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
 end

@@ -453,6 +453,8 @@ local composed = {
   {"nll_loss sum", function(x) return F.nll_loss(x, flow.tensor({1, 0, 2}), {reduction = "sum"}) end, {inputs = {{3, 3}}}},
   {"binary_cross_entropy_with_logits", function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,
    {inputs = {{5}, fixed(flow.tensor({0.0, 1.0, 0.5, 1.0, 0.0}, {dtype = F64}))}}},
+  {"roll over two axes", function(x) return flow.roll(x, {1, -4}, {0, -1}) end, {inputs = {{2, 3}}}},
+  {"roll flat", function(x) return flow.roll(x, 4) end, {inputs = {transposed({3, 2})}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},
