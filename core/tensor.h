@@ -88,6 +88,7 @@ enum {
   FLOW_ATTR_HAS_MIN = 1 << 3,
   FLOW_ATTR_HAS_MAX = 1 << 4,
   FLOW_ATTR_UNBIASED = 1 << 6,
+  FLOW_ATTR_REVERSE = 1 << 7,   /* cumsum from the end of the axis */
 };
 
 void flow_attrs_init(flow_attrs *a);

@@ -27,6 +27,12 @@ static int l_var(lua_State *L) {
   return flow_lua_push(L, flow_var(t, n, axes, lua_toboolean(L, 3), unbiased));
 }
 
+/* cumsum(t, axis) / t:cumsum(axis) */
+static int l_cumsum(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "cumsum");
+  return flow_lua_push(L, flow_cumsum(t, luaL_checkinteger(L, 2), false));
+}
+
 /* The optional single axis at idx; false when nil. */
 static bool opt_axis(lua_State *L, int idx, const char *fn, int64_t *axis) {
   if (lua_isnoneornil(L, idx)) return false;
@@ -53,6 +59,14 @@ static int maxmin(lua_State *L, bool is_max) {
   return 2;
 }
 
+/* prod(t) over everything; prod(t, axis, keepdim) along one axis */
+static int l_prod(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "prod");
+  int64_t axis = 0;
+  bool has_axis = opt_axis(L, 2, "prod", &axis);
+  return flow_lua_push(L, flow_prod(t, has_axis, axis, lua_toboolean(L, 3)));
+}
+
 static int l_max(lua_State *L) { return maxmin(L, true); }
 static int l_min(lua_State *L) { return maxmin(L, false); }
 
@@ -70,6 +84,7 @@ static int l_argmin(lua_State *L) { return argmaxmin(L, false); }
 
 void flow_lua_open_reduce(lua_State *L) {
   static const luaL_Reg fns[] = {{"sum", l_sum}, {"mean", l_mean}, {"var", l_var}, {"max", l_max},
-                                 {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin}, {NULL, NULL}};
+                                 {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin},
+                                 {"cumsum", l_cumsum}, {"prod", l_prod}, {NULL, NULL}};
   flow_lua_register(L, fns, fns);
 }

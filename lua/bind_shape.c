@@ -192,6 +192,15 @@ static int l_gather(lua_State *L) {
   return flow_lua_push(L, flow_gather(t, axis, flow_lua_check(L, 3, "gather")));
 }
 
+/* flip(t, axes) / t:flip(axes): axes an integer or a list */
+static int l_flip(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "flip");
+  if (lua_isnoneornil(L, 2)) return luaL_error(L, "flip: expected the axes to flip (an integer or a list)");
+  int64_t axes[FLOW_MAX_DIMS];
+  int n = flow_lua_axes(L, 2, axes, "flip");
+  return flow_lua_push(L, flow_flip(t, n, axes));
+}
+
 static int l_scatter_add(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "scatter_add");
   int64_t axis = luaL_checkinteger(L, 2);
@@ -205,7 +214,8 @@ void flow_lua_open_shape(lua_State *L) {
       {"permute", l_permute}, {"narrow", l_narrow}, {"select", l_select}, {"squeeze", l_squeeze},
       {"unsqueeze", l_unsqueeze}, {"flatten", l_flatten}, {"split", l_split}, {"chunk", l_chunk},
       {"tril", l_tril}, {"triu", l_triu}, {"embedding", l_embedding}, {"index_select", l_index_select},
-      {"gather", l_gather}, {"scatter_add", l_scatter_add}, {NULL, NULL}};
+      {"gather", l_gather}, {"scatter_add", l_scatter_add}, {"flip", l_flip},
+      {NULL, NULL}};
   /* cat and stack take a list, so they are module functions only; t:contiguous() is in bind_tensor.c */
   static const luaL_Reg extra[] = {{"cat", l_cat}, {"stack", l_stack}, {"contiguous", l_contiguous}, {NULL, NULL}};
   flow_lua_register(L, methods, methods);

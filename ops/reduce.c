@@ -167,6 +167,95 @@ flow_tensor *flow_var(flow_tensor *t, int naxes, const int64_t *axes, bool keepd
   return reduce(&flow_op_var, t, naxes, axes, keepdim, unbiased ? FLOW_ATTR_UNBIASED : 0);
 }
 
+/* ---- prod -------------------------------------------------------------------------------------- */
+
+/* prod(x) over everything, or along one axis (attrs.axes[0]); integer and bool inputs give int64. */
+static int infer_prod(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                      flow_meta *out) {
+  if (a->naxes > 1) return flow_error_set("%s: takes one axis or none (got %d)", op->name, a->naxes);
+  return infer_sum(op, in, nin, a, out);
+}
+
+static FLOW_KERNEL(cpu_prod) {
+  (void)nin; (void)nout;
+  bool mask[FLOW_MAX_DIMS];
+  kernel_mask(a, in[0]->ndim, mask);
+  return flow_cpu_prod(out[0], in[0], mask);
+}
+
+/* dy/dx_i = the product of the other elements of x_i's slice, as torch: with no zero in the slice
+ * y / x_i; with exactly one, the product of the nonzeros at the zero and 0 elsewhere; with two or
+ * more, 0. p1 = the product of the slice's nonzeros (zeros taken as 1), so y / x_i = p1 / x_i. */
+static int grad_prod(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  flow_tensor *x = c->in[0];
+  flow_attrs keep = *c->attrs;
+  keep.keepdim = 1;
+  flow_tensor *z = flow_eq_scalar(x, 0);
+  flow_tensor *zf = z ? flow_cast(z, x->dtype) : NULL;
+  flow_tensor *nz = zf ? flow_sum(zf, keep.naxes, keep.axes, true) : NULL;
+  flow_tensor *x1 = nz ? flow_masked_fill(x, z, 1) : NULL;
+  flow_tensor *p1 = x1 ? flow_op_call1(&flow_op_prod, &x1, 1, &keep) : NULL;
+  flow_tensor *others = p1 ? flow_div(p1, x1) : NULL;
+  flow_tensor *has_zero = others ? flow_binary_scalar(&flow_op_ne, nz, 0) : NULL;
+  flow_tensor *not_one = has_zero ? flow_binary_scalar(&flow_op_ne, nz, 1) : NULL;
+  flow_tensor *at_nonzero = not_one ? flow_masked_fill(others, has_zero, 0) : NULL;
+  flow_tensor *at_zero = at_nonzero ? flow_masked_fill(p1, not_one, 0) : NULL;
+  flow_tensor *d = at_zero ? flow_where(z, at_zero, at_nonzero) : NULL;
+  flow_tensor *g = d ? spread(c, c->gout[0], 1) : NULL;
+  gin[0] = g ? flow_mul(g, d) : NULL;
+  flow_decref_all((flow_tensor *[]){z, zf, nz, x1, p1, others, has_zero, not_one, at_nonzero, at_zero, d, g}, 12);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(prod) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+               .infer = infer_prod, .grad = grad_prod, .save_in = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, prod, cpu_prod)
+
+flow_tensor *flow_prod(flow_tensor *t, bool has_axis, int64_t axis, bool keepdim) {
+  return reduce(&flow_op_prod, t, has_axis ? 1 : 0, &axis, keepdim, 0);
+}
+
+/* ---- cumsum ------------------------------------------------------------------------------------ */
+
+/* cumsum(x, axis): y[.., k, ..] = sum_{j <= k} x[.., j, ..]; with FLOW_ATTR_REVERSE the sum runs
+ * over j >= k. Same shape; integer and bool inputs give int64, as torch. A 0-d x is its own sum. */
+static int infer_cumsum(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  (void)nin;
+  int64_t ax;
+  if (flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  *out = in[0];
+  if (!flow_dtype_is_float(in[0].dtype)) out->dtype = FLOW_I64;
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_cumsum) {
+  (void)nin; (void)nout;
+  int axis = in[0]->ndim == 0 ? 0 : (int)(a->axis < 0 ? a->axis + in[0]->ndim : a->axis);
+  return flow_cpu_cumsum(out[0], in[0], axis, a->flags & FLOW_ATTR_REVERSE);
+}
+
+/* y_k = sum_{j <= k} x_j, so dx_j = sum_{k >= j} g_k: the cumsum of g the other way. */
+static int grad_cumsum(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  gin[0] = flow_cumsum(c->gout[0], c->attrs->axis, !(c->attrs->flags & FLOW_ATTR_REVERSE));
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(cumsum) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, FLOW_SBP_LINEAR),
+                 .infer = infer_cumsum, .grad = grad_cumsum};
+FLOW_KERNEL_REGISTER(FLOW_CPU, cumsum, cpu_cumsum)
+
+flow_tensor *flow_cumsum(flow_tensor *t, int64_t axis, bool reverse) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  at.axis = axis;
+  at.flags = reverse ? FLOW_ATTR_REVERSE : 0;
+  return flow_op_call1(&flow_op_cumsum, &t, 1, &at);
+}
+
 /* ---- max / min / argmax / argmin ------------------------------------------------------------ */
 
 /* attrs.naxes is 0 (over everything: 0-d results, flat indices) or 1 (axes[0]). Sets *axis to

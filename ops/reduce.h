@@ -5,7 +5,7 @@
 #include "op.h"
 
 extern flow_op flow_op_sum, flow_op_mean, flow_op_var, flow_op_max, flow_op_min, flow_op_argmax,
-    flow_op_argmin, flow_op_argreduce_backward;
+    flow_op_argmin, flow_op_argreduce_backward, flow_op_cumsum, flow_op_prod;
 
 /* Sum over axes (naxes == 0: all axes). */
 flow_tensor *flow_sum(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim);
@@ -13,6 +13,10 @@ flow_tensor *flow_sum(flow_tensor *t, int naxes, const int64_t *axes, bool keepd
 flow_tensor *flow_mean(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim);
 /* Variance over axes: sum (x - mean)^2 / (count - 1) when unbiased, else / count. */
 flow_tensor *flow_var(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim, bool unbiased);
+/* Product over everything (has_axis false) or along axis; integer inputs give int64. */
+flow_tensor *flow_prod(flow_tensor *t, bool has_axis, int64_t axis, bool keepdim);
+/* Running sum along axis (from the end when reverse); integer inputs give int64. */
+flow_tensor *flow_cumsum(flow_tensor *t, int64_t axis, bool reverse);
 /* max (is_max) or min: over everything (has_axis false: 0-d value, flat index) or along axis.
  * *values and *indices (int64; may be NULL if not wanted) receive new references. 0 or -1. */
 int flow_maxmin(flow_tensor *t, bool is_max, bool has_axis, int64_t axis, bool keepdim,

@@ -275,6 +275,56 @@ flow_tensor *flow_transpose(flow_tensor *t, int64_t a, int64_t b) {
   return flow_permute(t, t->ndim, perm);
 }
 
+/* ---- flip ------------------------------------------------------------------------------------- */
+
+/* flip(x, axes): y[.., i_d, ..] = x[.., n_d - 1 - i_d, ..] on each listed axis d; a copy, as torch. */
+static int flip_mask(const char *op, const flow_attrs *a, int ndim, bool *flip) {
+  for (int d = 0; d < ndim; d++) flip[d] = false;
+  for (int i = 0; i < a->naxes; i++) {
+    int64_t d;
+    if (flow_axis_norm(op, a->axes[i], ndim, &d) != 0) return -1;
+    if (ndim == 0) continue;
+    if (flip[d]) return flow_error_set("%s: axis %lld given twice", op, (long long)a->axes[i]);
+    flip[d] = true;
+  }
+  return 0;
+}
+
+static int infer_flip(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
+  (void)nin;
+  bool flip[FLOW_MAX_DIMS];
+  if (flip_mask(op->name, a, in[0].ndim, flip) != 0) return -1;
+  *out = in[0];
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_flip) {
+  (void)nin; (void)nout;
+  bool flip[FLOW_MAX_DIMS];
+  if (flip_mask("flip", a, in[0]->ndim, flip) != 0) return -1;
+  return flow_cpu_flip(out[0], in[0], flip);
+}
+
+/* flip is its own inverse (a permutation of the elements): dx = flip(g). */
+static int grad_flip(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  gin[0] = flow_flip(c->gout[0], c->attrs->naxes, c->attrs->axes);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(flip) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axes, 0),
+               .infer = infer_flip, .grad = grad_flip};
+FLOW_KERNEL_REGISTER(FLOW_CPU, flip, cpu_flip)
+
+flow_tensor *flow_flip(flow_tensor *t, int naxes, const int64_t *axes) {
+  flow_attrs at;
+  flow_attrs_init(&at);
+  if (naxes > FLOW_MAX_DIMS) { flow_error_set("flip: at most %d axes", FLOW_MAX_DIMS); return NULL; }
+  at.naxes = naxes;
+  memcpy(at.axes, axes, (size_t)naxes * sizeof *axes);
+  return flow_op_call1(&flow_op_flip, &t, 1, &at);
+}
+
 /* ---- narrow and its backward ---------------------------------------------------------------- */
 
 /* attrs: axis, start (negative counts from the end), length. */

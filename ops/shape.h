@@ -5,7 +5,7 @@
 #include "op.h"
 
 extern flow_op flow_op_view, flow_op_expand, flow_op_permute, flow_op_narrow, flow_op_narrow_backward,
-    flow_op_cat, flow_op_tril, flow_op_triu;
+    flow_op_cat, flow_op_tril, flow_op_triu, flow_op_flip;
 
 /* A view when the strides allow, else a contiguous copy reshaped. One -1 in shape is inferred. */
 flow_tensor *flow_reshape(flow_tensor *t, int ndim, const int64_t *shape);
@@ -25,6 +25,8 @@ flow_tensor *flow_unsqueeze(flow_tensor *t, int64_t axis);
 flow_tensor *flow_flatten(flow_tensor *t, int64_t start, int64_t end);
 
 /* Fresh tensors. */
+/* A copy with the listed axes reversed. */
+flow_tensor *flow_flip(flow_tensor *t, int naxes, const int64_t *axes);
 flow_tensor *flow_cat(int n, flow_tensor *const *ts, int64_t axis);
 flow_tensor *flow_stack(int n, flow_tensor *const *ts, int64_t axis);
 /* tril (upper = false) or triu (upper = true) over the last two axes, diagonal offset k. */

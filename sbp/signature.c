@@ -169,6 +169,20 @@ void flow_sbp_rule_along_axis(const flow_sig_query *q, unsigned flags, flow_sig_
   all_same(q, l, P);
 }
 
+/* split on any axis not listed in attrs.axes, the axes the op works along (flip) */
+void flow_sbp_rule_along_axes(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  (void)flags;
+  int nd = q->in_ndim[0];
+  bool listed[FLOW_MAX_DIMS] = {false};
+  for (int i = 0; i < q->attrs->naxes; i++) {
+    int d = norm_axis(q->attrs->axes[i], nd);
+    if (d >= 0 && d < nd) listed[d] = true;
+  }
+  for (int i = 0; i < nd; i++)
+    if (!listed[i]) all_same(q, l, S(i));
+  all_same(q, l, P);
+}
+
 void flow_sbp_rule_triangle(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
   (void)flags;
   for (int i = 0; i < q->in_ndim[0] - 2; i++) all_same(q, l, S(i));

@@ -66,6 +66,7 @@ void flow_sbp_rule_layer_norm(const flow_sig_query *q, unsigned flags, flow_sig_
 void flow_sbp_rule_attention(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_permute(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_along_axis(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_along_axes(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_triangle(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_view(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_expand(const flow_sig_query *q, unsigned flags, flow_sig_list *l);

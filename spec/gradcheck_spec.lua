@@ -298,6 +298,22 @@ cases.permute = {
   {label = "3-d", inputs = {{2, 3, 4}}, attrs = {axes = {2, 0, 1}}},
   {label = "negative dims", inputs = {{2, 3}}, attrs = {axes = {-1, -2}}},
 }
+cases.cumsum = {
+  {label = "axis 1", inputs = {{2, 4}}, attrs = {axis = 1}},
+  {label = "axis -3, reverse", inputs = {{3, 2, 2}}, attrs = {axis = -3, reverse = true}},
+  {label = "transposed", inputs = {transposed({3, 4})}, attrs = {axis = 0}},
+  {label = "0-d", inputs = {{}}, attrs = {axis = 0}},
+}
+cases.flip = {
+  {label = "axis 0", inputs = {{3, 2}}, attrs = {axes = {0}}},
+  {label = "axes -1, 0 of 3-d", inputs = {{2, 3, 2}}, attrs = {axes = {-1, 0}}},
+  {label = "transposed", inputs = {transposed({3, 4})}, attrs = {axes = {1}}},
+}
+cases.prod = {
+  {label = "all", inputs = {{2, 3}}},
+  {label = "axis 1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {1}, keepdim = true}},
+  {label = "axis -1, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {-1}}},
+}
 cases.narrow = {
   {label = "axis 0", inputs = {{4, 3}}, attrs = {axis = 0, start = 1, length = 2}},
   {label = "negative axis and start", inputs = {{2, 5}}, attrs = {axis = -1, start = -3, length = 2}},
@@ -437,6 +453,8 @@ local composed = {
   {"nll_loss sum", function(x) return F.nll_loss(x, flow.tensor({1, 0, 2}), {reduction = "sum"}) end, {inputs = {{3, 3}}}},
   {"binary_cross_entropy_with_logits", function(x, y) return F.binary_cross_entropy_with_logits(x, y) end,
    {inputs = {{5}, fixed(flow.tensor({0.0, 1.0, 0.5, 1.0, 0.0}, {dtype = F64}))}}},
+  {"roll over two axes", function(x) return flow.roll(x, {1, -4}, {0, -1}) end, {inputs = {{2, 3}}}},
+  {"roll flat", function(x) return flow.roll(x, 4) end, {inputs = {transposed({3, 2})}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},

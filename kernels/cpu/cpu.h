@@ -50,6 +50,12 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
 /* max/min along one axis (axis < 0: over all elements, flat index): values (may be NULL) and
  * int64 indices (may be NULL) of the first extreme element; NaN counts as the extreme. */
 int flow_cpu_argreduce(flow_tensor *values, flow_tensor *indices, const flow_tensor *in, int axis, bool is_max);
+/* Product over masked axes (the empty product is 1): floats multiply in double, bool/uint8/int32/
+ * int64 in int64 (out int64). */
+int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask);
+/* Running sum along axis (x any strides, out contiguous): out[.., k, ..] = sum_{j <= k} x[.., j, ..],
+ * or sum_{j >= k} when reverse. Floats accumulate in double; bool/uint8/int32/int64 into int64 out. */
+int flow_cpu_cumsum(flow_tensor *out, const flow_tensor *in, int axis, bool reverse);
 /* The inverse for gradients: out (zeroed, contiguous) gets g at index idx along axis. */
 int flow_cpu_index_put_axis(flow_tensor *out, const flow_tensor *g, const flow_tensor *idx, int axis);
 /* out seen with in's shape, stride 0 on reduced axes (shared by every reduction kernel). */

@@ -156,6 +156,37 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
   return 0;
 }
 
+/* acc (type TO) *= x (type TI), acc viewed with the input's shape (stride 0 where reduced). */
+#define DEF_PROD(fname, TI, TO)                                                            \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                    \
+    (void)ctx;                                                                             \
+    char *o = p[0];                                                                        \
+    const char *x = p[1];                                                                  \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1]) *(TO *)o *= (TO) * (const TI *)x; \
+  }
+DEF_PROD(prod_f32, float, double)
+DEF_PROD(prod_f64, double, double)
+DEF_PROD(prod_i64, int64_t, int64_t)
+DEF_PROD(prod_i32, int32_t, int64_t)
+DEF_PROD(prod_u8, uint8_t, int64_t)
+
+int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask) {
+  static const flow_iter_fn fns[FLOW_NDTYPES] = {[FLOW_F32] = prod_f32, [FLOW_F64] = prod_f64,
+                                                  [FLOW_I64] = prod_i64, [FLOW_I32] = prod_i32,
+                                                  [FLOW_U8] = prod_u8, [FLOW_BOOL] = prod_u8};
+  if (!fns[in->dtype]) return flow_error_set("prod: no CPU kernel for dtype %s", flow_dtype_name(in->dtype));
+  flow_dtype acc_dtype = flow_dtype_is_float(in->dtype) ? FLOW_F64 : FLOW_I64;
+  flow_tensor *acc = out->dtype == acc_dtype ? out : flow_tensor_new(acc_dtype, out->device, out->ndim, out->shape);
+  if (!acc) return -1;
+  flow_cpu_fill(acc, 1);
+  accumulate(acc, in, NULL, mask, fns[in->dtype]);
+  if (acc != out) {
+    flow_cpu_copy(out, acc);
+    flow_tensor_decref(acc);
+  }
+  return 0;
+}
+
 /* ---- max / min with indices ----------------------------------------------------------------- */
 
 /* Over x as [outer, K, inner] (contiguous): best value and its first index along K for each
@@ -264,5 +295,51 @@ int flow_cpu_index_put_axis(flow_tensor *out, const flow_tensor *g, const flow_t
     }
   flow_tensor_decref(gc);
   flow_tensor_decref(ic);
+  return 0;
+}
+
+/* ---- cumsum ------------------------------------------------------------------------------------ */
+
+/* Over x as [outer, K, inner] (contiguous): out[o, k, i] = sum_{j <= k} x[o, j, i] (j >= k when
+ * reverse), accumulated in ACC. The running sums of one row of K advance together over inner. */
+#define DEF_CUMSUM(fname, TI, TO, ACC)                                                            \
+  static void fname(void *vout, const void *vx, int64_t outer, int64_t K, int64_t inner, bool rev) { \
+    TO *out = vout;                                                                              \
+    const TI *x = vx;                                                                            \
+    for (int64_t o = 0; o < outer; o++)                                                          \
+      for (int64_t i = 0; i < inner; i++) {                                                      \
+        ACC acc = 0;                                                                             \
+        for (int64_t j = 0; j < K; j++) {                                                        \
+          int64_t k = rev ? K - 1 - j : j, at = (o * K + k) * inner + i;                          \
+          acc += (ACC)x[at];                                                                     \
+          out[at] = (TO)acc;                                                                     \
+        }                                                                                        \
+      }                                                                                          \
+  }
+typedef void (*cumsum_fn)(void *, const void *, int64_t, int64_t, int64_t, bool);
+DEF_CUMSUM(cumsum_f32, float, float, double)
+DEF_CUMSUM(cumsum_f64, double, double, double)
+DEF_CUMSUM(cumsum_i64, int64_t, int64_t, int64_t)
+DEF_CUMSUM(cumsum_i32, int32_t, int64_t, int64_t)
+DEF_CUMSUM(cumsum_u8, uint8_t, int64_t, int64_t)
+
+int flow_cpu_cumsum(flow_tensor *out, const flow_tensor *in, int axis, bool reverse) {
+  static const cumsum_fn fns[FLOW_NDTYPES] = {[FLOW_F32] = cumsum_f32, [FLOW_F64] = cumsum_f64,
+                                               [FLOW_I64] = cumsum_i64, [FLOW_I32] = cumsum_i32,
+                                               [FLOW_U8] = cumsum_u8, [FLOW_BOOL] = cumsum_u8};
+  if (!fns[in->dtype]) return flow_error_set("cumsum: no CPU kernel for dtype %s", flow_dtype_name(in->dtype));
+  int64_t outer = 1, K = 1, inner = 1;
+  if (in->ndim > 0) {
+    K = in->shape[axis];
+    for (int d = 0; d < axis; d++) outer *= in->shape[d];
+    for (int d = axis + 1; d < in->ndim; d++) inner *= in->shape[d];
+  }
+  flow_tensor *x = NULL;
+  if (!flow_tensor_is_contiguous(in)) {
+    if (!(x = flow_tensor_new(in->dtype, in->device, in->ndim, in->shape))) return -1;
+    flow_cpu_copy(x, in);
+  }
+  fns[in->dtype](flow_tensor_data(out), flow_tensor_data(x ? x : in), outer, K, inner, reverse);
+  flow_tensor_decref(x);
   return 0;
 }

@@ -55,3 +55,16 @@ int flow_cpu_tri(flow_tensor *out, const flow_tensor *x, int64_t k, bool upper) 
     }
   return 0;
 }
+
+/* x seen from the far end of each flipped axis (offset at its last element, stride negated) is the
+ * flipped tensor: one strided copy. */
+int flow_cpu_flip(flow_tensor *out, const flow_tensor *x, const bool *flip) {
+  if (flow_tensor_numel(out) == 0) return 0;
+  flow_tensor v = *x;
+  for (int d = 0; d < x->ndim; d++)
+    if (flip[d]) {
+      v.offset += (x->shape[d] - 1) * x->stride[d];
+      v.stride[d] = -x->stride[d];
+    }
+  return flow_cpu_copy(out, &v);
+}

@@ -14,5 +14,7 @@ int flow_cpu_narrow_scatter(flow_tensor *out, const flow_tensor *g, int axis, in
 /* out = x with the elements above (lower) or below (upper) diagonal k of the last two axes
  * zeroed: keeps j - i <= k for tril, j - i >= k for triu. out is contiguous. */
 int flow_cpu_tri(flow_tensor *out, const flow_tensor *x, int64_t k, bool upper);
+/* out[i] = x[i'] where i' = size - 1 - i on the axes where flip[d] (out contiguous, any dtype). */
+int flow_cpu_flip(flow_tensor *out, const flow_tensor *x, const bool *flip);
 
 #endif

@@ -1,5 +1,5 @@
-/* Reductions on CUDA: sum, mean, var over any set of axes, and max/min/argmax/argmin along one axis
- * (or over everything) with its gradient scatter. Float sums accumulate in double, as on the CPU;
+/* Reductions on CUDA: sum, mean, var over any set of axes, prod over one axis or all, cumsum along
+ * one, and max/min/argmax/argmin along one axis (or over everything) with its gradient scatter. Float sums accumulate in double, as on the CPU;
  * bool/uint8/int32/int64 sum into int64. */
 #include "common.h"
 
@@ -240,6 +240,89 @@ static FLOW_KERNEL(k_arg_backward) {
   return rc;
 }
 
+/* ---- prod -------------------------------------------------------------------------------------- */
+
+/* out[o] = prod_r x[koff(o) + roff(r)] (the empty product 1), one thread per output, in C. */
+template <typename T, typename C, typename O>
+__global__ void prod_kernel(Split s, int64_t Onum, int64_t R, O *out, const T *x) {
+  CUDA_LOOP(o, Onum) {
+    const T *base = x + split_off(s.nk, s.kshape, s.kstride, o);
+    C acc = 1;
+    for (int64_t r = 0; r < R; r++) acc *= load<C, T>(base + split_off(s.nr, s.rshape, s.rstride, r));
+    store<O, C>(out + o, acc);
+  }
+}
+
+static FLOW_KERNEL(k_prod) {
+  bool mask[FLOW_MAX_DIMS];
+  mask_of(a, in[0]->ndim, mask);
+  const flow_tensor *x = in[0];
+  flow_tensor *o = out[0];
+  Split s;
+  int64_t Onum, R;
+  split_init(&s, x, mask, &Onum, &R);
+  if (Onum == 0) return 0;
+  cudaStream_t st = stream_of(o);
+  unsigned grid = grid_for(Onum, 256);
+  switch (x->dtype) {
+  case FLOW_I64: prod_kernel<int64_t, int64_t, int64_t><<<grid, 256, 0, st>>>(s, Onum, R, data_of<int64_t>(o), data_of<int64_t>(x)); break;
+  case FLOW_I32: prod_kernel<int32_t, int64_t, int64_t><<<grid, 256, 0, st>>>(s, Onum, R, data_of<int64_t>(o), data_of<int32_t>(x)); break;
+  case FLOW_U8: prod_kernel<uint8_t, int64_t, int64_t><<<grid, 256, 0, st>>>(s, Onum, R, data_of<int64_t>(o), data_of<uint8_t>(x)); break;
+  case FLOW_BOOL: prod_kernel<bool, int64_t, int64_t><<<grid, 256, 0, st>>>(s, Onum, R, data_of<int64_t>(o), data_of<bool>(x)); break;
+  default:
+    FLOW_CUDA_DISPATCH_FLOAT(x->dtype, "prod",
+      prod_kernel<T, double, T><<<grid, 256, 0, st>>>(s, Onum, R, data_of<T>(o), data_of<T>(x)))
+  }
+  return launch_check("prod_kernel");
+}
+
+/* ---- cumsum ------------------------------------------------------------------------------------ */
+
+/* Over x as [outer, K, inner] (dense): out[o, k, i] = sum_{j <= k} x[o, j, i] (j >= k when rev),
+ * one thread per (o, i) running down its column, accumulating in C (double for floats). */
+template <typename T, typename C, typename O>
+__global__ void cumsum_kernel(int64_t n, O *out, const T *x, int64_t K, int64_t inner, bool rev) {
+  CUDA_LOOP(t, n) {
+    int64_t o = t / inner, i = t % inner;
+    C acc = 0;
+    for (int64_t j = 0; j < K; j++) {
+      int64_t at = (o * K + (rev ? K - 1 - j : j)) * inner + i;
+      acc += load<C, T>(x + at);
+      store<O, C>(out + at, acc);
+    }
+  }
+}
+
+static FLOW_KERNEL(k_cumsum) {
+  flow_tensor *o = out[0];
+  int nd = in[0]->ndim, axis = nd == 0 ? 0 : (int)(a->axis < 0 ? a->axis + nd : a->axis);
+  int64_t outer = 1, K = 1, inner = 1;
+  if (nd > 0) {
+    K = in[0]->shape[axis];
+    for (int d = 0; d < axis; d++) outer *= in[0]->shape[d];
+    for (int d = axis + 1; d < nd; d++) inner *= in[0]->shape[d];
+  }
+  int64_t n = outer * inner;
+  if (n == 0 || K == 0) return 0;
+  flow_tensor *x = cuda_dense(in[0]);
+  if (!x) return -1;
+  bool rev = a->flags & FLOW_ATTR_REVERSE;
+  cudaStream_t st = stream_of(o);
+  unsigned grid = grid_for(n, 256);
+  int rc = 0;
+  switch (x->dtype) {
+  case FLOW_I64: cumsum_kernel<int64_t, int64_t, int64_t><<<grid, 256, 0, st>>>(n, data_of<int64_t>(o), data_of<int64_t>(x), K, inner, rev); break;
+  case FLOW_I32: cumsum_kernel<int32_t, int64_t, int64_t><<<grid, 256, 0, st>>>(n, data_of<int64_t>(o), data_of<int32_t>(x), K, inner, rev); break;
+  case FLOW_U8: cumsum_kernel<uint8_t, int64_t, int64_t><<<grid, 256, 0, st>>>(n, data_of<int64_t>(o), data_of<uint8_t>(x), K, inner, rev); break;
+  case FLOW_BOOL: cumsum_kernel<bool, int64_t, int64_t><<<grid, 256, 0, st>>>(n, data_of<int64_t>(o), data_of<bool>(x), K, inner, rev); break;
+  default:
+    FLOW_CUDA_FLOAT_CASES(x->dtype, rc = FLOW_CUDA_UNSUPPORTED(x->dtype, "cumsum"),
+      cumsum_kernel<T, double, T><<<grid, 256, 0, st>>>(n, data_of<T>(o), data_of<T>(x), K, inner, rev))
+  }
+  flow_tensor_decref(x);
+  return rc ? rc : launch_check("cumsum_kernel");
+}
+
 void flow_cuda_register_reduce(void) {
   FLOW_KERNEL_ADD(FLOW_CUDA, sum, k_sum);
   FLOW_KERNEL_ADD(FLOW_CUDA, mean, k_mean);
@@ -249,4 +332,6 @@ void flow_cuda_register_reduce(void) {
   FLOW_KERNEL_ADD(FLOW_CUDA, argmax, k_argmax);
   FLOW_KERNEL_ADD(FLOW_CUDA, argmin, k_argmin);
   FLOW_KERNEL_ADD(FLOW_CUDA, argreduce_backward, k_arg_backward);
+  FLOW_KERNEL_ADD(FLOW_CUDA, cumsum, k_cumsum);
+  FLOW_KERNEL_ADD(FLOW_CUDA, prod, k_prod);
 }

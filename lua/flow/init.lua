@@ -30,6 +30,7 @@ function flow._named(name, f)
 end
 
 require("flow.reductions")(flow)
+require("flow.shape")(flow)
 
 -- Pictures of global layouts (lua/flow/visualize.lua), loaded on first use.
 function flow.visualize(t, path) return require("flow.visualize").draw(t, path) end

@@ -154,6 +154,9 @@ cases.view = {{label = "split an axis", inputs = {{4, 6}}, attrs = {shape = {4, 
   {label = "merge", inputs = {{4, 3, 2}}, attrs = {shape = {12, 2}}}}
 cases.expand = one({{5, 1}}, {shape = {2, 5, 3}})
 cases.permute = one({{5, 3, 2}}, {axes = {2, 0, 1}})
+cases.cumsum = one({{5, 3, 4}}, {axis = 1})
+cases.flip = one({{5, 3, 4}}, {axes = {1}})
+cases.prod = {{label = "all", inputs = {{5, 3}}}, {label = "axis 1 keepdim", inputs = {{3, 5, 2}}, attrs = {axes = {1}, keepdim = true}}}
 cases.narrow = one({{5, 3}}, {axis = 0, start = 1, length = 3})
 cases.narrow_backward = one({{3, 5}}, {shape = {6, 5}, axis = 0, start = 2})
 cases.cat = one({{5, 2}, {5, 3}}, {axis = 1})
@@ -199,6 +202,9 @@ more("view", {label = "merge inner axes", inputs = {{3, 4, 2}}, attrs = {shape =
 more("view", {label = "rows regrouped", inputs = {{4, 6}}, attrs = {shape = {2, 12}}})
 more("view", {label = "flat to 2-d", inputs = {{8}}, attrs = {shape = {2, 4}}})
 more("permute", {label = "negative dims", inputs = {{4, 5}}, attrs = {axes = {-1, -2}}})
+more("cumsum", {label = "axis -1, reverse", inputs = {{4, 5}}, attrs = {axis = -1, reverse = true}})
+more("flip", {label = "axes 0 and -1", inputs = {{4, 5, 3}}, attrs = {axes = {0, -1}}})
+more("prod", {label = "axis -1 of 3-d", inputs = {{3, 4, 5}}, attrs = {axes = {-1}}})
 more("narrow", {label = "axis -1, negative start", inputs = {{4, 5}}, attrs = {axis = -1, start = -3, length = 2}})
 more("cat", {label = "axis 0, three", inputs = {{2, 3}, {1, 3}, {4, 3}}, attrs = {axis = 0}})
 more("tril", {label = "2-d, k = -1", inputs = {{4, 5}}, attrs = {k = -1}})
