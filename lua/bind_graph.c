@@ -281,38 +281,24 @@ static int l_split_ways(lua_State *L) {
 }
 
 void flow_lua_open_graph(lua_State *L) {
-  static const luaL_Reg methods[] = {{"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output},
-                                     {"tag", g_tag}, {"segment_begin", g_segment_begin}, {"segment_end", g_segment_end}, {"compile", g_compile}, {"feed", g_feed}, {"run", g_run},
-                                     {"dot", g_dot}, {"trace", g_trace}, {"events", g_events}, {"memory", g_memory},
-                                     {"stats", g_stats}, {"free", g_gc}, {NULL, NULL}};
+  static const luaL_Reg methods[] = {
+    {"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output}, {"tag", g_tag},
+    {"segment_begin", g_segment_begin}, {"segment_end", g_segment_end}, {"compile", g_compile}, {"feed", g_feed},
+    {"run", g_run}, {"dot", g_dot}, {"trace", g_trace}, {"events", g_events}, {"memory", g_memory},
+    {"stats", g_stats}, {"free", g_gc}, {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__gc", g_gc}, {"__close", g_gc}, {NULL, NULL}};
+  static const luaL_Reg graph[] = {{"new", l_new}, {"memory", l_memory}, {"tracing", l_tracing}, {NULL, NULL}};
+  /* flow._*: the hooks nn.Graph and the specs use */
+  static const luaL_Reg hooks[] = {
+    {"_allgather_strings", l_allgather_strings}, {"_set_timeout", l_set_timeout}, {"_seed_scale", l_seed_scale},
+    {"_defer_backward", l_defer_backward}, {"_run_deferred_backward", l_run_deferred_backward},
+    {"_partial_leaf_grads", l_partial_leaf_grads}, {"_split_ways", l_split_ways}, {NULL, NULL}};
   luaL_newmetatable(L, GRAPH_MT);
-  lua_pushcfunction(L, g_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, g_gc);
-  lua_setfield(L, -2, "__close");
+  luaL_setfuncs(L, meta, 0);
   luaL_newlib(L, methods);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
-  lua_createtable(L, 0, 2);
-  lua_pushcfunction(L, l_new);
-  lua_setfield(L, -2, "new");
-  lua_pushcfunction(L, l_memory);
-  lua_setfield(L, -2, "memory");
-  lua_pushcfunction(L, l_tracing);
-  lua_setfield(L, -2, "tracing");
+  luaL_newlib(L, graph);
   lua_setfield(L, -2, "_graph");
-  lua_pushcfunction(L, l_allgather_strings);
-  lua_setfield(L, -2, "_allgather_strings");
-  lua_pushcfunction(L, l_set_timeout);
-  lua_setfield(L, -2, "_set_timeout");
-  lua_pushcfunction(L, l_seed_scale);
-  lua_setfield(L, -2, "_seed_scale");
-  lua_pushcfunction(L, l_defer_backward);
-  lua_setfield(L, -2, "_defer_backward");
-  lua_pushcfunction(L, l_run_deferred_backward);
-  lua_setfield(L, -2, "_run_deferred_backward");
-  lua_pushcfunction(L, l_partial_leaf_grads);
-  lua_setfield(L, -2, "_partial_leaf_grads");
-  lua_pushcfunction(L, l_split_ways);
-  lua_setfield(L, -2, "_split_ways");
+  luaL_setfuncs(L, hooks, 0);
 }
