@@ -176,28 +176,37 @@ describe("nn.Graph 3-D parallelism #mpi", function()
 
   it("pipeline: the trace shows the stages computing at the same time", function()
     if ws ~= 2 then return pending("needs exactly 2 ranks") end
-    local places = stage_places(2)
-    local _, G = train(function(model)
-      model:to_global(places[1], B)
-      return flow.placement("cpu", ranks()), B, B
-    end, true, { rows = 16, config = { grad_accumulation_steps = 4 },
-                 stages = function(model) return gpt.pipeline_stages(model, places) end })
-    local x = flow.randint(0, 32, { 16, 8 }):to_global(flow.placement("cpu", ranks()), B)
-    local spans = {}
-    for r, s in ipairs(G:trace(nil, function() G(x, x) end)) do
-      spans[r] = {}
-      for ts, dur in s:gmatch('"tid":"compute","ts":([%d.]+),"dur":([%d.]+)') do
-        spans[r][#spans[r] + 1] = { tonumber(ts), tonumber(ts) + tonumber(dur) }
+    -- a model big enough that a micro-batch's forward outlasts the hand-over to the next stage;
+    -- timing on a shared machine varies, so any of three traced steps may show it
+    local places, all = stage_places(2), flow.placement("cpu", ranks())
+    flow.manual_seed(0)
+    local model = gpt.GPT({ vocab_size = 64, block_size = 32, n_layer = 2, n_head = 2, n_embd = 64 })
+    model:to_global(places[1], B)
+    local G = flow.nn.Graph { model = model, optimizer = model:configure_optimizer({ lr = 1e-3 }),
+      config = { grad_accumulation_steps = 4 },
+      build = function(self, x, y) local _, l = self.model(x, y); l:backward(); return l end }
+    for _, st in ipairs(gpt.pipeline_stages(model, places)) do G:set_stage(st[1], st[2]) end
+    local x = flow.randint(0, 64, { 32, 32 }):to_global(all, B)
+    G(x, x)
+    local best = 0
+    for _ = 1, 3 do
+      local spans = {}
+      for r, s in ipairs(G:trace(nil, function() G(x, x) end)) do
+        spans[r] = {}
+        for ts, dur in s:gmatch('"tid":"compute","ts":([%d.]+),"dur":([%d.]+)') do
+          spans[r][#spans[r] + 1] = { tonumber(ts), tonumber(ts) + tonumber(dur) }
+        end
       end
-    end
-    local overlap = 0
-    for _, a in ipairs(spans[1]) do
-      for _, b in ipairs(spans[2]) do
-        overlap = overlap + math.max(0, math.min(a[2], b[2]) - math.max(a[1], b[1]))
+      assert.is_true(#spans[1] > 0 and #spans[2] > 0)
+      local overlap = 0
+      for _, a in ipairs(spans[1]) do
+        for _, b in ipairs(spans[2]) do
+          overlap = overlap + math.max(0, math.min(a[2], b[2]) - math.max(a[1], b[1]))
+        end
       end
+      best = math.max(best, overlap)
     end
-    assert.is_true(#spans[1] > 0 and #spans[2] > 0)
-    assert.is_true(overlap > 0, "stage 0 and stage 1 never computed at the same time")
+    assert.is_true(best > 0, "stage 0 and stage 1 never computed at the same time")
   end)
 
   it("dp2 x pp2 and tp2 x pp2: the 1-rank losses", function()
