@@ -288,7 +288,7 @@ static void GEN(pool_backward)(real *dx, const real *dy, const real *x, const fl
 }
 
 /* Batch mean and biased variance of channel c over N x S (two passes). */
-static void GEN(bn_moments)(const real *x, int64_t N, int64_t C, int64_t S, int64_t c, double *mean, double *var) {
+void GEN(flow_cpu_bn_moments)(const real *x, int64_t N, int64_t C, int64_t S, int64_t c, double *mean, double *var) {
   double s = 0, q = 0;
   for (int64_t n = 0; n < N; n++)
     for (int64_t k = 0; k < S; k++) s += x[(n * C + c) * S + k];
@@ -309,7 +309,7 @@ static void GEN(bn_forward)(real *y, const real *x, const real *w, const real *b
   for (int64_t c = 0; c < C; c++) {
     double mean, var;
     if (training) {
-      GEN(bn_moments)(x, N, C, S, c, &mean, &var);
+      GEN(flow_cpu_bn_moments)(x, N, C, S, c, &mean, &var);
       rm[c * rms] = (real)((1 - momentum) * rm[c * rms] + momentum * mean);
       rv[c * rvs] = (real)((1 - momentum) * rv[c * rvs] + momentum * (M > 1 ? var * M / (M - 1) : var));
     } else {
@@ -330,7 +330,7 @@ static void GEN(bn_backward)(real *dx, real *dw, real *db, const real *dy, const
   int64_t M = N * S;
   for (int64_t c = 0; c < C; c++) {
     double mean, var;
-    if (training) GEN(bn_moments)(x, N, C, S, c, &mean, &var);
+    if (training) GEN(flow_cpu_bn_moments)(x, N, C, S, c, &mean, &var);
     else { mean = rm[c]; var = rv[c]; }
     double rstd = 1 / sqrt(var + eps), sdy = 0, sdyx = 0;
     for (int64_t n = 0; n < N; n++)

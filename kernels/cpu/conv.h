@@ -22,6 +22,11 @@ int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, 
 
 /* Max pooling ignores padded positions; its backward sends dy to the first maximum of each window.
  * Average pooling divides by kh * kw, padded zeros included (PyTorch's count_include_pad). */
+/* Batch mean and biased variance of channel c of x [N, C, S], two passes in double (the batch
+ * norm reference and the oneDNN path share it). */
+void flow_cpu_bn_moments_f32(const float *x, int64_t N, int64_t C, int64_t S, int64_t c, double *mean, double *var);
+void flow_cpu_bn_moments_f64(const double *x, int64_t N, int64_t C, int64_t S, int64_t c, double *mean, double *var);
+
 int flow_cpu_pool2d_forward(flow_tensor *y, const flow_tensor *x, const flow_conv_geom *g, bool max);
 int flow_cpu_pool2d_backward(flow_tensor *dx, const flow_tensor *dy, const flow_tensor *x, const flow_conv_geom *g,
                              bool max);

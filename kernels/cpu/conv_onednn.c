@@ -287,20 +287,13 @@ static void gather(float *out, const flow_tensor *t) {
   for (int64_t c = 0; c < t->shape[0]; c++) out[c] = p[c * t->stride[0]];
 }
 
-/* Per channel of x [N, C, S]: the batch mean and biased variance, two passes in double. */
+/* Per channel of x [N, C, S]: the batch mean and biased variance (the reference's moments). */
 static void moments(const float *x, int64_t N, int64_t C, int64_t S, float *mean, float *var) {
   for (int64_t c = 0; c < C; c++) {
-    double s = 0, q = 0;
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t k = 0; k < S; k++) s += x[(n * C + c) * S + k];
-    double m = s / (double)(N * S);
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t k = 0; k < S; k++) {
-        double e = x[(n * C + c) * S + k] - m;
-        q += e * e;
-      }
+    double m, v;
+    flow_cpu_bn_moments_f32(x, N, C, S, c, &m, &v);
     mean[c] = (float)m;
-    var[c] = (float)(q / (double)(N * S));
+    var[c] = (float)v;
   }
 }
 
