@@ -14,7 +14,14 @@ enum flow_gnode_kind {
   FLOW_GNODE_CAPTURE,  /* a real tensor read (and maybe written) in place: parameters, state */
   FLOW_GNODE_OP,       /* an op on shards */
   FLOW_GNODE_BOX,      /* a boxing of one shard */
+  FLOW_GNODE_ACC,      /* accumulate in[1] into the captured buffer in[0] over the pieces of a run */
 };
+
+/* Micro-batches as pieces (OneFlow's unpack, repeat and acc actors): a graph traced for one
+ * micro-batch runs M pieces per step. Forward nodes act per piece; backward nodes too, on their
+ * own streams, so a stage's forward runs ahead of its backward as far as the credits allow; step
+ * nodes (the optimizer pass) act once, after the last piece. */
+enum flow_gphase { FLOW_PHASE_FORWARD, FLOW_PHASE_BACKWARD, FLOW_PHASE_STEP };
 
 typedef struct flow_gnode {
   enum flow_gnode_kind kind;
@@ -28,6 +35,7 @@ typedef struct flow_gnode {
   int nctrl, *ctrl;          /* nodes that must act before this one (readers before an in-place write) */
   int tag;                   /* optimizer group (1-based) whose lr and step feed attrs.lr / attrs.k; 0: none */
   flow_dtype autocast;       /* OP: the autocast dtype it was traced under (kernels read it per thread) */
+  int phase;                 /* enum flow_gphase it was traced in */
   bool live;                 /* set by the dead-node pass */
 } flow_gnode;
 
@@ -54,6 +62,8 @@ typedef struct flow_graph {
   int ninputs;
   int noutputs, *outputs;    /* value ids */
   int tag;                   /* the tag new nodes get */
+  int phase;                 /* the phase new nodes get */
+  int pieces;                /* micro-batches per run: inputs are unpacked along axis 0 (1: none) */
   /* random ops: the generator's counter when the trace began, and how far the trace advanced it
    * (each run reserves that many counters afresh, as an eager step would) */
   uint64_t rng_base, rng_span;
@@ -71,8 +81,13 @@ void flow_graph_free(flow_graph *g);
 int flow_graph_begin(flow_graph *g);
 void flow_graph_end(flow_graph *g);
 
-/* A lazy tensor standing for graph input `t` (same shard metadata, and t's global metadata). */
+/* A lazy tensor standing for graph input `t` (same shard metadata, and t's global metadata). With
+ * g->pieces = M > 1, t's shard is unpacked along axis 0 into M micro-batches, one per piece of a
+ * run, and the lazy tensor is one of them (shard and logical axis 0 divided by M). */
 flow_tensor *flow_graph_input(flow_graph *g, const flow_tensor *t);
+/* Gradient accumulation: a lazy tensor holding the sum of t over the pieces of a run (an ACC node
+ * writing a buffer the graph owns), with t's global metadata. */
+flow_tensor *flow_graph_acc(flow_graph *g, const flow_tensor *t);
 /* Mark lazy tensor t (of g) as the next output; its value is returned by each run. */
 int flow_graph_output(flow_graph *g, const flow_tensor *t);
 /* The value a lazy tensor of g stands for, or -1 + error naming `what`. */

@@ -27,6 +27,8 @@ typedef struct pvalue {
   flow_tensor **slot;        /* what each slot holds (preallocated for compute outputs) */
   int last;                  /* slot written last */
   int64_t offset, bytes;     /* arena placement (offset < 0: not in the arena) */
+  bool fresh;                /* pieces, outside the arena: a new buffer per act (readers of earlier
+                              * pieces on other streams keep theirs alive by reference) */
   int first_use, last_use;   /* compute-stream positions, for packing */
 } pvalue;
 
@@ -45,7 +47,8 @@ struct flow_plan {
   int *task_of;              /* node -> task, -1 */
   pvalue *v;
   flow_tensor *const *feed;  /* this run's inputs */
-  flow_tensor *arena[FLOW_NDEVTYPES];
+  flow_tensor *arena[FLOW_NDEVTYPES][2];  /* per device, for the forward and backward compute streams */
+  int64_t npieces;           /* micro-batches per run (graph->pieces) */
   int64_t arena_bytes, arena_bound, unpacked_bytes, dedicated_bytes, captured_bytes, measured_peak;
   int fused;                 /* adds fused into their first input's buffer */
   int recomputed;            /* nodes the recompute pass added (activation checkpointing) */
@@ -54,7 +57,16 @@ struct flow_plan {
 
 static int stream_of(const flow_gnode *n) {
   if (n->kind == FLOW_GNODE_INPUT) return FLOW_STREAM_COPY;
-  return flow_gnode_communicates(n) ? FLOW_STREAM_COMM : FLOW_STREAM_COMPUTE;
+  bool b = n->phase != FLOW_PHASE_FORWARD;
+  if (flow_gnode_communicates(n)) return b ? FLOW_STREAM_COMM_B : FLOW_STREAM_COMM;
+  return b ? FLOW_STREAM_COMPUTE_B : FLOW_STREAM_COMPUTE;
+}
+
+static bool is_compute_stream(int s) { return s == FLOW_STREAM_COMPUTE || s == FLOW_STREAM_COMPUTE_B; }
+
+/* Step nodes act once per run, at its last piece; at the others they pass. */
+static bool passes(const flow_plan *p, const flow_gnode *n, int64_t piece) {
+  return n->phase == FLOW_PHASE_STEP && piece != p->npieces - 1;
 }
 
 static bool owns_memory(const flow_gnode *n) {
@@ -84,7 +96,8 @@ static int act_op(void *ctx, int64_t piece, const int *in_slot, const int *out_s
   ptask *t = ctx;
   flow_plan *p = t->plan;
   const flow_gnode *n = &p->g->nodes[t->node];
-  if (failed) return 0;
+  if (failed || passes(p, n, piece)) return 0;
+  flow_comm_set_channel(t->stream == FLOW_STREAM_COMM_B); /* a traced to_global */
   flow_tensor *stack_in[16], **in = n->nin <= 16 ? stack_in : malloc((size_t)n->nin * sizeof *in);
   if (!in) return flow_error_set("nn.Graph: out of memory");
   int rc = 0;
@@ -93,12 +106,22 @@ static int act_op(void *ctx, int64_t piece, const int *in_slot, const int *out_s
   flow_tensor *out[8] = {0};
   for (int j = 0; j < n->nout && rc == 0; j++) {
     int v = n->out0 + j;
-    if (n->op->kind == FLOW_OP_COMPUTE || n->op->kind == FLOW_OP_SOURCE) out[j] = p->v[v].slot[out_slot_of(p, v, out_slot)];
+    if (n->op->kind != FLOW_OP_COMPUTE && n->op->kind != FLOW_OP_SOURCE) continue;
+    int s = out_slot_of(p, v, out_slot);
+    if (p->v[v].fresh) {
+      const flow_gvalue *gv = &p->g->values[v];
+      flow_tensor *b = flow_tensor_new(gv->dtype, gv->device, gv->ndim, gv->shape);
+      if (!b) rc = -1;
+      else store(&p->v[v], s, b);
+    }
+    out[j] = p->v[v].slot[s];
   }
+  flow_attrs attrs = t->attrs;
+  if (n->op->random) attrs.rng_offset += (uint64_t)piece * p->g->rng_span; /* each piece draws afresh */
   if (rc == 0 && n->op->kind == FLOW_OP_INPLACE) out[0] = in[0];
   if (rc == 0) { /* under the autocast the op was traced with: the setting is per thread */
     flow_dtype prev = flow_set_autocast(n->autocast);
-    rc = flow_op_run_kernel(n->op, in, n->nin, &t->attrs, out);
+    rc = flow_op_run_kernel(n->op, in, n->nin, &attrs, out);
     flow_set_autocast(prev);
   }
   if (rc == 0 && n->op->kind == FLOW_OP_VIEW)
@@ -119,6 +142,8 @@ static int act_box(void *ctx, int64_t piece, const int *in_slot, const int *out_
   ptask *t = ctx;
   flow_plan *p = t->plan;
   const flow_gnode *n = &p->g->nodes[t->node];
+  if (passes(p, n, piece)) return 0;
+  flow_comm_set_channel(t->stream == FLOW_STREAM_COMM_B);
   flow_tensor *x = input_tensor(p, t, 0, in_slot), *zeros = NULL;
   if (!x) {
     const flow_gvalue *iv = &p->g->values[n->in[0]];
@@ -126,7 +151,6 @@ static int act_box(void *ctx, int64_t piece, const int *in_slot, const int *out_
     if (!x) return -1;
     flow_device_get(x->device.type)->zero(flow_tensor_data(x), x->device, flow_tensor_nbytes(x));
   }
-  if (getenv("BOXDBG")) { char a[64], b[64], c[64], d[64]; fprintf(stderr, "[%d] box node %d %s %s -> %s %s shape0 %lld\n", flow_comm_rank(), t->node, flow_placement_str(n->box.src_p, c, sizeof c), flow_nd_sbp_str(&n->box.src, a, sizeof a), flow_placement_str(n->box.dst_p, d, sizeof d), flow_nd_sbp_str(&n->box.dst, b, sizeof b), (long long)n->box.shape[0]); }
   flow_tensor *y = flow_box_run(&n->box, x);
   flow_tensor_decref(zeros);
   if (!y) return -1;
@@ -139,9 +163,30 @@ static int act_input(void *ctx, int64_t piece, const int *in_slot, const int *ou
   flow_plan *p = t->plan;
   const flow_gnode *n = &p->g->nodes[t->node];
   flow_tensor *x = p->feed[n->input];
-  flow_tensor *plain = flow_tensor_view_of(x, x->ndim, x->shape, x->stride, x->offset);
+  int64_t shape[FLOW_MAX_DIMS], offset = x->offset;
+  memcpy(shape, x->shape, sizeof shape);
+  if (p->npieces > 1) { /* unpack: piece k is rows [k*mb, (k+1)*mb) of this rank's shard */
+    shape[0] /= p->npieces;
+    offset += piece * shape[0] * x->stride[0];
+  }
+  flow_tensor *plain = flow_tensor_view_of(x, x->ndim, shape, x->stride, offset);
   if (!plain) return -1;
   store(&p->v[n->out0], out_slot_of(p, n->out0, out_slot), plain);
+  return 0;
+}
+
+/* Gradient accumulation: the first piece copies into the graph's buffer, later ones add. */
+static int act_acc(void *ctx, int64_t piece, const int *in_slot, const int *out_slot, bool failed) {
+  ptask *t = ctx;
+  flow_plan *p = t->plan;
+  const flow_gnode *n = &p->g->nodes[t->node];
+  if (failed) return 0;
+  flow_tensor *in[2] = {captured_of(p, n->in[0]), input_tensor(p, t, 1, in_slot)}, *out[1] = {in[0]};
+  if (!in[1]) return flow_error_set("accumulation: its input was never produced");
+  flow_attrs none = {0};
+  if (flow_op_run_kernel(piece == 0 ? &flow_op_copy_ : &flow_op_add_, in, 2, &none, out) != 0) return -1;
+  flow_tensor_incref(in[0]);
+  store(&p->v[n->out0], out_slot_of(p, n->out0, out_slot), in[0]);
   return 0;
 }
 
@@ -170,7 +215,7 @@ static int by_lo(const void *a, const void *b) {
 
 /* Greedy packing, largest first: each value takes the lowest offset free of every packed value
  * whose lifetime overlaps its own. */
-static int pack(flow_plan *p, int *cand, int ncand, flow_devtype dt) {
+static int pack(flow_plan *p, int *cand, int ncand, flow_tensor **arena) {
   for (int i = 1; i < ncand; i++) /* insertion sort by size, descending (stable) */
     for (int j = i; j > 0 && p->v[cand[j]].bytes > p->v[cand[j - 1]].bytes; j--) {
       int x = cand[j]; cand[j] = cand[j - 1]; cand[j - 1] = x;
@@ -211,18 +256,18 @@ static int pack(flow_plan *p, int *cand, int ncand, flow_devtype dt) {
   if (ncand == 0) return 0;
   const flow_gvalue *first = &p->g->values[cand[0]];
   int64_t shape[1] = {total};
-  p->arena[dt] = flow_tensor_new(FLOW_U8, first->device, 1, shape);
-  if (!p->arena[dt]) return -1;
+  *arena = flow_tensor_new(FLOW_U8, first->device, 1, shape);
+  if (!*arena) return -1;
   p->arena_bytes += total;
   for (int i = 0; i < ncand; i++)
-    if (!(p->v[cand[i]].slot[0] = arena_view(p->arena[dt], &p->g->values[cand[i]], p->v[cand[i]].offset))) return -1;
+    if (!(p->v[cand[i]].slot[0] = arena_view(*arena, &p->g->values[cand[i]], p->v[cand[i]].offset))) return -1;
   return 0;
 }
 
 static int plan_memory(flow_plan *p, const int *pos, const bool *is_output) {
   flow_graph *g = p->g;
   /* a value's memory is its root's: views and in-place writes extend the root's lifetime, and a
-   * root read off the compute stream (or returned) cannot share its bytes */
+   * root read on another stream than its producer's (or returned) cannot share its bytes */
   bool *shareable = malloc((size_t)(g->nvalues ? g->nvalues : 1) * sizeof *shareable);
   if (!shareable) return flow_error_set("nn.Graph: out of memory");
   for (int v = 0; v < g->nvalues; v++) {
@@ -233,15 +278,15 @@ static int plan_memory(flow_plan *p, const int *pos, const bool *is_output) {
   for (int n = 0; n < g->nnodes; n++) {
     const flow_gnode *x = &g->nodes[n];
     if (!x->live || p->task_of[n] < 0) continue;
-    bool compute = stream_of(x) == FLOW_STREAM_COMPUTE;
+    int s = stream_of(x);
     for (int i = 0; i < x->nin; i++) {
       int r = flow_graph_root(g, x->in[i]);
-      if (!compute) shareable[r] = false;
+      if (!is_compute_stream(s) || stream_of(&g->nodes[g->values[r].node]) != s) shareable[r] = false;
       if (pos[n] > p->v[r].last_use) p->v[r].last_use = pos[n];
     }
     for (int j = 0; j < x->nout; j++) {
       int v = x->out0 + j, r = flow_graph_root(g, v);
-      if (is_output[v] || p->v[v].nslots > 1) shareable[r] = false;
+      if (is_output[v] || p->v[v].nslots > 1 || stream_of(&g->nodes[g->values[r].node]) != s) shareable[r] = false;
       if (r == v) p->v[v].first_use = pos[n];
       if (pos[n] > p->v[r].last_use) p->v[r].last_use = pos[n];
     }
@@ -249,21 +294,22 @@ static int plan_memory(flow_plan *p, const int *pos, const bool *is_output) {
   int *cand = malloc((size_t)(g->nvalues ? g->nvalues : 1) * sizeof *cand);
   if (!cand) { free(shareable); return flow_error_set("nn.Graph: out of memory"); }
   int rc = 0;
-  for (int dt = 0; dt < FLOW_NDEVTYPES && rc == 0; dt++) {
-    int ncand = 0;
-    for (int n = 0; n < g->nnodes; n++) {
-      const flow_gnode *x = &g->nodes[n];
-      if (!x->live || !owns_memory(x) || stream_of(x) != FLOW_STREAM_COMPUTE) continue;
-      for (int j = 0; j < x->nout; j++) {
-        int v = x->out0 + j;
-        const flow_gvalue *gv = &g->values[v];
-        p->v[v].bytes = value_bytes(gv);
-        if ((int)gv->device.type == dt && shareable[v] && p->v[v].bytes > 0) cand[ncand++] = v;
+  for (int dt = 0; dt < FLOW_NDEVTYPES && rc == 0; dt++)
+    for (int b = 0; b < 2 && rc == 0; b++) { /* one arena per device and compute stream */
+      int ncand = 0, stream = b ? FLOW_STREAM_COMPUTE_B : FLOW_STREAM_COMPUTE;
+      for (int n = 0; n < g->nnodes; n++) {
+        const flow_gnode *x = &g->nodes[n];
+        if (!x->live || !owns_memory(x) || stream_of(x) != stream) continue;
+        for (int j = 0; j < x->nout; j++) {
+          int v = x->out0 + j;
+          const flow_gvalue *gv = &g->values[v];
+          p->v[v].bytes = value_bytes(gv);
+          if ((int)gv->device.type == dt && shareable[v] && p->v[v].bytes > 0) cand[ncand++] = v;
+        }
       }
+      rc = pack(p, cand, ncand, &p->arena[dt][b]);
     }
-    rc = pack(p, cand, ncand, (flow_devtype)dt);
-  }
-  /* the rest: a buffer of their own per slot */
+  /* the rest: a buffer of their own per slot (pieces: a new one per act) */
   for (int n = 0; n < g->nnodes && rc == 0; n++) {
     const flow_gnode *x = &g->nodes[n];
     if (!x->live) continue;
@@ -277,8 +323,9 @@ static int plan_memory(flow_plan *p, const int *pos, const bool *is_output) {
       const flow_gvalue *gv = &g->values[v];
       for (int s = 0; s < p->v[v].nslots && rc == 0; s++) {
         if (p->v[v].slot[s]) continue;
-        if (!(p->v[v].slot[s] = flow_tensor_new(gv->dtype, gv->device, gv->ndim, gv->shape))) rc = -1;
-        else p->dedicated_bytes += value_bytes(gv);
+        p->dedicated_bytes += value_bytes(gv);
+        if (p->npieces > 1) p->v[v].fresh = true;
+        else if (!(p->v[v].slot[s] = flow_tensor_new(gv->dtype, gv->device, gv->ndim, gv->shape))) rc = -1;
       }
     }
   }
@@ -292,12 +339,17 @@ static const char *node_name(const flow_gnode *n) {
   case FLOW_GNODE_INPUT: return "input";
   case FLOW_GNODE_CAPTURE: return "variable";
   case FLOW_GNODE_BOX: return "boxing";
+  case FLOW_GNODE_ACC: return "acc";
   default: return n->op->name;
   }
 }
 
 flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
   int rnum = o && o->register_num > 0 ? o->register_num : 1;
+  /* the pipeline-buffer pass: with pieces, an edge between streams holds `buffer` of them, so a
+   * producer runs that far ahead of its consumer (a stage's forward of its backward, a compute
+   * stream of its sends) */
+  int crossnum = g->pieces > 1 && o && o->buffer > rnum ? o->buffer : rnum;
   int recomputed = flow_graph_recompute(g);
   if (recomputed < 0) return NULL;
   flow_graph_prune(g);
@@ -306,6 +358,7 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
   flow_plan *p = calloc(1, sizeof *p);
   if (!p) { flow_error_set("nn.Graph: out of memory"); return NULL; }
   p->g = g;
+  p->npieces = g->pieces > 1 ? g->pieces : 1;
   p->fused = fused;
   p->recomputed = recomputed;
   p->task_of = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
@@ -334,11 +387,14 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
     t->node = n;
     t->stream = stream_of(x);
     if (x->kind == FLOW_GNODE_OP) t->attrs = x->attrs;
-    flow_rt_act_fn fn = x->kind == FLOW_GNODE_INPUT ? act_input : x->kind == FLOW_GNODE_BOX ? act_box : act_op;
+    flow_rt_act_fn fn = x->kind == FLOW_GNODE_INPUT ? act_input
+                        : x->kind == FLOW_GNODE_BOX ? act_box
+                        : x->kind == FLOW_GNODE_ACC ? act_acc : act_op;
     if ((t->id = flow_rt_add_task(p->rt, t->stream, node_name(x), fn, t)) < 0) goto fail;
     pos[n] = next_pos[t->stream]++;
     p->task_of[n] = p->ntasks++;
-    for (int i = 0; i < x->nin; i++) nread[x->in[i]]++;
+    for (int i = 0; i < x->nin; i++) /* nread: readers, negative once one is on another stream */
+      if (nread[x->in[i]] >= 0) nread[x->in[i]] = stream_of(&g->nodes[g->values[x->in[i]].node]) == t->stream ? nread[x->in[i]] + 1 : -1;
     p->global |= x->kind == FLOW_GNODE_BOX || (x->nout && g->values[x->out0].placement);
   }
   /* registers: one per value somebody reads; the rest keep one slot, outside the runtime */
@@ -349,11 +405,11 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
       pvalue *pv = &p->v[v];
       pv->reg = -1;
       pv->nslots = 1;
-      if (p->task_of[n] >= 0 && nread[v] > 0) {
-        pv->nslots = rnum;
+      if (p->task_of[n] >= 0 && nread[v] != 0) {
+        pv->nslots = nread[v] < 0 ? crossnum : rnum;
         pv->out_pos = 0;
         for (int k = 0; k < j; k++) pv->out_pos += p->v[x->out0 + k].reg >= 0;
-        if ((pv->reg = flow_rt_add_register(p->rt, p->tasks[p->task_of[n]].id, rnum)) < 0) goto fail;
+        if ((pv->reg = flow_rt_add_register(p->rt, p->tasks[p->task_of[n]].id, pv->nslots)) < 0) goto fail;
       }
       if (!(pv->slot = calloc((size_t)pv->nslots, sizeof(flow_tensor *)))) { flow_error_set("nn.Graph: out of memory"); goto fail; }
     }
@@ -377,7 +433,7 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
     for (int c = 0; c < x->nctrl; c++) {
       int k = x->ctrl[c];
       if (p->task_of[k] < 0 || p->tasks[p->task_of[k]].stream == t->stream) continue;
-      if (ctrl_reg[k] < 0 && (ctrl_reg[k] = flow_rt_add_register(p->rt, p->tasks[p->task_of[k]].id, 1)) < 0) goto fail;
+      if (ctrl_reg[k] < 0 && (ctrl_reg[k] = flow_rt_add_register(p->rt, p->tasks[p->task_of[k]].id, crossnum)) < 0) goto fail;
       if (flow_rt_add_consumer(p->rt, ctrl_reg[k], t->id) < 0) goto fail;
       nconsumed++;
     }
@@ -405,7 +461,10 @@ void flow_plan_free(flow_plan *p) {
     free(p->v[v].slot);
   }
   for (int i = 0; i < p->ntasks; i++) free(p->tasks[i].in_pos);
-  for (int d = 0; d < FLOW_NDEVTYPES; d++) flow_tensor_decref(p->arena[d]);
+  for (int d = 0; d < FLOW_NDEVTYPES; d++) {
+    flow_tensor_decref(p->arena[d][0]);
+    flow_tensor_decref(p->arena[d][1]);
+  }
   free(p->v);
   free(p->tasks);
   free(p->task_of);
@@ -439,12 +498,31 @@ static int agree_on_outcome(const flow_plan *p, int rc) {
   return flow_error_set("nn.Graph: [rank %d] %s", (int)lo, msg);
 }
 
+/* With pieces, what the slots hold outside the arena (buffers made per act, and the views, boxing
+ * results and inputs over them) goes back between runs: the next run makes its own. */
+static void release_slots(flow_plan *p) {
+  if (p->npieces == 1) return;
+  for (int v = 0; v < p->g->nvalues; v++)
+    for (int s = 0; p->v[v].offset < 0 && s < p->v[v].nslots; s++) {
+      flow_tensor_decref(p->v[v].slot[s]);
+      p->v[v].slot[s] = NULL;
+    }
+}
+
+static int run_plan(flow_plan *p, flow_tensor *const *inputs, flow_tensor **outputs);
+
 int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **outputs) {
+  int rc = run_plan(p, inputs, outputs);
+  release_slots(p);
+  return rc;
+}
+
+static int run_plan(flow_plan *p, flow_tensor *const *inputs, flow_tensor **outputs) {
   flow_graph *g = p->g;
   for (int i = 0; i < g->noutputs; i++) outputs[i] = NULL;
   p->feed = inputs;
   if (g->rng_span) { /* fresh counters for the random ops, advancing the generator as eager would */
-    flow_rng_state r = flow_rng_reserve(g->rng_span);
+    flow_rng_state r = flow_rng_reserve(g->rng_span * (uint64_t)p->npieces);
     for (int i = 0; i < p->ntasks; i++) {
       const flow_gnode *n = &g->nodes[p->tasks[i].node];
       if (n->kind != FLOW_GNODE_OP || !n->op->random) continue;
@@ -454,7 +532,7 @@ int flow_plan_run(flow_plan *p, flow_tensor *const *inputs, flow_tensor **output
   }
   int64_t use[FLOW_NDEVTYPES], peak;
   for (int d = 0; d < FLOW_NDEVTYPES; d++) flow_mem_reset_peak((flow_devtype)d);
-  int rc = flow_rt_run(p->rt, 1);
+  int rc = flow_rt_run(p->rt, p->npieces);
   p->measured_peak = 0;
   for (int d = 0; d < FLOW_NDEVTYPES; d++) {
     flow_mem_stats((flow_devtype)d, &use[d], &peak);
@@ -524,8 +602,9 @@ static void put(sbuf *b, const char *fmt, ...) {
   }
 }
 
-static const char *const stream_names[FLOW_NSTREAMS] = {"compute", "collective", "copy"};
-static const char *const stream_colors[FLOW_NSTREAMS] = {"lightblue", "orange", "palegreen"};
+static const char *const stream_names[FLOW_NSTREAMS] = {"compute", "collective", "copy", "compute-backward",
+                                                        "collective-backward"};
+static const char *const stream_colors[FLOW_NSTREAMS] = {"lightblue", "orange", "palegreen", "lightskyblue", "sandybrown"};
 
 char *flow_plan_dot(const flow_plan *p) {
   const flow_graph *g = p->g;

@@ -7,10 +7,16 @@
 #include "graph.h"
 #include "runtime.h"
 
-enum { FLOW_STREAM_COMPUTE, FLOW_STREAM_COMM, FLOW_STREAM_COPY, FLOW_NSTREAMS };
+/* A graph of micro-batches (pieces) puts its backward and step nodes on the _B streams: each
+ * stream acts in order, piece after piece, so forward and backward need streams of their own for
+ * a stage's forward of piece p+1 to run while its backward of piece p waits for the next stage. */
+enum { FLOW_STREAM_COMPUTE, FLOW_STREAM_COMM, FLOW_STREAM_COPY, FLOW_STREAM_COMPUTE_B, FLOW_STREAM_COMM_B,
+       FLOW_NSTREAMS };
 
 typedef struct flow_plan_options {
   int register_num;          /* credits on every edge (default 1) */
+  int buffer;                /* pieces: credits on the edges between streams (the pipeline buffer:
+                              * how far a stage's forward may run ahead of its backward); default 1 */
   bool no_fusion;            /* skip the add-to-output fusion */
 } flow_plan_options;
 

@@ -21,6 +21,7 @@ flow_graph *flow_graph_new(void) {
   flow_graph *g = calloc(1, sizeof *g);
   if (!g) { flow_error_set("nn.Graph: out of memory"); return NULL; }
   g->id = __atomic_fetch_add(&next_graph_id, 1, __ATOMIC_RELAXED);
+  g->pieces = 1;
   return g;
 }
 
@@ -75,6 +76,7 @@ static int new_node(flow_graph *g, enum flow_gnode_kind kind) {
   n->kind = kind;
   n->out0 = g->nvalues;
   n->tag = g->tag;
+  n->phase = g->phase;
   return g->nnodes++;
 }
 
@@ -243,25 +245,66 @@ __attribute__((constructor)) static void install(void) { flow_lazy_install(&trac
 
 /* ---- inputs, outputs, pruning ---------------------------------------------------------------------- */
 
+/* A lazy tensor for value v carrying global metadata gl (NULL: local), logical axis 0 divided by
+ * `div`; the value records it too. */
+static flow_tensor *lazy_global(flow_graph *g, int v, const flow_global *gl, int64_t div) {
+  flow_tensor *x = lazy_tensor(g, v);
+  if (!x || !gl) return x;
+  flow_gvalue *val = &g->values[v];
+  val->placement = gl->placement;
+  val->sbp = gl->sbp;
+  val->lndim = gl->ndim;
+  memcpy(val->lshape, gl->shape, sizeof val->lshape);
+  if (gl->ndim > 0) val->lshape[0] /= div;
+  flow_global *copy = flow_global_new(gl->placement, &gl->sbp, val->lndim, val->lshape);
+  if (!copy) { flow_tensor_decref(x); return NULL; }
+  flow_global_attach(x, copy);
+  return x;
+}
+
 flow_tensor *flow_graph_input(flow_graph *g, const flow_tensor *t) {
+  int64_t M = g->pieces, shape[FLOW_MAX_DIMS];
+  memcpy(shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+  if (M > 1 && (t->ndim == 0 || shape[0] % M != 0)) {
+    char s[96];
+    flow_error_set("nn.Graph: %lld micro-batches do not divide input %d (shard %s): axis 0 must be a multiple",
+                   (long long)M, g->ninputs + 1, flow_shape_str(t->ndim, t->shape, s, sizeof s));
+    return NULL;
+  }
+  if (M > 1) shape[0] /= M;
   int n = new_node(g, FLOW_GNODE_INPUT);
   if (n < 0) return NULL;
   g->nodes[n].input = g->ninputs++;
-  int v = new_value(g, n, t->dtype, t->device, t->ndim, t->shape);
-  if (v < 0) return NULL;
-  flow_tensor *x = lazy_tensor(g, v);
+  int v = new_value(g, n, t->dtype, t->device, t->ndim, shape);
+  return v < 0 ? NULL : lazy_global(g, v, flow_global_of(t), M);
+}
+
+flow_tensor *flow_graph_acc(flow_graph *g, const flow_tensor *t) {
   const flow_global *gl = flow_global_of(t);
-  if (x && gl) {
-    flow_gvalue *val = &g->values[v];
-    val->placement = gl->placement;
-    val->sbp = gl->sbp;
-    val->lndim = gl->ndim;
-    memcpy(val->lshape, gl->shape, sizeof val->lshape);
-    flow_global *copy = flow_global_new(gl->placement, &gl->sbp, gl->ndim, gl->shape);
-    if (!copy) { flow_tensor_decref(x); return NULL; }
-    flow_global_attach(x, copy);
+  if (gl && gl->placement->me < 0) { /* another stage's tensor: nothing of it here */
+    flow_tensor_incref((flow_tensor *)t);
+    return (flow_tensor *)t;
   }
-  return x;
+  int src = flow_graph_value_of(g, t, "nn.Graph accumulation");
+  if (src < 0) return NULL;
+  const flow_gvalue *sv = &g->values[src];
+  flow_tensor *buf = flow_tensor_new(sv->dtype, sv->device, sv->ndim, sv->shape);
+  if (!buf) return NULL;
+  int cap = capture(g, buf);
+  flow_tensor_decref(buf);
+  if (cap < 0) return NULL;
+  int n = new_node(g, FLOW_GNODE_ACC);
+  if (n < 0) return NULL;
+  flow_gnode *node = &g->nodes[n];
+  if (!(node->in = malloc(2 * sizeof(int)))) { flow_error_set("nn.Graph: out of memory"); return NULL; }
+  node->in[0] = cap;
+  node->in[1] = src;
+  node->nin = 2;
+  sv = &g->values[src];
+  int v = new_value(g, n, sv->dtype, sv->device, sv->ndim, sv->shape);
+  if (v < 0) return NULL;
+  g->values[v].alias = cap;
+  return lazy_global(g, v, gl, 1);
 }
 
 int flow_graph_output(flow_graph *g, const flow_tensor *t) {
@@ -289,7 +332,7 @@ int flow_graph_output(flow_graph *g, const flow_tensor *t) {
 int flow_graph_prune(flow_graph *g) {
   for (int n = 0; n < g->nnodes; n++) {
     flow_gnode *x = &g->nodes[n];
-    x->live = x->kind == FLOW_GNODE_INPUT || flow_gnode_communicates(x);
+    x->live = x->kind == FLOW_GNODE_INPUT || x->kind == FLOW_GNODE_ACC || flow_gnode_communicates(x);
     if (x->kind == FLOW_GNODE_OP && x->op->kind == FLOW_OP_INPLACE) {
       int root = flow_graph_root(g, x->in[0]);
       x->live = g->nodes[g->values[root].node].kind == FLOW_GNODE_CAPTURE;
@@ -337,6 +380,7 @@ int flow_graph_fuse_add_to_output(flow_graph *g) {
     const flow_gvalue *va = &g->values[a], *out = &g->values[x->out0];
     /* the sum must fit a's buffer exactly, and a's memory must be a compute output that dies here */
     if (r != a || prod->kind != FLOW_GNODE_OP || prod->op->kind != FLOW_OP_COMPUTE || last[r] != n || comm[r] ||
+        prod->phase != x->phase || /* another stream may still be reading a's earlier pieces */
         va->dtype != out->dtype || !flow_shape_eq(va->ndim, va->shape, out->ndim, out->shape) ||
         flow_graph_root(g, x->in[1]) == r)
       continue;
@@ -386,6 +430,7 @@ static int clone_node(flow_graph *g, int n, int *map) {
   dst->autocast = src->autocast;
   dst->box = src->box;
   dst->tag = src->tag;
+  dst->phase = src->phase;
   dst->in = malloc((size_t)(src->nin ? src->nin : 1) * sizeof(int));
   if (!dst->in) return flow_error_set("nn.Graph: out of memory");
   dst->nin = src->nin;
@@ -473,6 +518,7 @@ int flow_graph_recompute(flow_graph *g) {
       }
       hi[si] = g->nnodes;
       added += hi[si] - lo[si];
+      for (int c = lo[si]; c < hi[si]; c++) g->nodes[c].phase = g->nodes[at[si]].phase; /* they run with their reader */
       for (int n = s->last + 1; n < nbase && rc == 0; n++) { /* late readers take the clones */
         flow_gnode *x = &g->nodes[n];
         for (int i = 0; i < x->nin; i++)

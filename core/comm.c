@@ -3,6 +3,7 @@
 #include "comm.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,12 +18,24 @@ static flow_comm *world;
 
 /* Communicators made for rank lists, kept for the life of the process (a handful exist). */
 typedef struct cached {
-  int n;
+  int n, channel;
   int *ranks;
   flow_comm *comm;
   struct cached *next;
 } cached;
 static cached *cache;
+/* Threads of one process may look up communicators at once (channels); each creates its own
+ * channel's, so the lock covers the list only, never a (collective) creation. */
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int channel;
+
+int flow_comm_set_channel(int c) {
+  int prev = channel;
+  channel = c;
+  return prev;
+}
+
+int flow_comm_channel(void) { return channel; }
 
 static void free_cached(void) {
   while (cache) {
@@ -346,7 +359,7 @@ static int m_group(flow_comm *c, const int *members, int n, flow_comm **out) {
   MPI_Group_free(&all);
   if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
   lsan_off();
-  rc = MPI_Comm_create_group(mpi(c), sub, 7, &m);
+  rc = MPI_Comm_create_group(mpi(c), sub, 7 + channel, &m); /* channels create at once */
   lsan_on();
   MPI_Group_free(&sub);
   if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
@@ -507,22 +520,28 @@ flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   if (!world && flow_comm_init() != 0) return NULL;
   bool all = n == world->size; /* every rank in world order: the world itself, not a copy of it */
   for (int i = 0; i < n && all; i++) all = ranks[i] == i;
-  if (all) return world;
-  for (cached *c = cache; c; c = c->next)
-    if (c->n == n && memcmp(c->ranks, ranks, (size_t)n * sizeof(int)) == 0) return c->comm;
+  if (all && channel == 0) return world;
+  pthread_mutex_lock(&cache_lock);
+  cached *c = cache;
+  while (c && !(c->n == n && c->channel == channel && memcmp(c->ranks, ranks, (size_t)n * sizeof(int)) == 0)) c = c->next;
+  pthread_mutex_unlock(&cache_lock);
+  if (c) return c->comm;
   bool member = false;
   for (int i = 0; i < n; i++) member |= ranks[i] == world->rank;
   if (!member) {
     flow_error_set("[rank %d] communicator: this rank is not one of the group's ranks", world->rank);
     return NULL;
   }
-  cached *c = calloc(1, sizeof *c);
+  c = calloc(1, sizeof *c);
   if (c) c->ranks = malloc((size_t)n * sizeof(int));
   if (!c || !c->ranks) { if (c) free(c); flow_error_set("communicator: out of memory"); return NULL; }
   memcpy(c->ranks, ranks, (size_t)n * sizeof(int));
   c->n = n;
+  c->channel = channel;
   if (world->ops->group(world, ranks, n, &c->comm) != 0) { free(c->ranks); free(c); return NULL; }
+  pthread_mutex_lock(&cache_lock);
   c->next = cache;
   cache = c;
+  pthread_mutex_unlock(&cache_lock);
   return c->comm;
 }

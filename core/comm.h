@@ -94,5 +94,11 @@ flow_comm *flow_comm_self_new(void);
 /* The cached communicator over these world ranks (in this order), made on first use; the world
  * itself for 0 .. size-1. Only members may ask; NULL + error otherwise. */
 flow_comm *flow_comm_for_ranks(const int *ranks, int n);
+/* The communicator channel of this thread (0 by default). Threads that issue collectives at the
+ * same time (a graph's forward and backward collective streams) each use their own channel:
+ * flow_comm_for_ranks then returns a separate communicator over the same ranks, so two threads'
+ * collectives never match each other. Returns the previous channel. */
+int flow_comm_set_channel(int channel);
+int flow_comm_channel(void);
 
 #endif

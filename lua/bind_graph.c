@@ -41,9 +41,14 @@ static int l_new(lua_State *L) {
   return 1;
 }
 
+/* graph:begin([pieces]): start tracing; with pieces = M > 1 the inputs are unpacked into M
+ * micro-batches and each run acts M pieces. */
 static int g_begin(lua_State *L) {
   lgraph *x = check(L, "graph:begin");
   if (x->plan) return luaL_error(L, "graph:begin: the graph is already compiled");
+  lua_Integer pieces = luaL_optinteger(L, 2, 1);
+  if (pieces < 1 || pieces > (1 << 20)) return luaL_error(L, "graph:begin: pieces must be in 1 .. 2^20 (got %d)", (int)pieces);
+  x->g->pieces = (int)pieces;
   if (flow_graph_begin(x->g) != 0) return flow_lua_error(L);
   x->tracing = true;
   return 0;
@@ -64,6 +69,20 @@ static int g_input(lua_State *L) {
 static int g_output(lua_State *L) {
   lgraph *x = check(L, "graph:output");
   if (flow_graph_output(x->g, flow_lua_check(L, 2, "graph:output")) != 0) return flow_lua_error(L);
+  return 0;
+}
+
+/* graph:acc(t) -> the sum of t over a run's pieces (gradient accumulation) */
+static int g_acc(lua_State *L) {
+  lgraph *x = check(L, "graph:acc");
+  return flow_lua_push(L, flow_graph_acc(x->g, flow_lua_check(L, 2, "graph:acc")));
+}
+
+/* graph:phase("forward" | "backward" | "step"): the phase of the nodes traced next */
+static int g_phase(lua_State *L) {
+  static const char *const names[] = {"forward", "backward", "step", NULL};
+  lgraph *x = check(L, "graph:phase");
+  x->g->phase = luaL_checkoption(L, 2, NULL, names);
   return 0;
 }
 
@@ -95,7 +114,8 @@ static int g_segment_end(lua_State *L) {
 static int g_compile(lua_State *L) {
   lgraph *x = check(L, "graph:compile");
   if (x->tracing) return luaL_error(L, "graph:compile: the graph is still being traced");
-  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1), .no_fusion = lua_isboolean(L, 3) && !lua_toboolean(L, 3)};
+  flow_plan_options o = {.register_num = (int)luaL_optinteger(L, 2, 1), .no_fusion = lua_isboolean(L, 3) && !lua_toboolean(L, 3),
+                         .buffer = (int)luaL_optinteger(L, 4, 1)};
   if (o.register_num < 1) return luaL_error(L, "graph:compile: register_num must be at least 1 (got %d)", o.register_num);
   if (!(x->plan = flow_plan_build(x->g, &o))) return flow_lua_error(L);
   return 0;
@@ -188,6 +208,8 @@ static int g_stats(lua_State *L) {
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE)); lua_setfield(L, -2, "compute");
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM)); lua_setfield(L, -2, "collective");
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COPY)); lua_setfield(L, -2, "copy");
+    lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE_B)); lua_setfield(L, -2, "compute_backward");
+    lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM_B)); lua_setfield(L, -2, "collective_backward");
     lua_setfield(L, -2, "tasks");
   }
   return 1;
@@ -282,7 +304,7 @@ static int l_split_ways(lua_State *L) {
 
 void flow_lua_open_graph(lua_State *L) {
   static const luaL_Reg methods[] = {
-    {"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output}, {"tag", g_tag},
+    {"begin", g_begin}, {"finish", g_finish}, {"input", g_input}, {"output", g_output}, {"tag", g_tag}, {"acc", g_acc}, {"phase", g_phase},
     {"segment_begin", g_segment_begin}, {"segment_end", g_segment_end}, {"compile", g_compile}, {"feed", g_feed},
     {"run", g_run}, {"dot", g_dot}, {"trace", g_trace}, {"events", g_events}, {"memory", g_memory},
     {"stats", g_stats}, {"free", g_gc}, {NULL, NULL}};

@@ -75,6 +75,8 @@ static int axis_members(const flow_placement *p, int axis, int *members, int cap
 flow_comm *flow_placement_axis_comm(const flow_placement *p, int axis) {
   flow_placement *mp = (flow_placement *)p; /* the cache is not part of the value */
   int members[1024];
+  if (flow_comm_channel() != 0) /* another thread's channel: comm.c caches those */
+    return axis_members(p, axis, members, 1024) == 0 ? flow_comm_for_ranks(members, p->shape[axis]) : NULL;
   if (!mp->axis_comm[axis] && axis_members(p, axis, members, 1024) == 0)
     mp->axis_comm[axis] = flow_comm_for_ranks(members, p->shape[axis]);
   return mp->axis_comm[axis];

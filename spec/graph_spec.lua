@@ -248,6 +248,65 @@ describe("nn.Graph passes", function()
   end)
 end)
 
+describe("nn.Graph micro-batches (pieces of a run)", function()
+  it("4 micro-batches of 6 rows give the losses of one batch of 24, traced once", function()
+    local x, y = data()
+    local m1 = mlp()
+    local want = eager_losses(m1, flow.optim.AdamW(m1:parameters(), { lr = 1e-2 }), x, y, 10, 0.5)
+    local m2 = mlp()
+    local G = nn.Graph { model = m2, optimizer = flow.optim.AdamW(m2:parameters(), { lr = 1e-2 }), clip_grad_norm = 0.5,
+                         config = { grad_accumulation_steps = 4 }, build = ce_build }
+    for s = 1, 10 do assert.near(want[s], G(x, y):item(), 1e-5) end
+    -- one micro-batch's nodes: backward on its own streams, one acc task per parameter and output
+    local st = G:stats()
+    assert.is_true(st.tasks.compute > 0 and st.tasks.compute_backward > 0)
+    local accs = select(2, G:dot():gsub('label="acc ', ""))
+    assert.equal(#m2:parameters() + 1, accs)
+  end)
+
+  it("the optimizer acts once per run, on the accumulated gradient", function()
+    local w = flow.tensor({ 1.0, -2.0 })
+    w.requires_grad = true
+    local opt = flow.optim.SGD({ w }, { lr = 0.1 })
+    local G = nn.Graph { optimizer = opt, config = { grad_accumulation_steps = 2 },
+      build = function(self, x) local l = (w * x):sum(); l:backward(); return l end }
+    -- micro-batches {1, 1} and {3, 3}: seeds 1/2 each, so the gradient is (1 + 3) / 2 = 2 per weight
+    local l = G(flow.tensor({ { 1.0, 1.0 }, { 3.0, 3.0 } }))
+    assert.near(0.8, w:totable()[1], 1e-6)
+    assert.near(-2.2, w:totable()[2], 1e-6)
+    assert.near(((1 - 2) + (3 - 6)) / 2, l:item(), 1e-6) -- the outputs are averaged
+  end)
+
+  it("checkpointing and the pipeline buffer change memory and schedule, not numbers", function()
+    local cfg = { vocab_size = 32, block_size = 16, n_layer = 2, n_head = 2, n_embd = 32 }
+    local function run(config, ckpt)
+      flow.manual_seed(3)
+      local m = gpt.GPT(cfg)
+      local G = nn.Graph { model = m, optimizer = m:configure_optimizer({ lr = 1e-2 }), config = config,
+        build = function(self, x, y) local _, l = self.model(x, y); l:backward(); return l end }
+      if ckpt then for i = 1, #m.h do G:set_activation_checkpointing(m.h[i]) end end
+      flow.manual_seed(4)
+      local idx, tgt = flow.randint(0, 32, { 8, 16 }), flow.randint(0, 32, { 8, 16 })
+      local losses = {}
+      for s = 1, 3 do losses[s] = G(idx, tgt):item() end
+      return losses
+    end
+    local want = run({ grad_accumulation_steps = 4 })
+    for _, got in ipairs({ run({ grad_accumulation_steps = 4 }, true), run({ grad_accumulation_steps = 4, pipeline_buffer = 4 }),
+                           run({ grad_accumulation_steps = 4, register_num = 2 }) }) do
+      for s = 1, 3 do assert.equal(want[s], got[s]) end
+    end
+  end)
+
+  it("bad micro-batch settings are clear errors", function()
+    local x, y = data(24)
+    local G = nn.Graph { model = mlp(), config = { grad_accumulation_steps = 5 }, build = ce_build }
+    assert.error_matches(function() G(x, y) end, "grad_accumulation_steps = 5 does not divide the batch: 24 rows")
+    assert.error_matches(function() nn.Graph { build = ce_build, config = { pipeline_buffer = 0 } } end,
+      "pipeline_buffer must be an integer >= 1")
+  end)
+end)
+
 describe("nn.Graph errors", function()
   it("data-dependent control flow in build is a clear error", function()
     local G = nn.Graph { build = function(self, x) if x:sum():item() > 0 then return x end return -x end }

@@ -22,7 +22,7 @@ Graph.__index = Graph
 local options = { model = "table", optimizer = "table", lr_scheduler = "function", clip_grad_norm = "number",
                   build = "function", config = "table" }
 local config_options = { register_num = "number", debug = "number", grad_accumulation_steps = "number", amp = "string",
-                         allow_fuse_add_to_output = "boolean", zero_stage = "number" }
+                         allow_fuse_add_to_output = "boolean", zero_stage = "number", pipeline_buffer = "number" }
 
 local function check_options(t, known, what)
   for k, v in pairs(t) do
@@ -52,6 +52,10 @@ function M.new(opts)
   local zero = config.zero_stage or 0
   if math.type(zero) ~= "integer" or zero < 0 or zero > 3 then
     error(("nn.Graph config: zero_stage must be 0, 1, 2 or 3 (got %s)"):format(tostring(zero)), 2)
+  end
+  local buffer = config.pipeline_buffer
+  if buffer and (math.type(buffer) ~= "integer" or buffer < 1) then
+    error(("nn.Graph config: pipeline_buffer must be an integer >= 1 (got %s)"):format(tostring(buffer)), 2)
   end
   if zero > 0 and not opts.optimizer then error("nn.Graph config: zero_stage needs an optimizer", 2) end
   if config.amp and config.amp ~= "bf16" and config.amp ~= "off" then
@@ -92,60 +96,65 @@ local function params_of(self)
   return out
 end
 
--- Micro-batch k of M of a batch tensor (axis 0). A tensor split over ranks on axis 0 is unpacked
--- shard by shard: each rank's k-th slice of its own rows, so no data moves (the micro-batch is
--- still split, with 1/M of the rows); any other tensor is sliced as a whole.
-local function micro_batch(t, k, M)
+-- Micro-batches (config.grad_accumulation_steps = M) are the pieces of a run, as OneFlow's unpack,
+-- repeat and acc actors: the step is traced once, for one micro-batch; each input is unpacked
+-- along axis 0 into M pieces (a tensor split over ranks on axis 0 shard by shard, so no data
+-- moves); the variables are the same tensors at every piece; each backward is seeded with 1/M and
+-- every leaf gradient is accumulated over the pieces (acc nodes), so the optimizer pass, traced in
+-- the step phase, runs once per run on the whole batch's gradient. Outputs are averaged.
+local function check_micro_batches(t, i, M)
   local s = t:shape()
-  if #s == 0 then error("nn.Graph: grad_accumulation_steps needs batch tensors (axis 0); got a 0-d input", 0) end
+  if #s == 0 then error(("nn.Graph: grad_accumulation_steps needs batch tensors (axis 0); input %d is 0-d"):format(i), 0) end
   local ways = flow._split_ways(t, 0)
   local rows = s[1] // ways
   if s[1] % ways ~= 0 or rows % M ~= 0 then
     error(("nn.Graph: grad_accumulation_steps = %d does not divide the batch: %d rows%s"):format(M, s[1],
       ways > 1 and (" split over %d ranks (%d each)"):format(ways, rows) or ""), 0)
   end
-  local mb = rows // M
-  if ways == 1 then return flow.narrow(t, 0, k * mb, mb) end
-  local grouped = { ways, rows }
-  for i = 2, #s do grouped[#grouped + 1] = s[i] end
-  local out = { ways * mb }
-  for i = 2, #s do out[#out + 1] = s[i] end
-  return flow.reshape(flow.narrow(flow.reshape(t, grouped), 1, k * mb, mb), out)
 end
 
--- Run build once per micro-batch (inputs unpacked, variables the same, each backward seeded with
--- 1/M so the accumulated gradients are the whole batch's); outputs are averaged over them.
-function Graph:_trace_micro_batches(lazy, n)
+-- Trace the step: build on the (micro-batch) inputs, then, with pieces, the deferred backward in
+-- the backward phase, the accumulation, and the step phase for what follows (the optimizer pass).
+function Graph:_trace_step(g, lazy, n, params)
   local M = self.accumulation
-  local function run(inputs)
-    local function go() return table.pack(self.build(self, table.unpack(inputs, 1, n))) end
-    if self.config.amp == "bf16" then return flow.autocast("bfloat16", go) end
-    return go()
+  local function amp(fn, ...)
+    if self.config.amp == "bf16" then return flow.autocast("bfloat16", fn, ...) end
+    return fn(...)
   end
-  if M == 1 then return run(lazy) end
-  -- on a pipeline every micro-batch's forward is traced before the backwards (GPipe's order), so
-  -- a stage's stream runs forwards ahead while later stages work on earlier micro-batches
-  local defer = self.stages ~= nil and flow._defer_backward(true)
-  local sum
-  for k = 0, M - 1 do
-    local micro = {}
-    for i = 1, n do micro[i] = flow.is_tensor(lazy[i]) and micro_batch(lazy[i], k, M) or lazy[i] end
-    local prev = flow._seed_scale(1 / M)
-    local ok, outs = pcall(run, micro)
-    flow._seed_scale(prev)
-    if not ok then
-      if self.stages then flow._defer_backward(defer); pcall(flow._run_deferred_backward) end
-      error(outs, 0)
-    end
-    if not sum then sum = outs
-    else for i = 1, outs.n do sum[i] = sum[i] + outs[i] end end
+  local function run() return table.pack(self.build(self, table.unpack(lazy, 1, n))) end
+  if M == 1 then return amp(run) end
+  local defer, scale = flow._defer_backward(true), flow._seed_scale(1 / M)
+  local ok, outs = pcall(amp, run)
+  flow._seed_scale(scale)
+  flow._defer_backward(defer)
+  g:phase("backward")
+  if not ok then pcall(flow._run_deferred_backward); error(outs, 0) end
+  amp(flow._run_deferred_backward)
+  for _, p in ipairs(params) do if p.grad then p.grad = g:acc(p.grad) end end
+  for i = 1, outs.n do if flow.is_tensor(outs[i]) then outs[i] = g:acc(outs[i]) end end
+  g:phase("step")
+  for i = 1, outs.n do if flow.is_tensor(outs[i]) then outs[i] = outs[i] / M end end
+  -- the accumulated gradients were kept partial over the data-parallel ranks: reduced once here
+  if not self.zero then
+    flow.no_grad(function()
+      for _, p in ipairs(params) do
+        if p.grad and p.is_global then p.grad = p.grad:to_global(p.placement, p.sbp) end
+      end
+    end)
   end
-  if self.stages then
-    flow._defer_backward(defer)
-    flow._run_deferred_backward()
+  return outs
+end
+
+-- The pipeline buffer of this rank's stage: how many micro-batches its forward may run ahead of
+-- its backward. S - s for stage s of S gives 1F1B's memory; the credits do the scheduling.
+function Graph:_pipeline_buffer()
+  if self.config.pipeline_buffer then return self.config.pipeline_buffer end
+  if not self.stages then return 1 end
+  local me = flow.rank()
+  for s, st in ipairs(self.stages) do
+    for _, r in ipairs(st.placement.ranks) do if r == me then return #self.stages - s + 1 end end
   end
-  for i = 1, sum.n do if flow.is_tensor(sum[i]) then sum[i] = sum[i] / M end end
-  return sum
+  return 1
 end
 
 -------------------------------------------------------------------------------- pipeline stages
@@ -347,10 +356,15 @@ function Graph:_compile(args)
   local z = self.zero
   -- ZeRO-3: the trace sees each parameter all-gathered where the model reads it
   local restore_params = function() end
-  local partial = z and z.stage >= 2 and flow._partial_leaf_grads(true)
+  local M = self.accumulation
+  -- ZeRO-2/3 reduce-scatter the partial gradients in the optimizer pass; with micro-batches they
+  -- are accumulated partial and reduced once
+  local use_partial = (z and z.stage >= 2) or M > 1
+  local partial = use_partial and flow._partial_leaf_grads(true)
   local saved = {}
   for i, p in ipairs(params) do saved[i] = p.grad; p.grad = nil end
-  g:begin()
+  for i = 1, args.n do if M > 1 and flow.is_tensor(args[i]) then check_micro_batches(args[i], i, M) end end
+  g:begin(M)
   -- debug >= 2: trace errors carry the Lua traceback of the build code that raised them
   local handler = (self.config.debug or 0) >= 2 and debug.traceback or function(e) return e end
   local ok, err = xpcall(function()
@@ -365,7 +379,7 @@ function Graph:_compile(args)
       restore_params = self.model:swap_parameters(gathered)
     end
     local leave = self:_enter_modules(g)
-    local ok_trace, outs = pcall(self._trace_micro_batches, self, lazy, args.n)
+    local ok_trace, outs = pcall(self._trace_step, self, g, lazy, args.n, params)
     leave()
     if not ok_trace then error(outs, 0) end
     restore_params()
@@ -393,10 +407,10 @@ function Graph:_compile(args)
   end, handler)
   g:finish()
   restore_params()
-  if z and z.stage >= 2 then flow._partial_leaf_grads(partial) end
+  if use_partial then flow._partial_leaf_grads(partial) end
   for i, p in ipairs(params) do p.grad = saved[i] end
   if not ok then error(err, 0) end
-  g:compile(self.register_num, self.config.allow_fuse_add_to_output ~= false)
+  g:compile(self.register_num, self.config.allow_fuse_add_to_output ~= false, self:_pipeline_buffer())
   self.compiles = self.compiles + 1
   if (self.config.debug or 0) > 0 then
     local st = g:stats()
