@@ -374,6 +374,9 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
     goto fail;
   }
   for (int i = 0; i < g->noutputs; i++) is_output[g->outputs[i]] = true;
+  /* with pieces, a stage's backward goes before its forward when both could act (backward
+   * first, as 1F1B): it frees the buffer's slots and feeds the stage before */
+  if (p->npieces > 1 && flow_rt_set_nice(p->rt, FLOW_STREAM_COMPUTE, 5) != 0) goto fail;
 
   /* tasks, in creation (topological) order; positions count within each stream */
   int next_pos[FLOW_NSTREAMS] = {0};

@@ -5,6 +5,9 @@
 #include "runtime.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +67,7 @@ typedef struct rt_stream {
   int ninbox, cap;
   bool sleeping, quit;
   uint64_t gen; /* a run starts when it changes */
+  int nice;     /* added to the thread's scheduling niceness when it starts (lower priority) */
   /* This run's trace events, reserved before the run. */
   flow_rt_event *ev;
   int nev, capev;
@@ -232,6 +236,15 @@ int flow_rt_add_consumer(flow_rt *rt, int reg, int consumer) {
   return rt->nedges++;
 }
 
+int flow_rt_set_nice(flow_rt *rt, int stream, int nice) {
+  if (stream < 0 || stream >= rt->nstreams)
+    return flow_error_set("actor runtime: stream %d does not exist (%d streams)", stream, rt->nstreams);
+  if (rt->streams[stream].started)
+    return flow_error_set("actor runtime: the priority of stream %d must be set before the first run", stream);
+  rt->streams[stream].nice = nice;
+  return 0;
+}
+
 int flow_rt_ntasks(const flow_rt *rt) { return rt->ntasks; }
 const char *flow_rt_task_name(const flow_rt *rt, int task) { return rt->tasks[task].name; }
 int flow_rt_task_stream(const flow_rt *rt, int task) { return rt->tasks[task].stream; }
@@ -370,6 +383,12 @@ static void *stream_main(void *arg) {
   rt_stream *s = arg;
   flow_rt *rt = s->rt;
   uint64_t seen = 0;
+#ifdef SYS_gettid
+  if (s->nice) { /* Linux: niceness is per thread */
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    setpriority(PRIO_PROCESS, (id_t)tid, getpriority(PRIO_PROCESS, (id_t)tid) + s->nice);
+  }
+#endif
   for (;;) {
     pthread_mutex_lock(&s->mu);
     while (s->gen == seen && !s->quit) pthread_cond_wait(&s->cv, &s->mu);

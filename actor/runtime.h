@@ -49,6 +49,10 @@ typedef struct flow_rt_event {
 void flow_rt_trace(flow_rt *rt, bool on);
 int flow_rt_events(const flow_rt *rt, const flow_rt_event **ev);  /* count; *ev valid until the next run */
 
+/* A lower scheduling priority for a stream's thread (niceness + nice, Linux), for streams that
+ * share cores: when both could act, the other stream's thread goes first. Before the first run. */
+int flow_rt_set_nice(flow_rt *rt, int stream, int nice);
+
 int flow_rt_ntasks(const flow_rt *rt);
 const char *flow_rt_task_name(const flow_rt *rt, int task);
 int flow_rt_task_stream(const flow_rt *rt, int task);
