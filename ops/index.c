@@ -19,9 +19,9 @@ static int check_index(const flow_op *op, const flow_meta *idx, const char *what
   return 0;
 }
 
-/* What the gradient rules scatter into: zeros shaped like an input. A 0-d zero expanded (stride 0)
- * costs no memory; scatter_add's fresh output is the only full-size tensor. */
-static flow_tensor *scatter_into_zeros(const flow_meta *m, int64_t axis, flow_tensor *idx, flow_tensor *src) {
+/* A 0-d zero expanded (stride 0) costs no memory; scatter_add's fresh output is the only full-size
+ * tensor. */
+flow_tensor *flow_scatter_into_zeros(const flow_meta *m, int64_t axis, flow_tensor *idx, flow_tensor *src) {
   flow_tensor *zero = flow_scalar_tensor(0, m->dtype, m->device);
   flow_tensor *z = zero ? flow_expand(zero, m->ndim, m->shape) : NULL;
   flow_tensor *r = z ? flow_scatter_add(z, axis, idx, src) : NULL;
@@ -67,7 +67,7 @@ static FLOW_KERNEL(cpu_gather) {
 
 static int grad_gather(const flow_grad_ctx *c, flow_tensor **gin) {
   if (!c->gout[0] || !c->need[0]) return 0;
-  gin[0] = scatter_into_zeros(&c->in_meta[0], c->attrs->axis, c->in[1], c->gout[0]);
+  gin[0] = flow_scatter_into_zeros(&c->in_meta[0], c->attrs->axis, c->in[1], c->gout[0]);
   return gin[0] ? 0 : -1;
 }
 
@@ -180,7 +180,7 @@ static int grad_index_select(const flow_grad_ctx *c, flow_tensor **gin) {
   for (int d = 0; d < g->ndim; d++) shape[d] = d == axis ? g->shape[d] : 1;
   flow_tensor *r = flow_reshape(c->in[1], g->ndim, shape);
   flow_tensor *e = r ? flow_expand(r, g->ndim, g->shape) : NULL;
-  gin[0] = e ? scatter_into_zeros(&c->in_meta[0], axis, e, g) : NULL;
+  gin[0] = e ? flow_scatter_into_zeros(&c->in_meta[0], axis, e, g) : NULL;
   flow_tensor_decref(r);
   flow_tensor_decref(e);
   return gin[0] ? 0 : -1;
@@ -265,7 +265,7 @@ static int grad_embedding(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *ids = flow_reshape(c->in[0], 2, col);
   flow_tensor *e = ids ? flow_expand(ids, 2, rows) : NULL;
   flow_tensor *g2 = e ? flow_reshape(g, 2, rows) : NULL;
-  gin[1] = g2 ? scatter_into_zeros(&c->in_meta[1], 0, e, g2) : NULL;
+  gin[1] = g2 ? flow_scatter_into_zeros(&c->in_meta[1], 0, e, g2) : NULL;
   flow_tensor_decref(ids);
   flow_tensor_decref(e);
   flow_tensor_decref(g2);

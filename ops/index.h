@@ -16,5 +16,7 @@ flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx);
 flow_tensor *flow_gather(flow_tensor *t, int64_t axis, flow_tensor *idx);
 /* A copy of t with src[p] added at p with p[axis] = idx[p]; idx and src have the same shape. */
 flow_tensor *flow_scatter_add(flow_tensor *t, int64_t axis, flow_tensor *idx, flow_tensor *src);
+/* What gradient rules scatter into: zeros shaped and typed like m with src added at idx along axis. */
+flow_tensor *flow_scatter_into_zeros(const flow_meta *m, int64_t axis, flow_tensor *idx, flow_tensor *src);
 
 #endif

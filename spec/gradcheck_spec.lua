@@ -314,6 +314,15 @@ cases.prod = {
   {label = "axis 1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {1}, keepdim = true}},
   {label = "axis -1, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {-1}}},
 }
+cases.sort = {
+  {label = "axis -1", inputs = {{3, 4}}, attrs = {axis = -1}},
+  {label = "axis 0 descending, transposed", inputs = {transposed({3, 4})}, attrs = {axis = 0, descending = true}},
+  {label = "0-d", inputs = {{}}, attrs = {axis = 0}},
+}
+cases.topk = {
+  {label = "2 largest along axis 1", inputs = {{3, 4}}, attrs = {axis = 1, k = 2, descending = true}},
+  {label = "3 smallest along axis 0, transposed", inputs = {transposed({4, 2})}, attrs = {axis = 0, k = 3}},
+}
 cases.narrow = {
   {label = "axis 0", inputs = {{4, 3}}, attrs = {axis = 0, start = 1, length = 2}},
   {label = "negative axis and start", inputs = {{2, 5}}, attrs = {axis = -1, start = -3, length = 2}},

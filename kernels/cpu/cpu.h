@@ -56,6 +56,11 @@ int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask);
 /* Running sum along axis (x any strides, out contiguous): out[.., k, ..] = sum_{j <= k} x[.., j, ..],
  * or sum_{j >= k} when reverse. Floats accumulate in double; bool/uint8/int32/int64 into int64 out. */
 int flow_cpu_cumsum(flow_tensor *out, const flow_tensor *in, int axis, bool reverse);
+/* Sort along axis (axis < 0: x is 0-d, one element) and keep the first k of each line: values
+ * and int64 positions, [.., k, ..] contiguous. Stable; NaN is the largest value (first when
+ * descending, last when ascending), as torch. */
+int flow_cpu_sort(flow_tensor *values, flow_tensor *indices, const flow_tensor *in, int axis, int64_t k,
+                  bool descending);
 /* The inverse for gradients: out (zeroed, contiguous) gets g at index idx along axis. */
 int flow_cpu_index_put_axis(flow_tensor *out, const flow_tensor *g, const flow_tensor *idx, int axis);
 /* out seen with in's shape, stride 0 on reduced axes (shared by every reduction kernel). */

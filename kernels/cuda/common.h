@@ -187,6 +187,7 @@ __device__ __forceinline__ bool index_ok(BadIndex *rec, int op, int64_t i, int64
 /* Per-file registration, called by flow_cuda_register_kernels. */
 void flow_cuda_register_elementwise(void);
 void flow_cuda_register_reduce(void);
+void flow_cuda_register_sort(void);
 void flow_cuda_register_matmul(void);
 void flow_cuda_register_nn(void);
 void flow_cuda_register_attention(void);

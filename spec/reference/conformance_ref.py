@@ -1,5 +1,6 @@
 # PyTorch side of spec/conformance_spec.lua: for each case, one line
-#   name|dtype|values|grad   (values and the gradient of sum(out) as space-separated numbers)
+#   name|dtype|values|grad   (values and the gradient of sum(out) as space-separated numbers; an op
+#   with several outputs gives their dtypes comma-separated and their values in turn)
 import math, sys, torch
 nan, inf = math.nan, math.inf
 X = [-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, nan, inf, -inf]
@@ -66,6 +67,17 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"roll axes 0,-1 {dn}"] = (lambda dt=dt: torch.roll(t(L3, dt, True), (1, -4), (0, -1)), True)
     cases[f"roll flat transposed {dn}"] = (lambda dt=dt: torch.roll(t([[1.0, nan, 3.0], [inf, 2.0, -inf]], dt, True).transpose(0, 1), 4), True)
     cases[f"roll size-0 {dn}"] = (lambda dt=dt: torch.roll(torch.zeros(0, 3, dtype=dt), 2, 0), False)
+    S2 = [[3.0, 1.0, nan, 1.0, -0.5], [2.0, -inf, 2.0, inf, 0.0]]
+    cases[f"sort nan/ties {dn}"] = (lambda dt=dt: torch.sort(t(S2, dt, True)), True)
+    cases[f"sort axis 1 descending transposed {dn}"] = (lambda dt=dt: torch.sort(t(L3, dt, True).transpose(1, 2), 1, descending=True), True)
+    cases[f"sort axis 0 stable descending {dn}"] = (lambda dt=dt: torch.sort(t(S2, dt, True), dim=0, descending=True, stable=True), True)
+    cases[f"sort 0-d {dn}"] = (lambda dt=dt: torch.sort(t(2.5, dt, True)), True)
+    cases[f"sort size-0 {dn}"] = (lambda dt=dt: torch.sort(torch.zeros(2, 0, dtype=dt), 1), False)
+    cases[f"argsort descending nan {dn}"] = (lambda dt=dt: torch.argsort(t(S2, dt), -1, descending=True), False)
+    cases[f"topk 2 nan/inf {dn}"] = (lambda dt=dt: torch.topk(t([[3.0, 1.0, nan, 0.5], [2.0, -inf, 5.0, inf]], dt, True), 2), True)
+    cases[f"topk smallest axis 0 {dn}"] = (lambda dt=dt: torch.topk(t(L3, dt, True), 1, 0, largest=False), True)
+    cases[f"topk axis -2 transposed {dn}"] = (lambda dt=dt: torch.topk(t(L3, dt, True).transpose(1, 2), 1, -2, largest=True), True)
+    cases[f"topk k 0 {dn}"] = (lambda dt=dt: torch.topk(t([[1.0, 2.0]], dt), 0), False)
     cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
     cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
 cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
@@ -75,6 +87,10 @@ cases["cumsum bool"] = (lambda: torch.cumsum(torch.tensor([True, False, True]), 
 cases["flip int64"] = (lambda: torch.flip(torch.tensor([[1, 2, 3], [4, 5, 6]]), (1,)), False)
 cases["prod int32"] = (lambda: torch.prod(torch.tensor([[1, 2], [3, -4]], dtype=torch.int32), 0), False)
 cases["prod bool"] = (lambda: torch.prod(torch.tensor([True, True])), False)
+cases["sort int64 descending ties"] = (lambda: torch.sort(torch.tensor([3, 1, 2, 1, 3, 2]), 0, descending=True), False)
+cases["argsort int32"] = (lambda: torch.argsort(torch.tensor([[5, -1, 3], [0, 0, -7]], dtype=torch.int32)), False)
+cases["topk int64"] = (lambda: torch.topk(torch.tensor([4, 9, -2, 7]), 3), False)
+cases["sort bool"] = (lambda: torch.sort(torch.tensor([True, False, True, False])), False)
 cases["int64 / int64"] = (lambda: torch.tensor([3, 4, -7]) / torch.tensor([2, 0, 2]), False)
 cases["int64 + 2.0"] = (lambda: torch.tensor([1, 2]) + 2.0, False)
 cases["int64 + 2"] = (lambda: torch.tensor([1, 2]) + 2, False)
@@ -92,9 +108,11 @@ def fmt(v): return " ".join(repr(float(x)) for x in v.detach().reshape(-1).tolis
 for name in sys.argv[1:]:
     fn, grad = cases[name]
     LEAVES.clear()
-    out = fn()
+    outs = fn()
+    outs = tuple(outs) if isinstance(outs, tuple) else (outs,)  # sort's values and indices: in turn
     g = ""
     if grad:
-        out.sum().backward()
+        outs[0].sum().backward()
         g = fmt(LEAVES[0].grad)
-    print(f"{name}|{str(out.dtype).replace('torch.', '')}|{fmt(out)}|{g}")
+    dtypes = ",".join(str(o.dtype).replace('torch.', '') for o in outs)
+    print(f"{name}|{dtypes}|{' '.join(fmt(o) for o in outs if o.numel())}|{g}")
