@@ -464,6 +464,11 @@ local composed = {
    {inputs = {{5}, fixed(flow.tensor({0.0, 1.0, 0.5, 1.0, 0.0}, {dtype = F64}))}}},
   {"roll over two axes", function(x) return flow.roll(x, {1, -4}, {0, -1}) end, {inputs = {{2, 3}}}},
   {"roll flat", function(x) return flow.roll(x, 4) end, {inputs = {transposed({3, 2})}}},
+  {"unbind axis 1", function(x) return table.unpack(flow.unbind(x, 1)) end, {inputs = {{2, 3}}}},
+  {"repeat with a leading axis", function(x) return flow["repeat"](x, {2, 1, 3}) end, {inputs = {transposed({3, 2})}}},
+  {"tile", function(x) return flow.tile(x, {2}) end, {inputs = {{2, 2}}}},
+  {"masked_select broadcast", function(x) return flow.masked_select(x, flow.tensor({{true, false, true}, {false, true, true}})) end,
+   {inputs = {{2, 1}}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},
