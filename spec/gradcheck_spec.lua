@@ -190,6 +190,11 @@ end
 cases.add = binary_cases()
 cases.sub = binary_cases()
 cases.mul = binary_cases()
+cases.remainder = {
+  {label = "broadcast, negative divisor", inputs = {{2, 1, 3}, leaf({4, 1}, {gen = function() return -1.7 * positive() end})}},
+  {label = "expanded divisor", inputs = {{3, 4}, expanded({1, 4}, {3, 4})}},
+}
+cases.fmod = cases.remainder
 cases.div = {
   {label = "same shape", inputs = {{2, 3}, pos({2, 3})}},
   {label = "broadcast", inputs = {{2, 1, 3}, pos({4, 1})}},

@@ -11,10 +11,13 @@
 /* Elementwise binary ops with broadcasting (out = a OP b). */
 typedef enum flow_binary_code {
   FLOW_BIN_ADD, FLOW_BIN_SUB, FLOW_BIN_MUL, FLOW_BIN_DIV, FLOW_BIN_POW, FLOW_BIN_MAX, FLOW_BIN_MIN,
+  FLOW_BIN_REM, FLOW_BIN_FMOD, FLOW_BIN_FLOORDIV, FLOW_BIN_TRUNCDIV, /* integer ones raise on a zero divisor */
   FLOW_BIN_EQ, FLOW_BIN_NE, FLOW_BIN_LT, FLOW_BIN_LE, FLOW_BIN_GT, FLOW_BIN_GE,
   FLOW_NBINARY
 } flow_binary_code;
 int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y);
+/* The op a code computes, for messages ("remainder", "floor_divide", ...). */
+const char *flow_binary_name(flow_binary_code code);
 
 /* Elementwise unary ops: out = f(x), x and out of one dtype. Float ops take float32/float64; neg,
  * abs, relu, clamp, sign, floor, ceil, round and trunc also int64/int32. clamp reads lo/hi (pass -inf/inf for an absent bound). */

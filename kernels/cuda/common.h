@@ -158,7 +158,8 @@ flow_tensor *cuda_cast(flow_tensor *t, flow_dtype dtype);
  * into the device; the host raises it at the next synchronisation (errors.cu), as PyTorch does. */
 
 /* Which op met the index: errors.cu holds each one's message, worded as its CPU kernel's. */
-enum bad_index_op { BAD_GATHER = 1, BAD_SCATTER_ADD, BAD_INDEX_SELECT, BAD_EMBEDDING, BAD_CROSS_ENTROPY };
+/* BAD_ZERO_DIV: an integer division by zero (extra: the flow_binary_code), no index at all. */
+enum bad_index_op { BAD_GATHER = 1, BAD_SCATTER_ADD, BAD_INDEX_SELECT, BAD_EMBEDDING, BAD_CROSS_ENTROPY, BAD_ZERO_DIV };
 
 struct BadIndex {
   int claimed;            /* 0 until a kernel claims the record (atomicCAS); the host clears it */

@@ -71,6 +71,9 @@ for _, n in ipairs({"add", "sub", "mul", "maximum", "minimum"}) do
 end
 cases.div = {{label = "broadcast", inputs = {{5, 4}, pos({4})}}}
 cases.pow = one({pos({4, 3}), {4, 3}})
+for _, n in ipairs({"remainder", "fmod", "floor_divide", "trunc_divide"}) do
+  cases[n] = {{label = "broadcast", inputs = {{5, 1, 4}, pos({3, 1})}}}
+end
 for _, n in ipairs({"eq", "ne", "lt", "le", "gt", "ge"}) do
   cases[n] = one({{4, 3}, {3}}, nil, "broadcast")
 end
