@@ -125,6 +125,16 @@ for _, dt in ipairs({"float64", "float32"}) do
   case("a % b " .. dt, function() return t({-7.5, 7.5}, dt, true) % 2 end, true)
   case("a // b " .. dt, function() return t({-7.5, 7.5, 0.5}, dt) // -2 end)
   case("div floor 0-d " .. dt, function() return flow.div(t(-7.0, dt), t(2.0, dt), {rounding_mode = "floor"}) end)
+  local P, Y = {0.0, 1e-50, 0.25, 0.5, 0.9, 1.0, 1.0, 0.0}, {0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 1.0}
+  case("binary_cross_entropy clamps " .. dt, function()
+    return F.binary_cross_entropy(t(P, dt, true), t(Y, dt), {reduction = "none"}) end, true)
+  case("binary_cross_entropy mean " .. dt, function() return F.binary_cross_entropy(t(P, dt, true), t(Y, dt)) end, true)
+  case("binary_cross_entropy weight sum " .. dt, function()
+    return F.binary_cross_entropy(t({{0.1, 0.7}, {0.3, 1.0}}, dt, true), t({{0.0, 1.0}, {0.2, 1.0}}, dt),
+      {weight = t({2.0, 0.5}, dt), reduction = "sum"}) end, true)
+  case("binary_cross_entropy 0-d " .. dt, function() return F.binary_cross_entropy(t(0.3, dt, true), t(1.0, dt)) end, true)
+  case("binary_cross_entropy target gradient " .. dt, function()
+    return F.binary_cross_entropy(t({0.2, 0.6, 1.0}, dt), t({0.0, 0.4, 1.0}, dt, true), {reduction = "sum"}) end, true)
   case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
   case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
 end

@@ -474,6 +474,8 @@ local composed = {
   {"tile", function(x) return flow.tile(x, {2}) end, {inputs = {{2, 2}}}},
   {"masked_select broadcast", function(x) return flow.masked_select(x, flow.tensor({{true, false, true}, {false, true, true}})) end,
    {inputs = {{2, 1}}}},
+  {"binary_cross_entropy on probabilities, and its target", function(x, y) return F.binary_cross_entropy(x, y) end,
+   {inputs = {leaf({5}, {prep = flow.sigmoid}), leaf({5}, {prep = flow.sigmoid})}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},

@@ -281,6 +281,13 @@ describe("losses composed in Lua", function()
     assert.matches("mse_loss: unknown option", select(2, pcall(F.mse_loss, x, x, {size_average = true})))
     assert.matches("one_hot: class values must be in %[0, 3%) %(got %[0, 3%]%)", select(2, pcall(F.one_hot, flow.tensor({0, 3}), 3)))
     assert.matches("one_hot: expected an int64 tensor", select(2, pcall(F.one_hot, flow.tensor({0.0}))))
+    local p = flow.tensor({0.5, 1.5})
+    assert.matches("binary_cross_entropy: all elements of input should be between 0 and 1",
+      select(2, pcall(F.binary_cross_entropy, p, flow.zeros({2}))))
+    assert.matches("binary_cross_entropy: target must have the input's shape {2} %(got {3}%)",
+      select(2, pcall(F.binary_cross_entropy, p * 0.5, flow.zeros({3}))))
+    assert.matches("binary_cross_entropy: unknown option 'pos_weight'",
+      select(2, pcall(F.binary_cross_entropy, p * 0.5, flow.zeros({2}), {pos_weight = p})))
   end)
   it("one_hot infers the class count from the largest value", function()
     assert.same({{0, 1, 0}, {0, 0, 1}}, F.one_hot(flow.tensor({1, 2})):totable())

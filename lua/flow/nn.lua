@@ -92,6 +92,34 @@ F.binary_cross_entropy_with_logits = flow._named("binary_cross_entropy_with_logi
   return reduce("binary_cross_entropy_with_logits", loss, opts and opts.reduction)
 end)
 
+-- binary_cross_entropy(x, y, {weight, reduction}) on probabilities x in [0, 1], as torch:
+--   loss = -w (y max(log x, -100) + (1 - y) max(log(1 - x), -100)),
+-- whose gradient torch takes as w (x - y) / max(x (1 - x), eps) (finite at x = 0 and 1; eps is 1e-12
+-- rounded to float32, as torch's kernel has it, in either dtype): x enters
+-- the loss through x c - detach(x c) with c that gradient held constant, the target through the
+-- loss of a detached x.
+F.binary_cross_entropy = flow._named("binary_cross_entropy", function(input, target, opts)
+  flow._check_opts("binary_cross_entropy", opts, { "weight", "reduction" })
+  local function shape(t) return "{" .. table.concat(t:shape(), ",") .. "}" end
+  if not flow.is_tensor(target) or shape(target) ~= shape(input) then
+    error(("target must have the input's shape %s (got %s)"):format(shape(input),
+      flow.is_tensor(target) and shape(target) or type(target)), 0)
+  end
+  local outside = flow.lt(input, 0):long() + flow.gt(input, 1):long() + flow.ne(input, input):long()
+  if input:numel() > 0 and flow.sum(outside):item() > 0 then
+    error("all elements of input should be between 0 and 1", 0)
+  end
+  local x = input:detach()
+  local function clog(v) return flow.clamp(flow.log(v), -100) end
+  local loss = -(target * clog(x) + (1 - target) * clog(1 - x))
+  local eps = string.unpack("f", string.pack("f", 1e-12))
+  local c = flow.no_grad(function() return (x - target) / flow.clamp(x * (1 - x), eps) end)
+  local through_x = input * c
+  loss = loss + (through_x - through_x:detach())
+  if opts and opts.weight then loss = loss * opts.weight end
+  return reduce("binary_cross_entropy", loss, opts and opts.reduction)
+end)
+
 -- one_hot(t, num_classes): int64 [..., C] with 1 at t's class, C = num_classes or max(t) + 1
 F.one_hot = flow._named("one_hot", function(t, num_classes)
   if not flow.is_tensor(t) or t.dtype ~= "int64" then error("one_hot: expected an int64 tensor of class indices", 2) end

@@ -102,6 +102,14 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"a % b {dn}"] = (lambda dt=dt: t([-7.5, 7.5], dt, True) % 2, True)
     cases[f"a // b {dn}"] = (lambda dt=dt: t([-7.5, 7.5, 0.5], dt) // -2, False)
     cases[f"div floor 0-d {dn}"] = (lambda dt=dt: torch.div(t(-7.0, dt), t(2.0, dt), rounding_mode="floor"), False)
+    P, Y = [0.0, 1e-50, 0.25, 0.5, 0.9, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 1.0]
+    cases[f"binary_cross_entropy clamps {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(P, dt, True), t(Y, dt), reduction="none"), True)
+    cases[f"binary_cross_entropy mean {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(P, dt, True), t(Y, dt)), True)
+    cases[f"binary_cross_entropy weight sum {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t([[0.1, 0.7], [0.3, 1.0]], dt, True),
+        t([[0.0, 1.0], [0.2, 1.0]], dt), weight=t([2.0, 0.5], dt), reduction="sum"), True)
+    cases[f"binary_cross_entropy 0-d {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(0.3, dt, True), t(1.0, dt)), True)
+    cases[f"binary_cross_entropy target gradient {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t([0.2, 0.6, 1.0], dt),
+        t([0.0, 0.4, 1.0], dt, True), reduction="sum"), True)
     cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
     cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
 cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
