@@ -24,17 +24,20 @@ static flow_tensor *operand(lua_State *L, int idx, const flow_tensor *like, flow
   return t;
 }
 
+/* What promotion sees of the operand at idx: its dtype, rank and whether it is a Lua number. */
+static void operand_type(lua_State *L, int idx, flow_dtype *dt, int *nd, bool *num) {
+  const flow_tensor *t = flow_lua_test(L, idx);
+  *num = !t;
+  *nd = t ? flow_tensor_lndim(t) : 0;
+  *dt = t ? t->dtype : lua_isboolean(L, idx) ? FLOW_BOOL : lua_isinteger(L, idx) ? FLOW_I64 : FLOW_F64;
+}
+
 /* The dtype op computes in for the operands 1 and 2 (tensors or Lua numbers). */
 static flow_dtype promoted(lua_State *L, const flow_op *op) {
   flow_dtype dt[2];
   int nd[2];
   bool num[2];
-  for (int i = 0; i < 2; i++) {
-    const flow_tensor *t = flow_lua_test(L, i + 1);
-    num[i] = !t;
-    nd[i] = t ? flow_tensor_lndim(t) : 0;
-    dt[i] = t ? t->dtype : lua_isboolean(L, i + 1) ? FLOW_BOOL : lua_isinteger(L, i + 1) ? FLOW_I64 : FLOW_F64;
-  }
+  for (int i = 0; i < 2; i++) operand_type(L, i + 1, &dt[i], &nd[i], &num[i]);
   return flow_binary_dtype(op, dt, nd, num);
 }
 
@@ -155,15 +158,21 @@ static int l_clamp(lua_State *L) {
   return flow_lua_push(L, flow_clamp(t, has_lo, lo, has_hi, hi));
 }
 
-/* where(cond, a, b): a or b may be a Lua number (taking the other's dtype) */
+/* where(cond, a, b): a or b may be a Lua number; the dtype is torch's result type of the two */
 static int l_where(lua_State *L) {
   flow_tensor *cond = flow_lua_check(L, 1, "where");
   check_operand(L, 2, "where");
   check_operand(L, 3, "where");
   const flow_tensor *like = flow_lua_test(L, 2);
   if (!like) like = flow_lua_test(L, 3);
-  flow_tensor *a = flow_lua_to_tensor(L, 2, like, "where");
-  flow_tensor *b = flow_lua_to_tensor(L, 3, like ? like : a, "where");
+  if (!like) like = cond;
+  flow_dtype dt[2];
+  int nd[2];
+  bool num[2];
+  for (int i = 0; i < 2; i++) operand_type(L, i + 2, &dt[i], &nd[i], &num[i]);
+  flow_dtype d = flow_result_type(2, dt, nd, num);
+  flow_tensor *a = operand(L, 2, like, d);
+  flow_tensor *b = operand(L, 3, like, d);
   flow_tensor *r = flow_where(cond, a, b);
   flow_tensor_decref(a);
   flow_tensor_decref(b);

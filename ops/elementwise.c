@@ -358,9 +358,15 @@ FLOW_OP(where) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
                 .infer = infer_where, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, where, cpu_where)
 
+/* a and b of different dtypes are promoted first, as torch.where (the cast's gradient casts back). */
 flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
-  flow_tensor *in[3] = {cond, a, b};
-  return flow_op_call1(&flow_op_where, in, 3, flow_attrs_default());
+  flow_dtype d = flow_result_type(2, (flow_dtype[]){a->dtype, b->dtype},
+                                  (int[]){flow_tensor_lndim(a), flow_tensor_lndim(b)}, NULL);
+  if (a->dtype == d && b->dtype == d) return flow_op_call1(&flow_op_where, (flow_tensor *[]){cond, a, b}, 3, flow_attrs_default());
+  flow_tensor *ca = flow_cast(a, d), *cb = ca ? flow_cast(b, d) : NULL;
+  flow_tensor *r = cb ? flow_op_call1(&flow_op_where, (flow_tensor *[]){cond, ca, cb}, 3, flow_attrs_default()) : NULL;
+  flow_decref_all((flow_tensor *[]){ca, cb}, 2);
+  return r;
 }
 
 /* masked_fill(x, mask, value): attrs.scalar is the value; x and mask broadcast together. */

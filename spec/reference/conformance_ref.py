@@ -110,6 +110,9 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"binary_cross_entropy 0-d {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(0.3, dt, True), t(1.0, dt)), True)
     cases[f"binary_cross_entropy target gradient {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t([0.2, 0.6, 1.0], dt),
         t([0.0, 0.4, 1.0], dt, True), reduction="sum"), True)
+    cases[f"where promoted gradient {dn}"] = (lambda dt=dt: torch.where(torch.tensor([True, False, True]), t([1.5, nan, -2.0], dt, True),
+        torch.tensor([1, 2, 3])), True)
+    cases[f"cat promoted gradient {dn}"] = (lambda dt=dt: torch.cat([t([[1.5, 2.0]], dt, True), torch.tensor([[1, 2]])], 0), True)
     cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
     cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
 cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
@@ -136,6 +139,18 @@ cases["fmod int32 + int64"] = (lambda: torch.fmod(torch.tensor([-7, 9], dtype=to
 cases["int64 % int64"] = (lambda: torch.tensor([-7, 7]) % torch.tensor([2, -2]), False)
 cases["int64 // int64"] = (lambda: torch.tensor([-7, 7]) // torch.tensor([2, -2]), False)
 cases["remainder size-0"] = (lambda: torch.remainder(torch.zeros(0, 2), torch.ones(2)), False)
+TF = torch.tensor([True, False])
+cases["where int64, float32"] = (lambda: torch.where(torch.tensor([True, False, True]), torch.tensor([1, 2, 3]), torch.tensor([0.5, 1.5, 2.5])), False)
+cases["where int64, 2.5"] = (lambda: torch.where(TF, torch.tensor([1, 2]), 2.5), False)
+cases["where float32, 2"] = (lambda: torch.where(TF, torch.tensor([1.5, 2.5]), 2), False)
+cases["where int32, int64 0-d"] = (lambda: torch.where(TF, torch.tensor([1, 2], dtype=torch.int32), torch.tensor(5)), False)
+cases["where 1, 2.5"] = (lambda: torch.where(TF, 1, 2.5), False)
+cases["where bool, float64 broadcast"] = (lambda: torch.where(torch.tensor([[True], [False]]), torch.tensor([True, False]),
+    torch.tensor([0.25, 0.5], dtype=torch.float64)), False)
+cases["cat int64, float32"] = (lambda: torch.cat([torch.tensor([1, 2]), torch.tensor([0.5])]), False)
+cases["cat int32, bool"] = (lambda: torch.cat([torch.tensor([1], dtype=torch.int32), torch.tensor([True])]), False)
+cases["cat float32, float64 axis 1"] = (lambda: torch.cat([torch.tensor([[1.5]]), torch.tensor([[2.25, 3.0]], dtype=torch.float64)], 1), False)
+cases["stack int64, float64"] = (lambda: torch.stack([torch.tensor([1, 2]), torch.tensor([0.5, 1.5], dtype=torch.float64)]), False)
 cases["int64 / int64"] = (lambda: torch.tensor([3, 4, -7]) / torch.tensor([2, 0, 2]), False)
 cases["int64 + 2.0"] = (lambda: torch.tensor([1, 2]) + 2.0, False)
 cases["int64 + 2"] = (lambda: torch.tensor([1, 2]) + 2, False)
