@@ -476,6 +476,10 @@ local composed = {
    {inputs = {{2, 1}}}},
   {"binary_cross_entropy on probabilities, and its target", function(x, y) return F.binary_cross_entropy(x, y) end,
    {inputs = {leaf({5}, {prep = flow.sigmoid}), leaf({5}, {prep = flow.sigmoid})}}},
+  {"matmul vector . vector", function(a, b) return flow.matmul(a, b) end, {inputs = {{3}, {3}}}},
+  {"matmul batched . vector", function(a, b) return flow.matmul(a, b) end, {inputs = {transposed({2, 4, 3}), {3}}}},
+  {"matmul vector . matrix", function(a, b) return flow.matmul(a, b) end, {inputs = {{2}, {2, 3}}}},
+  {"linear on a 1-d input", function(x, w, b) return F.linear(x, w, b) end, {inputs = {{3}, {2, 3}, {2}}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},

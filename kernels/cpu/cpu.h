@@ -72,11 +72,12 @@ void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const b
 
 /* out = op(a) @ op(b) over broadcast batch axes; op transposes the last two axes when asked.
  * out is contiguous with the broadcast batch shape. float32 on oneDNN (bf16 under autocast),
- * float64 on OpenBLAS. */
+ * float64 on OpenBLAS, int64/int32 on a plain loop. */
 int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a, bool trans_b);
 /* out [M, N] = x [M, K] w[N, K]^T + bias [N] (nn's Linear; the bias fused into the GEMM) */
 int flow_cpu_linear(flow_tensor *out, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias);
-/* The same product by a plain loop (double accumulation, any strides): the tests' reference. */
+/* The same product by a plain loop (any strides; floats accumulate in double, int64/int32 in int64):
+ * the tests' reference, and the integer matmul. */
 int flow_cpu_matmul_reference(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a,
                               bool trans_b);
 /* One matrix product for kernels working a matrix at a time: C [M, N] (leading dimension ldc) =

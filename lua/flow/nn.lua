@@ -9,13 +9,14 @@ nn.functional = F
 -------------------------------------------------------------------------------- functional
 
 -- Inputs of rank > 2 are folded into one [N, in] matrix first: one GEMM each way, and the weight
--- gradient comes out [out, in] directly instead of per batch and then summed.
+-- gradient comes out [out, in] directly instead of per batch and then summed; a 1-D input is one
+-- row, its result 1-D, as torch.
 -- With a bias, the fused "linear" op writes the bias and lets GEMM add onto it (one pass over the
 -- output fewer); on global tensors its SBP rule splits rows, out features or in features.
 function F.linear(x, weight, bias)
   local s = x:shape()
   local x2 = x
-  if #s > 2 then
+  if #s ~= 2 then
     local rows = 1
     for i = 1, #s - 1 do rows = rows * s[i] end
     x2 = flow.reshape(x, { rows, s[#s] })
@@ -23,7 +24,7 @@ function F.linear(x, weight, bias)
   local y
   if bias then y = flow.linear(x2, weight, bias)
   else y = flow.matmul(x2, weight, { transpose_b = true }) end
-  if #s > 2 then
+  if #s ~= 2 then
     s[#s] = weight:shape()[1]
     y = flow.reshape(y, s)
   end
