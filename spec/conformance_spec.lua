@@ -147,6 +147,18 @@ for _, dt in ipairs({"float64", "float32"}) do
     return flow.matmul(t(V, dt, true), t({M2, M2}, dt):transpose(1, 2)) end, true)
   case("matmul size-0 vector " .. dt, function() return flow.matmul(flow.zeros({0}, {dtype = dt}), flow.zeros({0}, {dtype = dt})) end)
   case("linear 1-d input " .. dt, function() return F.linear(t(V, dt, true), t(M2, dt), t({0.5, -1.0}, dt)) end, true)
+  local W2 = {{0.5, -1.0}, {2.0, 1.5}, {1.0, 0.25}}
+  case("layer_norm over two axes " .. dt, function()
+    return F.layer_norm(t(L3, dt, true), {3, 2}, t(W2, dt), t({{0.0, 1.0}, {-1.0, 0.5}, {0.25, 0.0}}, dt), 1e-5) end, true)
+  case("layer_norm last axis, integer shape " .. dt, function() return F.layer_norm(t(L3, dt, true):transpose(0, 1), 2) end, true)
+  case("layer_norm weight only eps " .. dt, function() return F.layer_norm(t(L3, dt, true), {2}, t({2.0, -0.5}, dt), nil, 0.1) end, true)
+  local Q3 = {{{0.5, -1.0, 0.25}, {1.0, 0.0, -0.5}}, {{-0.75, 0.5, 2.0}, {0.1, 0.2, 0.3}}}
+  local K3 = {{{1.0, 0.5, -0.5}, {0.0, -1.0, 1.0}, {0.25, 0.75, 0.5}}, {{-1.0, 2.0, 0.0}, {0.5, 0.5, 0.5}, {1.5, -0.5, 1.0}}}
+  case("attention 3-d " .. dt, function() return F.scaled_dot_product_attention(t(Q3, dt, true), t(K3, dt), t(K3, dt)) end, true)
+  case("attention 3-d causal Tq < Tk " .. dt, function()
+    return F.scaled_dot_product_attention(t(Q3, dt, true), t(K3, dt), t(K3, dt), {causal = true}) end, true)
+  case("attention 4-d scale " .. dt, function()
+    return F.scaled_dot_product_attention(t({Q3}, dt, true), t({K3}, dt), t({K3}, dt), {scale = 0.5}) end, true)
   case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
   case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
 end

@@ -480,6 +480,12 @@ local composed = {
   {"matmul batched . vector", function(a, b) return flow.matmul(a, b) end, {inputs = {transposed({2, 4, 3}), {3}}}},
   {"matmul vector . matrix", function(a, b) return flow.matmul(a, b) end, {inputs = {{2}, {2, 3}}}},
   {"linear on a 1-d input", function(x, w, b) return F.linear(x, w, b) end, {inputs = {{3}, {2, 3}, {2}}}},
+  {"layer_norm over two trailing axes", function(x, w, b) return F.layer_norm(x, {3, 2}, w, b) end,
+   {inputs = {{2, 3, 2}, {3, 2}, {3, 2}}}},
+  {"scaled_dot_product_attention on 3-d inputs", function(q, k, v) return F.scaled_dot_product_attention(q, k, v) end,
+   {inputs = {{2, 3, 4}, {2, 3, 4}, {2, 3, 2}}}},
+  {"scaled_dot_product_attention causal, fewer queries than keys", function(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, {causal = true}) end, {inputs = {{1, 2, 2, 3}, {1, 2, 4, 3}, {1, 2, 4, 3}}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},

@@ -38,7 +38,37 @@ function F.silu(x) return flow.silu(x) end
 function F.softplus(x, opts) return flow.softplus(x, opts) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
-function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
+-- F.layer_norm(x, normalized_shape, weight, bias, eps = 1e-5) as torch: normalised over the trailing
+-- axes normalized_shape names (an integer or a list), weight and bias of that shape; the axes are
+-- folded into one for the op and unfolded after. F.layer_norm(x, weight, bias, eps) (over the last
+-- axis) still works: a tensor or nil second argument means that form.
+F.layer_norm = flow._named("layer_norm", function(x, normalized_shape, weight, bias, eps)
+  if normalized_shape == nil or flow.is_tensor(normalized_shape) then
+    return flow.layer_norm(x, normalized_shape, weight, bias or 1e-5)
+  end
+  local ns = type(normalized_shape) == "table" and normalized_shape or { normalized_shape }
+  local s, m = x:shape(), #ns
+  local function str(t) return "{" .. table.concat(t, ",") .. "}" end
+  local ok, count = m <= #s and m > 0, 1
+  for i = 1, m do
+    ok = ok and s[#s - m + i] == ns[i]
+    count = count * ns[i]
+  end
+  if not ok then
+    error(("normalized_shape %s must be the input's trailing axes (got input of shape %s)"):format(str(ns), str(s)), 0)
+  end
+  for name, t in pairs({ weight = weight, bias = bias }) do
+    if str(t:shape()) ~= str(ns) then
+      error(("%s must have normalized_shape %s (got %s)"):format(name, str(ns), str(t:shape())), 0)
+    end
+  end
+  if m == 1 then return flow.layer_norm(x, weight, bias, eps or 1e-5) end
+  local folded = { table.unpack(s, 1, #s - m) }
+  folded[#folded + 1] = count
+  local y = flow.layer_norm(x:reshape(folded), weight and weight:reshape({ count }), bias and bias:reshape({ count }),
+    eps or 1e-5)
+  return y:reshape(s)
+end)
 -- PyTorch's layout: logits [C], [N, C] or [N, C, d1, ...], target [], [N] or [N, d1, ...].
 -- Logits split on the class axis (vocab parallel): the composition in flow.parallel.
 function F.cross_entropy(logits, target, opts)
@@ -156,14 +186,38 @@ local function attention_math(q, k, v, opts)
   return flow.matmul(flow.softmax(scores, -1), v)
 end
 
+-- q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] with the same leading axes, as torch: [B, H, T, D]
+-- goes to the op as it is; any other rank (3-d [B, T, D], ...) is folded to [N, 1, T, D] and back.
+-- causal masks the keys after each query from the top left (key j > query i), as torch, which for
+-- Tq ~= Tk the math path does (the fused kernel takes Tq == Tk only).
 function F.scaled_dot_product_attention(q, k, v, opts)
   flow._check_opts("scaled_dot_product_attention", opts, { "causal", "scale" })
   local backend = flow.backends and flow.backends.attention
-  if backend == "math" then return attention_math(q, k, v, opts) end
-  if backend ~= nil and backend ~= "fused" then
+  if backend ~= nil and backend ~= "fused" and backend ~= "math" then
     error(("scaled_dot_product_attention: flow.backends.attention is %q; expected \"fused\" or \"math\""):format(
       tostring(backend)), 2)
   end
+  local sq, sk, sv = q:shape(), k:shape(), v:shape()
+  local n = #sq
+  if n ~= 4 then
+    local lead, same = 1, n >= 2 and #sk == n and #sv == n
+    for i = 1, n - 2 do
+      same = same and sk[i] == sq[i] and sv[i] == sq[i]
+      lead = lead * sq[i]
+    end
+    if not same then
+      local function str(s) return "{" .. table.concat(s, ",") .. "}" end
+      error(("scaled_dot_product_attention: q, k and v must have the same leading axes and at least 2 dimensions"
+        .. " ([..., T, D]); got q %s, k %s, v %s"):format(str(sq), str(sk), str(sv)), 2)
+    end
+    local function fold(t, s) return t:reshape({ lead, 1, s[n - 1], s[n] }) end
+    local out = F.scaled_dot_product_attention(fold(q, sq), fold(k, sk), fold(v, sv), opts)
+    local back = { table.unpack(sq) }
+    back[n] = sv[n]
+    return out:reshape(back)
+  end
+  local causal_rect = opts and opts.causal and sq[3] ~= sk[3]
+  if backend == "math" or causal_rect then return attention_math(q, k, v, opts) end
   return flow.scaled_dot_product_attention(q, k, v, opts)
 end
 

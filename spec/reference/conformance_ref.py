@@ -121,6 +121,21 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"matmul vector . batched transposed {dn}"] = (lambda dt=dt: torch.matmul(t(V, dt, True), t([M2, M2], dt).transpose(1, 2)), True)
     cases[f"matmul size-0 vector {dn}"] = (lambda dt=dt: torch.matmul(torch.zeros(0, dtype=dt), torch.zeros(0, dtype=dt)), False)
     cases[f"linear 1-d input {dn}"] = (lambda dt=dt: F.linear(t(V, dt, True), t(M2, dt), t([0.5, -1.0], dt)), True)
+    W2 = [[0.5, -1.0], [2.0, 1.5], [1.0, 0.25]]
+    cases[f"layer_norm over two axes {dn}"] = (lambda dt=dt: F.layer_norm(t(L3, dt, True), (3, 2), t(W2, dt),
+        t([[0.0, 1.0], [-1.0, 0.5], [0.25, 0.0]], dt), 1e-5), True)
+    cases[f"layer_norm last axis, integer shape {dn}"] = (lambda dt=dt: F.layer_norm(t(L3, dt, True).transpose(0, 1), (2,)), True)
+    cases[f"layer_norm weight only eps {dn}"] = (lambda dt=dt: F.layer_norm(t(L3, dt, True), (2,), t([2.0, -0.5], dt), None, 0.1), True)
+    Q3 = [[[0.5, -1.0, 0.25], [1.0, 0.0, -0.5]], [[-0.75, 0.5, 2.0], [0.1, 0.2, 0.3]]]
+    K3 = [[[1.0, 0.5, -0.5], [0.0, -1.0, 1.0], [0.25, 0.75, 0.5]], [[-1.0, 2.0, 0.0], [0.5, 0.5, 0.5], [1.5, -0.5, 1.0]]]
+    def sdpa(q, k, v, causal=False, scale=None):  # torch 2's F.scaled_dot_product_attention, written out
+        s = q @ k.transpose(-2, -1) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+        if causal:
+            s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).triu(1), -inf)
+        return torch.softmax(s, -1) @ v
+    cases[f"attention 3-d {dn}"] = (lambda dt=dt: sdpa(t(Q3, dt, True), t(K3, dt), t(K3, dt)), True)
+    cases[f"attention 3-d causal Tq < Tk {dn}"] = (lambda dt=dt: sdpa(t(Q3, dt, True), t(K3, dt), t(K3, dt), causal=True), True)
+    cases[f"attention 4-d scale {dn}"] = (lambda dt=dt: sdpa(t([Q3], dt, True), t([K3], dt), t([K3], dt), scale=0.5), True)
     cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
     cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
 cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
