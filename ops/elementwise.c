@@ -206,10 +206,22 @@ FLOW_KERNEL_REGISTER(FLOW_CPU, remainder, cpu_remainder)
 FLOW_OP(fmod) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
                .infer = infer_binary, .grad = grad_mod, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, fmod, cpu_fmod)
-/* floor(a / b) and trunc(a / b) (div's rounding modes): piecewise constant, so no gradient rule */
-FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary};
+/* floor(a / b) and trunc(a / b) (div's rounding modes) are piecewise constant: zero gradients, as
+ * torch gives for div's rounding modes. */
+static int grad_quotient(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0]) return 0;
+  for (int i = 0; i < 2; i++) {
+    const flow_meta *m = &c->in_meta[i];
+    if (c->need[i] && !(gin[i] = flow_full(m->ndim, m->shape, 0, m->dtype, m->device))) return -1;
+  }
+  return 0;
+}
+
+FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+                       .grad = grad_quotient};
 FLOW_KERNEL_REGISTER(FLOW_CPU, floor_divide, cpu_floor_divide)
-FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary};
+FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+                       .grad = grad_quotient};
 FLOW_KERNEL_REGISTER(FLOW_CPU, trunc_divide, cpu_trunc_divide)
 FLOW_OP(eq) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};

@@ -124,6 +124,7 @@ for _, dt in ipairs({"float64", "float32"}) do
     return flow.fmod(t({{7.0, -7.0}, {2.5, 4.0}}, dt), t({{2.0, -2.0}, {3.0, -3.0}}, dt, true):transpose(0, 1)) end, true)
   case("a % b " .. dt, function() return t({-7.5, 7.5}, dt, true) % 2 end, true)
   case("a // b " .. dt, function() return t({-7.5, 7.5, 0.5}, dt) // -2 end)
+  case("div trunc gradient " .. dt, function() return flow.div(t({7.5, -7.5}, dt, true), 2, {rounding_mode = "trunc"}) end, true)
   case("div floor 0-d " .. dt, function() return flow.div(t(-7.0, dt), t(2.0, dt), {rounding_mode = "floor"}) end)
   local P, Y = {0.0, 1e-50, 0.25, 0.5, 0.9, 1.0, 1.0, 0.0}, {0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 1.0}
   case("binary_cross_entropy clamps " .. dt, function()

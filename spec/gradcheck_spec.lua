@@ -195,6 +195,8 @@ cases.remainder = {
   {label = "expanded divisor", inputs = {{3, 4}, expanded({1, 4}, {3, 4})}},
 }
 cases.fmod = cases.remainder
+cases.floor_divide = {{label = "broadcast: zero gradients", inputs = {{2, 3}, pos({3})}}}
+cases.trunc_divide = cases.floor_divide
 cases.div = {
   {label = "same shape", inputs = {{2, 3}, pos({2, 3})}},
   {label = "broadcast", inputs = {{2, 1, 3}, pos({4, 1})}},

@@ -101,6 +101,7 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
         t([[2.0, -2.0], [3.0, -3.0]], dt, True).transpose(0, 1)), True)
     cases[f"a % b {dn}"] = (lambda dt=dt: t([-7.5, 7.5], dt, True) % 2, True)
     cases[f"a // b {dn}"] = (lambda dt=dt: t([-7.5, 7.5, 0.5], dt) // -2, False)
+    cases[f"div trunc gradient {dn}"] = (lambda dt=dt: torch.div(t([7.5, -7.5], dt, True), 2, rounding_mode="trunc"), True)
     cases[f"div floor 0-d {dn}"] = (lambda dt=dt: torch.div(t(-7.0, dt), t(2.0, dt), rounding_mode="floor"), False)
     P, Y = [0.0, 1e-50, 0.25, 0.5, 0.9, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 1.0]
     cases[f"binary_cross_entropy clamps {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(P, dt, True), t(Y, dt), reduction="none"), True)
