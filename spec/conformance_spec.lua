@@ -160,6 +160,12 @@ for _, dt in ipairs({"float64", "float32"}) do
     return F.scaled_dot_product_attention(t(Q3, dt, true), t(K3, dt), t(K3, dt), {causal = true}) end, true)
   case("attention 4-d scale " .. dt, function()
     return F.scaled_dot_product_attention(t({Q3}, dt, true), t({K3}, dt), t({K3}, dt), {scale = 0.5}) end, true)
+  case("topk 0-d " .. dt, function() return flow.topk(t(2.5, dt, true), 1) end, true)
+  case("sort size-0 1-d " .. dt, function() return flow.sort(flow.zeros({0}, {dtype = dt})) end)
+  case("masked_select size-0 " .. dt, function() return flow.masked_select(flow.zeros({0, 2}, {dtype = dt}), flow.tensor({true, false})) end)
+  case("repeat size-0 " .. dt, function() return flow["repeat"](t({{1.0, 2.0}}, dt), 0, 2) end)
+  case("remainder 0-d divisor broadcast " .. dt, function() return flow.remainder(t({{-3.5, 4.0}, {7.0, -0.5}}, dt, true), t(-2.0, dt)) end, true)
+  case("where 0-d operands " .. dt, function() return flow.where(flow.tensor({true, false}), t(1.5, dt, true), t(-2.0, dt)) end, true)
   case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
   case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
 end
