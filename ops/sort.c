@@ -6,25 +6,26 @@
 #include "../kernels/cpu/cpu.h"
 #include "../sbp/signature.h"
 #include "index.h"
-#include "shape.h"
 
-/* values like x, indices int64; topk keeps attrs.k (0 <= k <= the axis' size) along attrs.axis.
- * A 0-d x is one line of one element. */
+/* values like x, indices int64 of the same shape. A 0-d x is one line of one element. */
 static int infer_sort(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
   (void)nin;
   int64_t ax;
   if (flow_axis_norm(op->name, a->axis, in[0].ndim, &ax) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
-  out[0] = in[0];
-  if (op == &flow_op_topk) {
-    int64_t n = in[0].ndim ? in[0].shape[ax] : 1;
-    if (a->k < 0 || a->k > n)
-      return flow_error_set("%s: k = %lld is out of range for axis %lld of size %lld (expected 0 <= k <= %lld)",
-                            op->name, (long long)a->k, (long long)a->axis, (long long)n, (long long)n);
-    if (in[0].ndim) out[0].shape[ax] = a->k;
-    else if (a->k == 0) return flow_error_set("%s: k = 0 of a 0-d tensor (expected k = 1)", op->name);
-  }
-  out[1] = out[0];
+  out[0] = out[1] = in[0];
   out[1].dtype = FLOW_I64;
+  return 0;
+}
+
+/* sort's, with attrs.k (0 <= k <= the axis' size) kept along attrs.axis. */
+static int infer_topk(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
+  if (infer_sort(op, in, nin, a, out) != 0) return -1;
+  int nd = in[0].ndim, ax = nd == 0 ? 0 : (int)(a->axis < 0 ? a->axis + nd : a->axis);
+  int64_t n = nd ? in[0].shape[ax] : 1;
+  if (a->k < 0 || a->k > n)
+    return flow_error_set("%s: k = %lld is out of range for axis %lld of size %lld (expected 0 <= k <= %lld)", op->name,
+                          (long long)a->k, (long long)a->axis, (long long)n, (long long)n);
+  if (nd) out[0].shape[ax] = out[1].shape[ax] = a->k;
   return 0;
 }
 
@@ -48,7 +49,7 @@ FLOW_OP(sort) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(softmax, 0),
                .infer = infer_sort, .grad = grad_sort, .save_out = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, sort, cpu_sort)
 FLOW_OP(topk) {.nin = 1, .nout = 2, .sbp = FLOW_SBP_RULE(softmax, 0),
-               .infer = infer_sort, .grad = grad_sort, .save_out = 2};
+               .infer = infer_topk, .grad = grad_sort, .save_out = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, topk, cpu_sort)
 
 static int call_sort(const flow_op *op, flow_tensor *t, const flow_attrs *at, flow_tensor **values,
