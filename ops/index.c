@@ -191,12 +191,21 @@ FLOW_OP(index_select) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(index_select, 0
                        .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, index_select, cpu_index_select)
 
+/* int32 indices (which torch takes for index_select and embedding) as int64, the ops' index dtype. */
+static flow_tensor *as_int64(flow_tensor *idx) {
+  if (idx->dtype == FLOW_I32) return flow_cast(idx, FLOW_I64);
+  flow_tensor_incref(idx);
+  return idx;
+}
+
 flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx) {
-  flow_tensor *in[2] = {t, idx};
   flow_attrs at;
   flow_attrs_init(&at);
   at.axis = axis;
-  return flow_op_call1(&flow_op_index_select, in, 2, &at);
+  flow_tensor *i64 = as_int64(idx);
+  flow_tensor *r = i64 ? flow_op_call1(&flow_op_index_select, (flow_tensor *[]){t, i64}, 2, &at) : NULL;
+  flow_tensor_decref(i64);
+  return r;
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
@@ -291,8 +300,10 @@ FLOW_OP(embedding) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(embedding, 0),
 FLOW_KERNEL_REGISTER(FLOW_CPU, embedding, cpu_embedding)
 
 flow_tensor *flow_embedding(flow_tensor *ids, flow_tensor *weight) {
-  flow_tensor *in[2] = {ids, weight};
   flow_attrs at;
   flow_attrs_init(&at);
-  return flow_op_call1(&flow_op_embedding, in, 2, &at);
+  flow_tensor *i64 = as_int64(ids);
+  flow_tensor *r = i64 ? flow_op_call1(&flow_op_embedding, (flow_tensor *[]){i64, weight}, 2, &at) : NULL;
+  flow_tensor_decref(i64);
+  return r;
 }

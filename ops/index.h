@@ -8,9 +8,9 @@
 
 extern flow_op flow_op_gather, flow_op_scatter_add, flow_op_index_select, flow_op_embedding;
 
-/* weight[ids]: ids of any shape, weight [V, D] -> [ids.shape..., D]. */
+/* weight[ids]: ids of any shape (int64, or int32 taken as int64), weight [V, D] -> [ids.shape..., D]. */
 flow_tensor *flow_embedding(flow_tensor *ids, flow_tensor *weight);
-/* t's entries at positions idx (1-D) along axis. */
+/* t's entries at positions idx (1-D, int64 or int32) along axis. */
 flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx);
 /* out[p] = t[p with p[axis] = idx[p]] (torch.gather); idx has t's rank, out has idx's shape. */
 flow_tensor *flow_gather(flow_tensor *t, int64_t axis, flow_tensor *idx);

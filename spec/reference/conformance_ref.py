@@ -185,6 +185,8 @@ cases["matmul int64"] = (lambda: torch.matmul(torch.tensor([[1, 2], [3, 4]]), to
 cases["matmul int64 batched broadcast"] = (lambda: torch.matmul(torch.tensor([[[1, 2]], [[3, 4]]]), torch.tensor([[5, -6], [7, 8]])), False)
 cases["matmul int64 vectors"] = (lambda: torch.matmul(torch.tensor([1, 2, 3]), torch.tensor([4, 5, -6])), False)
 cases["matmul int32 transposed"] = (lambda: torch.matmul(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32).t(), torch.tensor([[1], [-1]], dtype=torch.int32)), False)
+cases["index_select int32 index"] = (lambda: torch.index_select(torch.tensor([[1.5, 2.0], [3.0, -1.0], [0.5, 4.0]]), 0, torch.tensor([2, 0, 2], dtype=torch.int32)), False)
+cases["embedding int32 ids"] = (lambda: torch.nn.functional.embedding(torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([[1.5, 2.0], [3.0, -1.0]])), False)
 cases["int64 / int64"] = (lambda: torch.tensor([3, 4, -7]) / torch.tensor([2, 0, 2]), False)
 cases["int64 + 2.0"] = (lambda: torch.tensor([1, 2]) + 2.0, False)
 cases["int64 + 2"] = (lambda: torch.tensor([1, 2]) + 2, False)
