@@ -89,6 +89,7 @@ enum {
   FLOW_ATTR_HAS_MAX = 1 << 4,
   FLOW_ATTR_UNBIASED = 1 << 6,
   FLOW_ATTR_REVERSE = 1 << 7,   /* cumsum from the end of the axis */
+  FLOW_ATTR_DESCENDING = 1 << 8, /* sort largest first; topk's largest */
 };
 
 void flow_attrs_init(flow_attrs *a);

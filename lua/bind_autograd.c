@@ -68,7 +68,7 @@ static int l_ops(lua_State *L) {
 static const struct { const char *key; int bit; } flag_keys[] = {
   {"causal", FLOW_ATTR_CAUSAL}, {"transpose_a", FLOW_ATTR_TRANS_A}, {"transpose_b", FLOW_ATTR_TRANS_B},
   {"has_min", FLOW_ATTR_HAS_MIN}, {"has_max", FLOW_ATTR_HAS_MAX},
-  {"unbiased", FLOW_ATTR_UNBIASED}, {"reverse", FLOW_ATTR_REVERSE},
+  {"unbiased", FLOW_ATTR_UNBIASED}, {"reverse", FLOW_ATTR_REVERSE}, {"descending", FLOW_ATTR_DESCENDING},
 };
 
 static int64_t check_int(lua_State *L, int idx, const char *key) {

@@ -24,17 +24,20 @@ static flow_tensor *operand(lua_State *L, int idx, const flow_tensor *like, flow
   return t;
 }
 
+/* What promotion sees of the operand at idx: its dtype, rank and whether it is a Lua number. */
+static void operand_type(lua_State *L, int idx, flow_dtype *dt, int *nd, bool *num) {
+  const flow_tensor *t = flow_lua_test(L, idx);
+  *num = !t;
+  *nd = t ? flow_tensor_lndim(t) : 0;
+  *dt = t ? t->dtype : lua_isboolean(L, idx) ? FLOW_BOOL : lua_isinteger(L, idx) ? FLOW_I64 : FLOW_F64;
+}
+
 /* The dtype op computes in for the operands 1 and 2 (tensors or Lua numbers). */
 static flow_dtype promoted(lua_State *L, const flow_op *op) {
   flow_dtype dt[2];
   int nd[2];
   bool num[2];
-  for (int i = 0; i < 2; i++) {
-    const flow_tensor *t = flow_lua_test(L, i + 1);
-    num[i] = !t;
-    nd[i] = t ? flow_tensor_lndim(t) : 0;
-    dt[i] = t ? t->dtype : lua_isboolean(L, i + 1) ? FLOW_BOOL : lua_isinteger(L, i + 1) ? FLOW_I64 : FLOW_F64;
-  }
+  for (int i = 0; i < 2; i++) operand_type(L, i + 1, &dt[i], &nd[i], &num[i]);
   return flow_binary_dtype(op, dt, nd, num);
 }
 
@@ -42,7 +45,7 @@ static flow_dtype promoted(lua_State *L, const flow_op *op) {
  * as int64, a float as float32, a boolean as bool, and each only by its category). */
 static int binary(lua_State *L, const flow_op *op) {
   flow_tensor *ta = flow_lua_test(L, 1), *tb = flow_lua_test(L, 2);
-  if (op != &flow_op_div || lua_isnoneornil(L, 3)) flow_lua_check_opts(L, 3, op->name, (const char *const[]){NULL});
+  flow_lua_check_opts(L, 3, op->name, (const char *const[]){NULL});
   if (ta && tb) return flow_lua_push(L, flow_binary(op, ta, tb)); /* the hot path: two tensors */
   check_operand(L, 1, op->name);
   check_operand(L, 2, op->name);
@@ -62,34 +65,23 @@ BINARY(add)
 BINARY(sub)
 BINARY(mul)
 
+BINARY(remainder)
+BINARY(fmod)
+BINARY(floor_divide)
+
 /* div(a, b, {rounding_mode = nil | "trunc" | "floor"}): true division, or its quotient rounded
- * toward zero or down; rounded, integer operands keep their promoted integer dtype (the quotient
- * is computed in float64, exact below 2^53). */
+ * toward zero (trunc_divide) or down (floor_divide) in the operands' promoted dtype; an integer
+ * division by zero raises, as torch's ZeroDivisionError. */
 static int l_div(lua_State *L) {
   flow_lua_check_opts(L, 3, "div", (const char *const[]){"rounding_mode", NULL});
-  int mode = 0;
+  const flow_op *op = &flow_op_div;
   if (lua_istable(L, 3)) {
     lua_getfield(L, 3, "rounding_mode");
     static const char *const modes[] = {"trunc", "floor", NULL};
-    if (!lua_isnil(L, -1)) mode = 1 + luaL_checkoption(L, -1, NULL, modes);
+    if (!lua_isnil(L, -1)) op = luaL_checkoption(L, -1, NULL, modes) == 0 ? &flow_op_trunc_divide : &flow_op_floor_divide;
     lua_settop(L, 2);
   }
-  if (!mode) return binary(L, &flow_op_div);
-  check_operand(L, 1, "div");
-  check_operand(L, 2, "div");
-  flow_dtype d = promoted(L, &flow_op_sub); /* the operands' common dtype, without true division */
-  bool integral = !flow_dtype_is_float(d);
-  flow_tensor *a = flow_lua_test(L, 1), *b = flow_lua_test(L, 2);
-  const flow_tensor *like = a ? a : b;
-  if (!like) flow_lua_check(L, 1, "div");
-  flow_dtype q = integral ? FLOW_F64 : d;
-  flow_tensor *x = operand(L, 1, like, q), *y = operand(L, 2, like, q);
-  flow_tensor *xc = flow_cast(x, q), *yc = xc ? flow_cast(y, q) : NULL;
-  flow_tensor *r = yc ? flow_binary(&flow_op_div, xc, yc) : NULL;
-  flow_tensor *rr = r ? (mode == 1 ? flow_trunc(r) : flow_floor(r)) : NULL;
-  flow_tensor *out = rr ? flow_cast(rr, d) : NULL;
-  flow_decref_all((flow_tensor *[]){x, y, xc, yc, r, rr}, 6);
-  return flow_lua_push(L, out);
+  return binary(L, op);
 }
 BINARY(pow)
 BINARY(maximum)
@@ -166,15 +158,21 @@ static int l_clamp(lua_State *L) {
   return flow_lua_push(L, flow_clamp(t, has_lo, lo, has_hi, hi));
 }
 
-/* where(cond, a, b): a or b may be a Lua number (taking the other's dtype) */
+/* where(cond, a, b): a or b may be a Lua number; the dtype is torch's result type of the two */
 static int l_where(lua_State *L) {
   flow_tensor *cond = flow_lua_check(L, 1, "where");
   check_operand(L, 2, "where");
   check_operand(L, 3, "where");
   const flow_tensor *like = flow_lua_test(L, 2);
   if (!like) like = flow_lua_test(L, 3);
-  flow_tensor *a = flow_lua_to_tensor(L, 2, like, "where");
-  flow_tensor *b = flow_lua_to_tensor(L, 3, like ? like : a, "where");
+  if (!like) like = cond;
+  flow_dtype dt[2];
+  int nd[2];
+  bool num[2];
+  for (int i = 0; i < 2; i++) operand_type(L, i + 2, &dt[i], &nd[i], &num[i]);
+  flow_dtype d = flow_result_type(2, dt, nd, num);
+  flow_tensor *a = operand(L, 2, like, d);
+  flow_tensor *b = operand(L, 3, like, d);
   flow_tensor *r = flow_where(cond, a, b);
   flow_tensor_decref(a);
   flow_tensor_decref(b);
@@ -250,8 +248,8 @@ void flow_lua_open_elementwise(lua_State *L) {
   BOTH(ne), BOTH(lt), BOTH(le), BOTH(gt), BOTH(ge), BOTH(neg), BOTH(abs), BOTH(exp), BOTH(log),   \
   BOTH(sqrt), BOTH(rsqrt), BOTH(tanh), BOTH(sigmoid), BOTH(relu), BOTH(gelu), BOTH(clamp),        \
   BOTH(silu), BOTH(sin), BOTH(cos), BOTH(erf), BOTH(log1p), BOTH(expm1), BOTH(softplus),          \
-  BOTH(sign), BOTH(floor), BOTH(ceil), BOTH(round), BOTH(trunc),                                  \
-  BOTH(masked_fill), BOTH(cast)
+  BOTH(sign), BOTH(floor), BOTH(ceil), BOTH(round), BOTH(trunc), BOTH(remainder), BOTH(fmod),     \
+  BOTH(floor_divide), BOTH(masked_fill), BOTH(cast)
   /* where is no method: t:where(...) would read differently here (t the condition) and in torch */
   static const luaL_Reg fns[] = {MATH_OPS, BOTH(where), {NULL, NULL}};
   static const luaL_Reg methods[] = {
@@ -262,7 +260,8 @@ void flow_lua_open_elementwise(lua_State *L) {
   flow_lua_register(L, fns, methods);
   luaL_getmetatable(L, FLOW_TENSOR_MT);
   static const luaL_Reg meta[] = {{"__add", l_add}, {"__sub", l_sub}, {"__mul", l_mul}, {"__div", l_div},
-                                  {"__pow", l_pow}, {"__unm", l_unm}, {NULL, NULL}};
+                                  {"__pow", l_pow}, {"__unm", l_unm}, {"__mod", l_remainder},
+                                  {"__idiv", l_floor_divide}, {NULL, NULL}};
   luaL_setfuncs(L, meta, 0);
   lua_pop(L, 1);
 }

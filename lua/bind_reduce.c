@@ -1,6 +1,7 @@
 /* Lua bindings of the reductions. axes: nil (all), an integer, or a list; keepdim a boolean. */
 #include "../ops/elementwise.h"
 #include "../ops/reduce.h"
+#include "../ops/sort.h"
 #include "bind.h"
 
 /* t:sum(axes, keepdim) / flow.sum(t, axes, keepdim); likewise mean */
@@ -67,6 +68,50 @@ static int l_prod(lua_State *L) {
   return flow_lua_push(L, flow_prod(t, has_axis, axis, lua_toboolean(L, 3)));
 }
 
+/* A flag at idx given as a boolean (the positional form, as torch's) or as key `key` of an options
+ * table holding only `keys`; def when absent. */
+static bool flag_or_opts(lua_State *L, int idx, const char *fn, const char *key, const char *const *keys,
+                         bool def) {
+  if (lua_isnoneornil(L, idx)) return def;
+  if (lua_isboolean(L, idx)) return lua_toboolean(L, idx);
+  flow_lua_check_opts(L, idx, fn, keys);
+  return flow_lua_opt_bool(L, idx, key, def);
+}
+
+/* sort(t, axis = -1, descending | {descending, stable}) -> values, indices (int64). Always stable,
+ * so stable = false (any order of ties) gets the stable order too. */
+static int sort_call(lua_State *L, const char *fn, bool want_values) {
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  int64_t axis = -1;
+  opt_axis(L, 2, fn, &axis);
+  bool desc = flag_or_opts(L, 3, fn, "descending", (const char *const[]){"descending", "stable", NULL}, false);
+  flow_tensor *v = NULL, *i;
+  if (flow_sort(t, axis, desc, want_values ? &v : NULL, &i) != 0) return flow_lua_error(L);
+  if (!want_values) return flow_lua_push(L, i);
+  flow_lua_push(L, v);
+  flow_lua_push(L, i);
+  return 2;
+}
+static int l_sort(lua_State *L) { return sort_call(L, "sort", true); }
+static int l_argsort(lua_State *L) { return sort_call(L, "argsort", false); }
+
+/* topk(t, k, axis = -1, largest = true, sorted = true) or topk(t, k, axis, {largest, sorted}) ->
+ * values, indices. Results always come sorted (a valid order for sorted = false too). */
+static int l_topk(lua_State *L) {
+  flow_tensor *t = flow_lua_check(L, 1, "topk");
+  lua_Integer k = luaL_checkinteger(L, 2);
+  int64_t axis = -1;
+  opt_axis(L, 3, "topk", &axis);
+  bool largest = flag_or_opts(L, 4, "topk", "largest", (const char *const[]){"largest", "sorted", NULL}, true);
+  if (!lua_isnoneornil(L, 5) && !lua_isboolean(L, 5))
+    return luaL_error(L, "topk: sorted must be a boolean (got %s)", luaL_typename(L, 5));
+  flow_tensor *v, *i;
+  if (flow_topk(t, k, axis, largest, &v, &i) != 0) return flow_lua_error(L);
+  flow_lua_push(L, v);
+  flow_lua_push(L, i);
+  return 2;
+}
+
 static int l_max(lua_State *L) { return maxmin(L, true); }
 static int l_min(lua_State *L) { return maxmin(L, false); }
 
@@ -85,6 +130,7 @@ static int l_argmin(lua_State *L) { return argmaxmin(L, false); }
 void flow_lua_open_reduce(lua_State *L) {
   static const luaL_Reg fns[] = {{"sum", l_sum}, {"mean", l_mean}, {"var", l_var}, {"max", l_max},
                                  {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin},
-                                 {"cumsum", l_cumsum}, {"prod", l_prod}, {NULL, NULL}};
+                                 {"cumsum", l_cumsum}, {"prod", l_prod}, {"sort", l_sort},
+                                 {"argsort", l_argsort}, {"topk", l_topk}, {NULL, NULL}};
   flow_lua_register(L, fns, fns);
 }

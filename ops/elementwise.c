@@ -45,6 +45,10 @@ CPU_BINARY(div, FLOW_BIN_DIV)
 CPU_BINARY(pow, FLOW_BIN_POW)
 CPU_BINARY(maximum, FLOW_BIN_MAX)
 CPU_BINARY(minimum, FLOW_BIN_MIN)
+CPU_BINARY(remainder, FLOW_BIN_REM)
+CPU_BINARY(fmod, FLOW_BIN_FMOD)
+CPU_BINARY(floor_divide, FLOW_BIN_FLOORDIV)
+CPU_BINARY(trunc_divide, FLOW_BIN_TRUNCDIV)
 CPU_BINARY(eq, FLOW_BIN_EQ)
 CPU_BINARY(ne, FLOW_BIN_NE)
 CPU_BINARY(lt, FLOW_BIN_LT)
@@ -158,6 +162,22 @@ static int grad_maxmin(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
+/* remainder = a - floor(a/b) b and fmod = a - trunc(a/b) b, with the quotient piecewise constant:
+ * da = g, db = -g q (q = floor_divide or trunc_divide of a, b), as torch. */
+static int grad_mod(const flow_grad_ctx *c, flow_tensor **gin) {
+  flow_tensor *g = c->gout[0];
+  if (!g) return 0;
+  if (c->need[0] && !(gin[0] = unbroadcast(g, &c->in_meta[0]))) return -1;
+  if (!c->need[1]) return 0;
+  const flow_op *quot = c->op == &flow_op_remainder ? &flow_op_floor_divide : &flow_op_trunc_divide;
+  flow_tensor *q = flow_op_call1(quot, c->in, 2, flow_attrs_default());
+  flow_tensor *p = q ? flow_mul(g, q) : NULL;
+  flow_tensor_decref(q);
+  int rc = give(gin, 1, p ? flow_neg(p) : NULL, c);
+  flow_tensor_decref(p);
+  return rc;
+}
+
 FLOW_OP(add) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
               .infer = infer_binary, .grad = grad_add};
 FLOW_KERNEL_REGISTER(FLOW_CPU, add, cpu_add)
@@ -180,6 +200,29 @@ FLOW_KERNEL_REGISTER(FLOW_CPU, maximum, cpu_maximum)
 FLOW_OP(minimum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
                   .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, minimum, cpu_minimum)
+FLOW_OP(remainder) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                    .infer = infer_binary, .grad = grad_mod, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, remainder, cpu_remainder)
+FLOW_OP(fmod) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+               .infer = infer_binary, .grad = grad_mod, .save_in = 3};
+FLOW_KERNEL_REGISTER(FLOW_CPU, fmod, cpu_fmod)
+/* floor(a / b) and trunc(a / b) (div's rounding modes) are piecewise constant: zero gradients, as
+ * torch gives for div's rounding modes. */
+static int grad_quotient(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0]) return 0;
+  for (int i = 0; i < 2; i++) {
+    const flow_meta *m = &c->in_meta[i];
+    if (c->need[i] && !(gin[i] = flow_full(m->ndim, m->shape, 0, m->dtype, m->device))) return -1;
+  }
+  return 0;
+}
+
+FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+                       .grad = grad_quotient};
+FLOW_KERNEL_REGISTER(FLOW_CPU, floor_divide, cpu_floor_divide)
+FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+                       .grad = grad_quotient};
+FLOW_KERNEL_REGISTER(FLOW_CPU, trunc_divide, cpu_trunc_divide)
 FLOW_OP(eq) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, eq, cpu_eq)
@@ -259,6 +302,9 @@ flow_tensor *flow_div(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow
 flow_tensor *flow_pow(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_pow, a, b); }
 flow_tensor *flow_maximum(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_maximum, a, b); }
 flow_tensor *flow_minimum(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_minimum, a, b); }
+flow_tensor *flow_remainder(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_remainder, a, b); }
+flow_tensor *flow_fmod(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_fmod, a, b); }
+flow_tensor *flow_floor_divide(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_floor_divide, a, b); }
 flow_tensor *flow_eq(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_eq, a, b); }
 flow_tensor *flow_ne(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_ne, a, b); }
 flow_tensor *flow_lt(flow_tensor *a, flow_tensor *b) { return flow_binary(&flow_op_lt, a, b); }
@@ -324,9 +370,15 @@ FLOW_OP(where) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
                 .infer = infer_where, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, where, cpu_where)
 
+/* a and b of different dtypes are promoted first, as torch.where (the cast's gradient casts back). */
 flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
-  flow_tensor *in[3] = {cond, a, b};
-  return flow_op_call1(&flow_op_where, in, 3, flow_attrs_default());
+  flow_dtype d = flow_result_type(2, (flow_dtype[]){a->dtype, b->dtype},
+                                  (int[]){flow_tensor_lndim(a), flow_tensor_lndim(b)}, NULL);
+  if (a->dtype == d && b->dtype == d) return flow_op_call1(&flow_op_where, (flow_tensor *[]){cond, a, b}, 3, flow_attrs_default());
+  flow_tensor *ca = flow_cast(a, d), *cb = ca ? flow_cast(b, d) : NULL;
+  flow_tensor *r = cb ? flow_op_call1(&flow_op_where, (flow_tensor *[]){cond, ca, cb}, 3, flow_attrs_default()) : NULL;
+  flow_decref_all((flow_tensor *[]){ca, cb}, 2);
+  return r;
 }
 
 /* masked_fill(x, mask, value): attrs.scalar is the value; x and mask broadcast together. */

@@ -10,7 +10,8 @@ extern flow_op flow_op_add, flow_op_sub, flow_op_mul, flow_op_div, flow_op_pow, 
     flow_op_where, flow_op_masked_fill, flow_op_neg, flow_op_abs, flow_op_exp, flow_op_log,
     flow_op_sqrt, flow_op_rsqrt, flow_op_tanh, flow_op_sigmoid, flow_op_relu, flow_op_gelu,
     flow_op_clamp, flow_op_add_, flow_op_mul_, flow_op_copy_, flow_op_fill_, flow_op_zero_,
-    flow_op_contiguous, flow_op_cast, flow_op_full;
+    flow_op_contiguous, flow_op_cast, flow_op_full, flow_op_remainder, flow_op_fmod, flow_op_floor_divide,
+    flow_op_trunc_divide;
 
 /* Binary, with broadcasting; both operands of one dtype. Comparisons give bool. */
 /* a OP b in the dtype torch promotes them to (int / int is true division to float32). */
@@ -27,6 +28,11 @@ flow_tensor *flow_div(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_pow(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_maximum(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_minimum(flow_tensor *a, flow_tensor *b);
+/* a - floor(a/b) b (the divisor's sign), a - trunc(a/b) b (the dividend's sign), floor(a/b); an
+ * integer division by zero is an error (torch's ZeroDivisionError). */
+flow_tensor *flow_remainder(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_fmod(flow_tensor *a, flow_tensor *b);
+flow_tensor *flow_floor_divide(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_eq(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_ne(flow_tensor *a, flow_tensor *b);
 flow_tensor *flow_lt(flow_tensor *a, flow_tensor *b);

@@ -19,9 +19,9 @@ static int check_index(const flow_op *op, const flow_meta *idx, const char *what
   return 0;
 }
 
-/* What the gradient rules scatter into: zeros shaped like an input. A 0-d zero expanded (stride 0)
- * costs no memory; scatter_add's fresh output is the only full-size tensor. */
-static flow_tensor *scatter_into_zeros(const flow_meta *m, int64_t axis, flow_tensor *idx, flow_tensor *src) {
+/* A 0-d zero expanded (stride 0) costs no memory; scatter_add's fresh output is the only full-size
+ * tensor. */
+flow_tensor *flow_scatter_into_zeros(const flow_meta *m, int64_t axis, flow_tensor *idx, flow_tensor *src) {
   flow_tensor *zero = flow_scalar_tensor(0, m->dtype, m->device);
   flow_tensor *z = zero ? flow_expand(zero, m->ndim, m->shape) : NULL;
   flow_tensor *r = z ? flow_scatter_add(z, axis, idx, src) : NULL;
@@ -67,7 +67,7 @@ static FLOW_KERNEL(cpu_gather) {
 
 static int grad_gather(const flow_grad_ctx *c, flow_tensor **gin) {
   if (!c->gout[0] || !c->need[0]) return 0;
-  gin[0] = scatter_into_zeros(&c->in_meta[0], c->attrs->axis, c->in[1], c->gout[0]);
+  gin[0] = flow_scatter_into_zeros(&c->in_meta[0], c->attrs->axis, c->in[1], c->gout[0]);
   return gin[0] ? 0 : -1;
 }
 
@@ -180,7 +180,7 @@ static int grad_index_select(const flow_grad_ctx *c, flow_tensor **gin) {
   for (int d = 0; d < g->ndim; d++) shape[d] = d == axis ? g->shape[d] : 1;
   flow_tensor *r = flow_reshape(c->in[1], g->ndim, shape);
   flow_tensor *e = r ? flow_expand(r, g->ndim, g->shape) : NULL;
-  gin[0] = e ? scatter_into_zeros(&c->in_meta[0], axis, e, g) : NULL;
+  gin[0] = e ? flow_scatter_into_zeros(&c->in_meta[0], axis, e, g) : NULL;
   flow_tensor_decref(r);
   flow_tensor_decref(e);
   return gin[0] ? 0 : -1;
@@ -191,12 +191,21 @@ FLOW_OP(index_select) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(index_select, 0
                        .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, index_select, cpu_index_select)
 
+/* int32 indices (which torch takes for index_select and embedding) as int64, the ops' index dtype. */
+static flow_tensor *as_int64(flow_tensor *idx) {
+  if (idx->dtype == FLOW_I32) return flow_cast(idx, FLOW_I64);
+  flow_tensor_incref(idx);
+  return idx;
+}
+
 flow_tensor *flow_index_select(flow_tensor *t, int64_t axis, flow_tensor *idx) {
-  flow_tensor *in[2] = {t, idx};
   flow_attrs at;
   flow_attrs_init(&at);
   at.axis = axis;
-  return flow_op_call1(&flow_op_index_select, in, 2, &at);
+  flow_tensor *i64 = as_int64(idx);
+  flow_tensor *r = i64 ? flow_op_call1(&flow_op_index_select, (flow_tensor *[]){t, i64}, 2, &at) : NULL;
+  flow_tensor_decref(i64);
+  return r;
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
@@ -265,7 +274,7 @@ static int grad_embedding(const flow_grad_ctx *c, flow_tensor **gin) {
   flow_tensor *ids = flow_reshape(c->in[0], 2, col);
   flow_tensor *e = ids ? flow_expand(ids, 2, rows) : NULL;
   flow_tensor *g2 = e ? flow_reshape(g, 2, rows) : NULL;
-  gin[1] = g2 ? scatter_into_zeros(&c->in_meta[1], 0, e, g2) : NULL;
+  gin[1] = g2 ? flow_scatter_into_zeros(&c->in_meta[1], 0, e, g2) : NULL;
   flow_tensor_decref(ids);
   flow_tensor_decref(e);
   flow_tensor_decref(g2);
@@ -291,8 +300,10 @@ FLOW_OP(embedding) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(embedding, 0),
 FLOW_KERNEL_REGISTER(FLOW_CPU, embedding, cpu_embedding)
 
 flow_tensor *flow_embedding(flow_tensor *ids, flow_tensor *weight) {
-  flow_tensor *in[2] = {ids, weight};
   flow_attrs at;
   flow_attrs_init(&at);
-  return flow_op_call1(&flow_op_embedding, in, 2, &at);
+  flow_tensor *i64 = as_int64(ids);
+  flow_tensor *r = i64 ? flow_op_call1(&flow_op_embedding, (flow_tensor *[]){i64, weight}, 2, &at) : NULL;
+  flow_tensor_decref(i64);
+  return r;
 }

@@ -4,7 +4,9 @@
 
 #include "../kernels/cpu/cpu.h"
 #include "../sbp/signature.h"
+#include "elementwise.h"
 #include "reduce.h"
+#include "shape.h"
 
 static int infer_matmul(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
@@ -15,8 +17,10 @@ static int infer_matmul(const flow_op *op, const flow_meta *in, int nin, const f
     return flow_error_set("%s: expected tensors of at least 2 dimensions, got shapes %s and %s", op->name,
                           flow_shape_str(x->ndim, x->shape, sa, sizeof sa),
                           flow_shape_str(y->ndim, y->shape, sb, sizeof sb));
-  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
-  if (flow_check_float(op, x, "input") != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, x) != 0) return -1;
+  if (!flow_dtype_is_float(x->dtype) && x->dtype != FLOW_I64 && x->dtype != FLOW_I32)
+    return flow_error_set("%s: expected floating-point, int64 or int32 tensors (got %s)", op->name,
+                          flow_dtype_name(x->dtype));
   bool ta = a->flags & FLOW_ATTR_TRANS_A, tb = a->flags & FLOW_ATTR_TRANS_B;
   int64_t m = x->shape[x->ndim - (ta ? 1 : 2)], k1 = x->shape[x->ndim - (ta ? 2 : 1)];
   int64_t k2 = y->shape[y->ndim - (tb ? 1 : 2)], n = y->shape[y->ndim - (tb ? 2 : 1)];
@@ -62,12 +66,42 @@ FLOW_OP(matmul) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(matmul, 0),
                  .infer = infer_matmul, .grad = grad_matmul, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, matmul, cpu_matmul)
 
+/* torch.matmul's 1-D operands: a vector a is a row [1, k] and b a column [k, 1], batched with the
+ * other operand, and the axis added is taken away again (vector . vector is 0-d). The views carry
+ * the gradient back. */
 flow_tensor *flow_matmul(flow_tensor *a, flow_tensor *b, bool trans_a, bool trans_b) {
-  flow_tensor *in[2] = {a, b};
   flow_attrs at;
   flow_attrs_init(&at);
   at.flags = (trans_a ? FLOW_ATTR_TRANS_A : 0) | (trans_b ? FLOW_ATTR_TRANS_B : 0);
-  return flow_op_call1(&flow_op_matmul, in, 2, &at);
+  int na = flow_tensor_lndim(a), nb = flow_tensor_lndim(b);
+  const int64_t *sa = flow_tensor_lshape(a), *sb = flow_tensor_lshape(b);
+  bool va = na == 1, vb = nb == 1;
+  if (!va && !vb && na && nb) return flow_op_call1(&flow_op_matmul, (flow_tensor *[]){a, b}, 2, &at);
+  char s0[128], s1[128];
+  flow_shape_str(na, sa, s0, sizeof s0);
+  flow_shape_str(nb, sb, s1, sizeof s1);
+  if (!na || !nb) {
+    flow_error_set("matmul: both operands need at least 1 dimension (got shapes %s and %s)", s0, s1);
+    return NULL;
+  }
+  if ((va && trans_a) || (vb && trans_b)) {
+    flow_error_set("matmul: a 1-D operand cannot be transposed");
+    return NULL;
+  }
+  int64_t ka = sa[na - (trans_a ? 2 : 1)], kb = sb[vb ? 0 : nb - (trans_b ? 1 : 2)];
+  if (ka != kb) {
+    flow_error_set("matmul: shapes %s and %s do not match on the contracted axis (%lld vs %lld)", s0, s1,
+                   (long long)ka, (long long)kb);
+    return NULL;
+  }
+  flow_tensor *a2 = va ? flow_unsqueeze(a, 0) : (flow_tensor_incref(a), a);
+  flow_tensor *b2 = a2 ? (vb ? flow_unsqueeze(b, 1) : (flow_tensor_incref(b), b)) : NULL;
+  flow_tensor *y = b2 ? flow_op_call1(&flow_op_matmul, (flow_tensor *[]){a2, b2}, 2, &at) : NULL;
+  int nd = y ? flow_tensor_lndim(y) : 0;
+  int64_t added[2] = {nd - 2, nd - 1};
+  flow_tensor *r = !y ? NULL : va && vb ? flow_squeeze(y, 2, added) : flow_squeeze(y, 1, &added[va ? 0 : 1]);
+  flow_decref_all((flow_tensor *[]){a2, b2, y}, 3);
+  return r;
 }
 
 /* Linear: Y [N, out] = X [N, in] W[out, in]^T + b [out], the bias written before the GEMM adds onto

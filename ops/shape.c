@@ -555,11 +555,26 @@ FLOW_OP(cat) {.nin = -1, .nout = 1, .sbp = FLOW_SBP_RULE(along_axis, 0),
               .grad = grad_cat};
 FLOW_KERNEL_REGISTER(FLOW_CPU, cat, cpu_cat)
 
+/* Mixed dtypes are promoted first, as torch.cat (the cast's gradient casts back). */
 flow_tensor *flow_cat(int n, flow_tensor *const *ts, int64_t axis) {
   flow_attrs at;
   flow_attrs_init(&at);
   at.axis = axis;
-  return flow_op_call1(&flow_op_cat, ts, n, &at);
+  bool mixed = false;
+  flow_dtype d = n > 0 ? ts[0]->dtype : FLOW_F32;
+  for (int i = 1; i < n; i++) {
+    mixed |= ts[i]->dtype != d;
+    d = flow_promote_types(d, ts[i]->dtype);
+  }
+  if (!mixed) return flow_op_call1(&flow_op_cat, ts, n, &at);
+  flow_tensor **c = calloc((size_t)n, sizeof *c), *r = NULL;
+  if (!c) { flow_error_set("cat: out of memory"); return NULL; }
+  int k = 0;
+  while (k < n && (c[k] = flow_cast(ts[k], d))) k++;
+  if (k == n) r = flow_op_call1(&flow_op_cat, c, n, &at);
+  flow_decref_all(c, k);
+  free(c);
+  return r;
 }
 
 /* stack = unsqueeze each at axis, then cat. */

@@ -355,11 +355,25 @@ describe("elementwise errors", function()
     assert.matches("clamp: min must be a number or nil %(got string%)", err_of(function() return f:clamp("a") end))
     assert.matches("where: the condition must be a bool tensor %(got float32;",
       err_of(function() return flow.where(f, f, f) end))
-    assert.matches("where: dtype mismatch", err_of(function() return flow.where(f:gt(0), f, d) end))
+    assert.are.equal("float64", flow.where(f:gt(0), f, d).dtype) -- promoted, as torch
+    assert.matches("where: dtype mismatch", err_of(function() return flow._call("where", {}, f:gt(0), f, d) end))
     assert.matches("masked_fill: the mask must be a bool tensor %(got int64;",
       err_of(function() return f:masked_fill(flow.tensor({1, 0, 1}), 0) end))
     assert.matches("add: float16 tensors are storage%-only", err_of(function() return f:half() + f:half() end))
     assert.matches("add: no arithmetic on bool tensors", err_of(function() return f:bool() + f:bool() end))
     assert.matches("unknown dtype 'float8'", err_of(function() return f:cast("float8") end))
+  end)
+
+  it("integer division by zero raises torch's ZeroDivisionError, naming the op", function()
+    local i, z = flow.tensor({7, -7}), flow.tensor({2, 0})
+    assert.matches("floor_divide: ZeroDivisionError", err_of(function() return flow.floor_divide(i, z) end))
+    assert.matches("remainder: ZeroDivisionError", err_of(function() return i % 0 end))
+    assert.matches("fmod: ZeroDivisionError", err_of(function() return flow.fmod(i, z:int()) end))
+    assert.matches("floor_divide: ZeroDivisionError", err_of(function() return i // z:expand({3, 2}) end))
+    assert.matches("trunc_divide: ZeroDivisionError",
+      err_of(function() return flow.div(i, z, {rounding_mode = "trunc"}) end))
+    assert.matches("div: unknown option 'rounding'", err_of(function() return flow.div(i, z, {rounding = "floor"}) end))
+    assert.matches("remainder: unknown option 'x'", err_of(function() return flow.remainder(i, 2, {x = 1}) end))
+    assert.are.same({math.huge, -math.huge}, flow.floor_divide(flow.tensor({1.0, -1.0}), 0):totable()) -- floats: IEEE
   end)
 end)

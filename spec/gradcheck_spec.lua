@@ -190,6 +190,13 @@ end
 cases.add = binary_cases()
 cases.sub = binary_cases()
 cases.mul = binary_cases()
+cases.remainder = {
+  {label = "broadcast, negative divisor", inputs = {{2, 1, 3}, leaf({4, 1}, {gen = function() return -1.7 * positive() end})}},
+  {label = "expanded divisor", inputs = {{3, 4}, expanded({1, 4}, {3, 4})}},
+}
+cases.fmod = cases.remainder
+cases.floor_divide = {{label = "broadcast: zero gradients", inputs = {{2, 3}, pos({3})}}}
+cases.trunc_divide = cases.floor_divide
 cases.div = {
   {label = "same shape", inputs = {{2, 3}, pos({2, 3})}},
   {label = "broadcast", inputs = {{2, 1, 3}, pos({4, 1})}},
@@ -313,6 +320,15 @@ cases.prod = {
   {label = "all", inputs = {{2, 3}}},
   {label = "axis 1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {1}, keepdim = true}},
   {label = "axis -1, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {-1}}},
+}
+cases.sort = {
+  {label = "axis -1", inputs = {{3, 4}}, attrs = {axis = -1}},
+  {label = "axis 0 descending, transposed", inputs = {transposed({3, 4})}, attrs = {axis = 0, descending = true}},
+  {label = "0-d", inputs = {{}}, attrs = {axis = 0}},
+}
+cases.topk = {
+  {label = "2 largest along axis 1", inputs = {{3, 4}}, attrs = {axis = 1, k = 2, descending = true}},
+  {label = "3 smallest along axis 0, transposed", inputs = {transposed({4, 2})}, attrs = {axis = 0, k = 3}},
 }
 cases.narrow = {
   {label = "axis 0", inputs = {{4, 3}}, attrs = {axis = 0, start = 1, length = 2}},
@@ -455,6 +471,23 @@ local composed = {
    {inputs = {{5}, fixed(flow.tensor({0.0, 1.0, 0.5, 1.0, 0.0}, {dtype = F64}))}}},
   {"roll over two axes", function(x) return flow.roll(x, {1, -4}, {0, -1}) end, {inputs = {{2, 3}}}},
   {"roll flat", function(x) return flow.roll(x, 4) end, {inputs = {transposed({3, 2})}}},
+  {"unbind axis 1", function(x) return table.unpack(flow.unbind(x, 1)) end, {inputs = {{2, 3}}}},
+  {"repeat with a leading axis", function(x) return flow["repeat"](x, {2, 1, 3}) end, {inputs = {transposed({3, 2})}}},
+  {"tile", function(x) return flow.tile(x, {2}) end, {inputs = {{2, 2}}}},
+  {"masked_select broadcast", function(x) return flow.masked_select(x, flow.tensor({{true, false, true}, {false, true, true}})) end,
+   {inputs = {{2, 1}}}},
+  {"binary_cross_entropy on probabilities, and its target", function(x, y) return F.binary_cross_entropy(x, y) end,
+   {inputs = {leaf({5}, {prep = flow.sigmoid}), leaf({5}, {prep = flow.sigmoid})}}},
+  {"matmul vector . vector", function(a, b) return flow.matmul(a, b) end, {inputs = {{3}, {3}}}},
+  {"matmul batched . vector", function(a, b) return flow.matmul(a, b) end, {inputs = {transposed({2, 4, 3}), {3}}}},
+  {"matmul vector . matrix", function(a, b) return flow.matmul(a, b) end, {inputs = {{2}, {2, 3}}}},
+  {"linear on a 1-d input", function(x, w, b) return F.linear(x, w, b) end, {inputs = {{3}, {2, 3}, {2}}}},
+  {"layer_norm over two trailing axes", function(x, w, b) return F.layer_norm(x, {3, 2}, w, b) end,
+   {inputs = {{2, 3, 2}, {3, 2}, {3, 2}}}},
+  {"scaled_dot_product_attention on 3-d inputs", function(q, k, v) return F.scaled_dot_product_attention(q, k, v) end,
+   {inputs = {{2, 3, 4}, {2, 3, 4}, {2, 3, 2}}}},
+  {"scaled_dot_product_attention causal, fewer queries than keys", function(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, {causal = true}) end, {inputs = {{1, 2, 2, 3}, {1, 2, 4, 3}, {1, 2, 4, 3}}}},
   {"binary_cross_entropy_with_logits weight, sum", function(x, w)
     return F.binary_cross_entropy_with_logits(x, flow.tensor({1.0, 0.0, 0.25}, {dtype = F64}), {weight = w, reduction = "sum"})
   end, {inputs = {{3}, {3}}}},

@@ -281,6 +281,26 @@ describe("losses composed in Lua", function()
     assert.matches("mse_loss: unknown option", select(2, pcall(F.mse_loss, x, x, {size_average = true})))
     assert.matches("one_hot: class values must be in %[0, 3%) %(got %[0, 3%]%)", select(2, pcall(F.one_hot, flow.tensor({0, 3}), 3)))
     assert.matches("one_hot: expected an int64 tensor", select(2, pcall(F.one_hot, flow.tensor({0.0}))))
+    local p = flow.tensor({0.5, 1.5})
+    assert.matches("binary_cross_entropy: all elements of input should be between 0 and 1",
+      select(2, pcall(F.binary_cross_entropy, p, flow.zeros({2}))))
+    assert.matches("binary_cross_entropy: target must have the input's shape {2} %(got {3}%)",
+      select(2, pcall(F.binary_cross_entropy, p * 0.5, flow.zeros({3}))))
+    assert.matches("binary_cross_entropy: unknown option 'pos_weight'",
+      select(2, pcall(F.binary_cross_entropy, p * 0.5, flow.zeros({2}), {pos_weight = p})))
+  end)
+  it("layer_norm takes torch's normalized_shape, and scaled_dot_product_attention any rank", function()
+    local x = flow.randn({2, 3, 4})
+    assert.same({2, 3, 4}, F.layer_norm(x, {3, 4}, flow.ones({3, 4}), flow.zeros({3, 4})):shape())
+    assert.same(F.layer_norm(x, 4):totable(), F.layer_norm(x):totable()) -- the old form: over the last axis
+    assert.matches("layer_norm: normalized_shape {2,4} must be the input's trailing axes %(got input of shape {2,3,4}%)",
+      select(2, pcall(F.layer_norm, x, {2, 4})))
+    assert.matches("layer_norm: bias must have normalized_shape {4} %(got {3}%)",
+      select(2, pcall(F.layer_norm, x, 4, nil, flow.zeros({3}))))
+    assert.same({2, 5, 3}, F.scaled_dot_product_attention(flow.randn({2, 5, 8}), flow.randn({2, 7, 8}), flow.randn({2, 7, 3})):shape())
+    assert.same({5, 8}, F.scaled_dot_product_attention(flow.randn({5, 8}), flow.randn({5, 8}), flow.randn({5, 8}), {causal = true}):shape())
+    assert.matches("scaled_dot_product_attention: q, k and v must have the same leading axes",
+      select(2, pcall(F.scaled_dot_product_attention, flow.randn({2, 5, 8}), flow.randn({3, 5, 8}), flow.randn({3, 5, 8}))))
   end)
   it("one_hot infers the class count from the largest value", function()
     assert.same({{0, 1, 0}, {0, 0, 1}}, F.one_hot(flow.tensor({1, 2})):totable())

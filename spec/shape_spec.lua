@@ -159,12 +159,13 @@ describe("cat and stack", function()
     assert.are.same({{1, 4}, {2, 5}, {3, 6}}, flow.stack({a, b}, -1):totable())
   end)
 
-  it("rejects mismatched shapes and dtypes", function()
+  it("rejects mismatched shapes; promotes mixed dtypes, as torch", function()
     local a = flow.zeros({2, 3})
     assert.matches("cat: shapes {2,3} %(input 1%) and {2,4} %(input 2%) differ outside the concatenation axis 0",
                    err_of(flow.cat, {a, flow.zeros({2, 4})}, 0))
+    assert.are.equal("float64", flow.cat({a, flow.zeros({2, 3}, {dtype = "float64"})}).dtype)
     assert.matches("cat: dtype mismatch: input 1 is float32, input 2 is float64",
-                   err_of(flow.cat, {a, flow.zeros({2, 3}, {dtype = "float64"})}))
+                   err_of(flow._call, "cat", {axis = 0}, a, flow.zeros({2, 3}, {dtype = "float64"})))
     assert.matches("cat: axis 2 out of range", err_of(flow.cat, {a, a}, 2))
     assert.matches("cat: element 2 of the list must be a tensor", err_of(flow.cat, {a, 3}))
     assert.matches("cat: needs at least one tensor", err_of(flow.cat, {}))

@@ -11,10 +11,13 @@
 /* Elementwise binary ops with broadcasting (out = a OP b). */
 typedef enum flow_binary_code {
   FLOW_BIN_ADD, FLOW_BIN_SUB, FLOW_BIN_MUL, FLOW_BIN_DIV, FLOW_BIN_POW, FLOW_BIN_MAX, FLOW_BIN_MIN,
+  FLOW_BIN_REM, FLOW_BIN_FMOD, FLOW_BIN_FLOORDIV, FLOW_BIN_TRUNCDIV, /* integer ones raise on a zero divisor */
   FLOW_BIN_EQ, FLOW_BIN_NE, FLOW_BIN_LT, FLOW_BIN_LE, FLOW_BIN_GT, FLOW_BIN_GE,
   FLOW_NBINARY
 } flow_binary_code;
 int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y);
+/* The op a code computes, for messages ("remainder", "floor_divide", ...). */
+const char *flow_binary_name(flow_binary_code code);
 
 /* Elementwise unary ops: out = f(x), x and out of one dtype. Float ops take float32/float64; neg,
  * abs, relu, clamp, sign, floor, ceil, round and trunc also int64/int32. clamp reads lo/hi (pass -inf/inf for an absent bound). */
@@ -56,6 +59,11 @@ int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask);
 /* Running sum along axis (x any strides, out contiguous): out[.., k, ..] = sum_{j <= k} x[.., j, ..],
  * or sum_{j >= k} when reverse. Floats accumulate in double; bool/uint8/int32/int64 into int64 out. */
 int flow_cpu_cumsum(flow_tensor *out, const flow_tensor *in, int axis, bool reverse);
+/* Sort along axis (axis < 0: x is 0-d, one element) and keep the first k of each line: values
+ * and int64 positions, [.., k, ..] contiguous. Stable; NaN is the largest value (first when
+ * descending, last when ascending), as torch. */
+int flow_cpu_sort(flow_tensor *values, flow_tensor *indices, const flow_tensor *in, int axis, int64_t k,
+                  bool descending);
 /* The inverse for gradients: out (zeroed, contiguous) gets g at index idx along axis. */
 int flow_cpu_index_put_axis(flow_tensor *out, const flow_tensor *g, const flow_tensor *idx, int axis);
 /* out seen with in's shape, stride 0 on reduced axes (shared by every reduction kernel). */
@@ -64,11 +72,12 @@ void flow_cpu_reduce_view(const flow_tensor *out, const flow_tensor *in, const b
 
 /* out = op(a) @ op(b) over broadcast batch axes; op transposes the last two axes when asked.
  * out is contiguous with the broadcast batch shape. float32 on oneDNN (bf16 under autocast),
- * float64 on OpenBLAS. */
+ * float64 on OpenBLAS, int64/int32 on a plain loop. */
 int flow_cpu_matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a, bool trans_b);
 /* out [M, N] = x [M, K] w[N, K]^T + bias [N] (nn's Linear; the bias fused into the GEMM) */
 int flow_cpu_linear(flow_tensor *out, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias);
-/* The same product by a plain loop (double accumulation, any strides): the tests' reference. */
+/* The same product by a plain loop (any strides; floats accumulate in double, int64/int32 in int64):
+ * the tests' reference, and the integer matmul. */
 int flow_cpu_matmul_reference(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool trans_a,
                               bool trans_b);
 /* One matrix product for kernels working a matrix at a time: C [M, N] (leading dimension ldc) =

@@ -1,7 +1,8 @@
 /* Matmul: C[b] = op(A[b]) @ op(B[b]) for every (broadcast) batch index b. float32 runs on oneDNN's
  * matmul primitive, all batches in one call; float64 on OpenBLAS's dgemm (oneDNN has no f64 on the
- * CPU), a batch at a time. Operands whose last two axes are row- or column-major go straight to
- * GEMM; anything else is copied to contiguous first. A plain loop serves as the tests' reference. */
+ * CPU), a batch at a time; int64/int32 on the plain loop. Operands whose last two axes are row- or column-major go straight to
+ * GEMM; anything else is copied to contiguous first. A plain loop serves as the tests' reference and the integer
+ * product. */
 #include <cblas.h>
 #include <string.h>
 
@@ -90,8 +91,7 @@ static int matmul_f32(flow_tensor *out, const operand *A, const operand *B, bool
  * instead of GEMM's zero fill plus a separate add; oneDNN takes the bias as an input. */
 static int matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb,
                   const flow_tensor *bias) {
-  if (a->dtype != FLOW_F32 && a->dtype != FLOW_F64)
-    return flow_error_set("no CPU matmul for dtype %s (use float32 or float64)", flow_dtype_name(a->dtype));
+  if (a->dtype != FLOW_F32 && a->dtype != FLOW_F64) return flow_cpu_matmul_reference(out, a, b, ta, tb); /* integers */
   operand A, B;
   if (prepare(&A, a) != 0) return -1;
   if (prepare(&B, b) != 0) { flow_tensor_decref(A.tmp); return -1; }
@@ -163,39 +163,46 @@ int flow_cpu_gemm_f64(const char *op, bool ta, bool tb, int64_t M, int64_t N, in
   return 0;
 }
 
-/* ---- the reference: a plain loop, for tests only --------------------------------------------- */
+/* ---- the plain loop: the tests' reference, and the integer matmul ---------------------------- */
 
-/* out[b, i, j] = sum_k op(A)[b, i, k] op(B)[b, k, j], accumulated in double, over any strides and
- * broadcast batch axes (float32 or float64). */
-int flow_cpu_matmul_reference(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb) {
-  if (a->dtype != out->dtype || b->dtype != out->dtype || (a->dtype != FLOW_F32 && a->dtype != FLOW_F64))
-    return flow_error_set("matmul_reference: float32 or float64 operands of one dtype");
-  int n = out->ndim, na = a->ndim, nb = b->ndim;
-  int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = ta ? a->shape[na - 2] : a->shape[na - 1];
-  int64_t ars = a->stride[na - 2], acs = a->stride[na - 1], brs = b->stride[nb - 2], bcs = b->stride[nb - 1];
-  int64_t sam = ta ? acs : ars, sak = ta ? ars : acs, sbk = tb ? bcs : brs, sbn = tb ? brs : bcs;
-  int64_t batches = flow_shape_numel(n - 2, out->shape);
-  bool f32 = a->dtype == FLOW_F32;
-  const char *pa = flow_tensor_data(a), *pb = flow_tensor_data(b);
-  char *pc = flow_tensor_data(out);
-  for (int64_t bi = 0; bi < batches; bi++) {
-    int64_t oa = batch_offset(a, out, bi), ob = batch_offset(b, out, bi), oc = 0, rest = bi;
-    for (int d = n - 3; d >= 0; d--) {
-      oc += (rest % out->shape[d]) * out->stride[d];
-      rest /= out->shape[d];
-    }
-    for (int64_t i = 0; i < M; i++)
-      for (int64_t j = 0; j < N; j++) {
-        double s = 0;
-        for (int64_t k = 0; k < K; k++) {
-          int64_t ia = oa + i * sam + k * sak, ib = ob + k * sbk + j * sbn;
-          s += f32 ? (double)((const float *)pa)[ia] * ((const float *)pb)[ib]
-                   : ((const double *)pa)[ia] * ((const double *)pb)[ib];
-        }
-        int64_t ic = oc + i * out->stride[n - 2] + j * out->stride[n - 1];
-        if (f32) ((float *)pc)[ic] = (float)s;
-        else ((double *)pc)[ic] = s;
-      }
+/* out[b, i, j] = sum_k op(A)[b, i, k] op(B)[b, k, j] over any strides and broadcast batch axes,
+ * accumulated in ACC: double for float32/float64, int64 (wrapping, as torch) for int64/int32. */
+#define DEF_PLAIN(NAME, T, ACC)                                                                          \
+  static void NAME(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb) {     \
+    int n = out->ndim, na = a->ndim, nb = b->ndim;                                                       \
+    int64_t M = out->shape[n - 2], N = out->shape[n - 1], K = ta ? a->shape[na - 2] : a->shape[na - 1];  \
+    int64_t ars = a->stride[na - 2], acs = a->stride[na - 1], brs = b->stride[nb - 2], bcs = b->stride[nb - 1]; \
+    int64_t sam = ta ? acs : ars, sak = ta ? ars : acs, sbk = tb ? bcs : brs, sbn = tb ? brs : bcs;      \
+    int64_t batches = flow_shape_numel(n - 2, out->shape);                                               \
+    const T *pa = flow_tensor_data(a), *pb = flow_tensor_data(b);                                        \
+    T *pc = flow_tensor_data(out);                                                                       \
+    for (int64_t bi = 0; bi < batches; bi++) {                                                           \
+      int64_t oa = batch_offset(a, out, bi), ob = batch_offset(b, out, bi), oc = 0, rest = bi;           \
+      for (int d = n - 3; d >= 0; d--) {                                                                 \
+        oc += (rest % out->shape[d]) * out->stride[d];                                                   \
+        rest /= out->shape[d];                                                                           \
+      }                                                                                                  \
+      for (int64_t i = 0; i < M; i++)                                                                    \
+        for (int64_t j = 0; j < N; j++) {                                                                \
+          ACC s = 0;                                                                                     \
+          for (int64_t k = 0; k < K; k++) s += (ACC)pa[oa + i * sam + k * sak] * (ACC)pb[ob + k * sbk + j * sbn]; \
+          pc[oc + i * out->stride[n - 2] + j * out->stride[n - 1]] = (T)s;                               \
+        }                                                                                                \
+    }                                                                                                    \
   }
-  return 0;
+DEF_PLAIN(plain_f32, float, double)
+DEF_PLAIN(plain_f64, double, double)
+DEF_PLAIN(plain_i64, int64_t, int64_t)
+DEF_PLAIN(plain_i32, int32_t, int64_t)
+
+int flow_cpu_matmul_reference(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb) {
+  if (a->dtype != out->dtype || b->dtype != out->dtype)
+    return flow_error_set("matmul_reference: operands of one dtype");
+  switch (a->dtype) {
+  case FLOW_F32: plain_f32(out, a, b, ta, tb); return 0;
+  case FLOW_F64: plain_f64(out, a, b, ta, tb); return 0;
+  case FLOW_I64: plain_i64(out, a, b, ta, tb); return 0;
+  case FLOW_I32: plain_i32(out, a, b, ta, tb); return 0;
+  default: return flow_error_set("matmul: no CPU kernel for dtype %s", flow_dtype_name(a->dtype));
+  }
 }

@@ -158,7 +158,8 @@ flow_tensor *cuda_cast(flow_tensor *t, flow_dtype dtype);
  * into the device; the host raises it at the next synchronisation (errors.cu), as PyTorch does. */
 
 /* Which op met the index: errors.cu holds each one's message, worded as its CPU kernel's. */
-enum bad_index_op { BAD_GATHER = 1, BAD_SCATTER_ADD, BAD_INDEX_SELECT, BAD_EMBEDDING, BAD_CROSS_ENTROPY };
+/* BAD_ZERO_DIV: an integer division by zero (extra: the flow_binary_code), no index at all. */
+enum bad_index_op { BAD_GATHER = 1, BAD_SCATTER_ADD, BAD_INDEX_SELECT, BAD_EMBEDDING, BAD_CROSS_ENTROPY, BAD_ZERO_DIV };
 
 struct BadIndex {
   int claimed;            /* 0 until a kernel claims the record (atomicCAS); the host clears it */
@@ -187,6 +188,7 @@ __device__ __forceinline__ bool index_ok(BadIndex *rec, int op, int64_t i, int64
 /* Per-file registration, called by flow_cuda_register_kernels. */
 void flow_cuda_register_elementwise(void);
 void flow_cuda_register_reduce(void);
+void flow_cuda_register_sort(void);
 void flow_cuda_register_matmul(void);
 void flow_cuda_register_nn(void);
 void flow_cuda_register_attention(void);

@@ -99,6 +99,34 @@ template <> __device__ __forceinline__ int64_t ipow_or_pow<int64_t>(int64_t b, i
 template <typename C> __device__ __forceinline__ C divide(C x, C y) { return x / y; }
 template <> __device__ __forceinline__ int64_t divide<int64_t>(int64_t x, int64_t y) { return y == 0 ? 0 : x / y; }
 
+/* The division family as torch computes it (the CPU kernels' rules, kernels/cpu/binary.c):
+ * remainder takes the divisor's sign, fmod the dividend's; floor division from the exact fmod. An
+ * integer divisor of 0 never gets here (binary_kernel records it), and -1 is a negation. */
+template <typename C> __device__ __forceinline__ C rem_of(C x, C y) {
+  C m = fmod(x, y);
+  return m != 0 && ((y < 0) != (m < 0)) ? m + y : m;
+}
+template <> __device__ __forceinline__ int64_t rem_of<int64_t>(int64_t x, int64_t y) {
+  int64_t m = y == -1 ? 0 : x % y;
+  return m != 0 && ((y < 0) != (m < 0)) ? m + y : m;
+}
+template <typename C> __device__ __forceinline__ C fmod_of(C x, C y) { return fmod(x, y); }
+template <> __device__ __forceinline__ int64_t fmod_of<int64_t>(int64_t x, int64_t y) { return y == -1 ? 0 : x % y; }
+template <typename C> __device__ __forceinline__ C floordiv_of(C x, C y) {
+  if (y == 0) return x / y;
+  C mod = fmod(x, y), div = (x - mod) / y;
+  if (mod != 0 && ((y < 0) != (mod < 0))) div -= 1;
+  if (div == 0) return copysign((C)0, x / y);
+  C f = floor(div);
+  return div - f > (C)0.5 ? f + 1 : f;
+}
+template <> __device__ __forceinline__ int64_t floordiv_of<int64_t>(int64_t x, int64_t y) {
+  if (y == -1) return -x;
+  return x / y - (x % y != 0 && ((x < 0) != (y < 0)));
+}
+template <typename C> __device__ __forceinline__ C truncdiv_of(C x, C y) { return trunc(x / y); }
+template <> __device__ __forceinline__ int64_t truncdiv_of<int64_t>(int64_t x, int64_t y) { return y == -1 ? -x : x / y; }
+
 template <typename C> __device__ __forceinline__ C binop(int code, C x, C y) {
   switch (code) {
   case FLOW_BIN_ADD: return x + y;
@@ -108,6 +136,10 @@ template <typename C> __device__ __forceinline__ C binop(int code, C x, C y) {
   case FLOW_BIN_POW: return ipow_or_pow<C>(x, y);
   case FLOW_BIN_MAX: return x > y || x != x ? x : y;  /* NaN wins, as on the CPU */
   case FLOW_BIN_MIN: return x < y || x != x ? x : y;
+  case FLOW_BIN_REM: return rem_of<C>(x, y);
+  case FLOW_BIN_FMOD: return fmod_of<C>(x, y);
+  case FLOW_BIN_FLOORDIV: return floordiv_of<C>(x, y);
+  case FLOW_BIN_TRUNCDIV: return truncdiv_of<C>(x, y);
   case FLOW_BIN_EQ: return x == y;
   case FLOW_BIN_NE: return x != y;
   case FLOW_BIN_LT: return x < y;
@@ -117,13 +149,21 @@ template <typename C> __device__ __forceinline__ C binop(int code, C x, C y) {
   }
 }
 
+/* zero_div: an integer op of the division family, whose zero divisors are recorded (as an index
+ * error: the host raises torch's ZeroDivisionError at the next synchronisation) and give 0. */
 template <typename T, typename O>
-__global__ void binary_kernel(Geo g, int64_t n, int code, O *o, const T *x, const T *y) {
+__global__ void binary_kernel(Geo g, int64_t n, int code, O *o, const T *x, const T *y, BadIndex *zero_div) {
   typedef typename Acc<T>::type C;
   CUDA_LOOP(i, n) {
     int64_t off[3];
     geo_offsets<3>(g, i, off);
-    C r = binop<C>(code, load<C, T>(x + off[1]), load<C, T>(y + off[2]));
+    C yv = load<C, T>(y + off[2]);
+    if (zero_div && yv == 0) {
+      index_ok(zero_div, BAD_ZERO_DIV, 0, 0, code);
+      store<O, C>(o + off[0], 0);
+      continue;
+    }
+    C r = binop<C>(code, load<C, T>(x + off[1]), yv);
     if (code >= FLOW_BIN_EQ) o[off[0]] = r != 0;
     else store<O, C>(o + off[0], r);
   }
@@ -147,11 +187,15 @@ static int cuda_binary(flow_binary_code code, flow_tensor *out, const flow_tenso
   Geo g;
   geo_init(&g, ops, 3);
   cudaStream_t s = stream_of(out);
-  bool cmp = code >= FLOW_BIN_EQ, dense = !cmp && dense_aligned(g, ops, 3);
+  BadIndex *zero_div = NULL;
+  if (code >= FLOW_BIN_REM && code <= FLOW_BIN_TRUNCDIV && !flow_dtype_is_float(x->dtype) &&
+      !(zero_div = bad_index_record(out)))
+    return -1;
+  bool cmp = code >= FLOW_BIN_EQ, dense = !cmp && !zero_div && dense_aligned(g, ops, 3);
   FLOW_CUDA_DISPATCH_ALL(x->dtype, "binary",
     if (dense) launch_dense<T>(n, data_of<T>(out), data_of<T>(x), data_of<T>(y), BinaryF<T>{code}, s);
-    else if (cmp) binary_kernel<T, bool><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<bool>(out), data_of<T>(x), data_of<T>(y));
-    else binary_kernel<T, T><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<T>(out), data_of<T>(x), data_of<T>(y)))
+    else if (cmp) binary_kernel<T, bool><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<bool>(out), data_of<T>(x), data_of<T>(y), NULL);
+    else binary_kernel<T, T><<<grid_for(n, 256), 256, 0, s>>>(g, n, code, data_of<T>(out), data_of<T>(x), data_of<T>(y), zero_div))
   return launch_check("binary_kernel");
 }
 
@@ -496,6 +540,10 @@ BINARY(div, FLOW_BIN_DIV)
 BINARY(pow, FLOW_BIN_POW)
 BINARY(maximum, FLOW_BIN_MAX)
 BINARY(minimum, FLOW_BIN_MIN)
+BINARY(remainder, FLOW_BIN_REM)
+BINARY(fmod, FLOW_BIN_FMOD)
+BINARY(floor_divide, FLOW_BIN_FLOORDIV)
+BINARY(trunc_divide, FLOW_BIN_TRUNCDIV)
 BINARY(eq, FLOW_BIN_EQ)
 BINARY(ne, FLOW_BIN_NE)
 BINARY(lt, FLOW_BIN_LT)
@@ -557,6 +605,10 @@ void flow_cuda_register_elementwise(void) {
   FLOW_KERNEL_ADD(FLOW_CUDA, pow, k_pow);
   FLOW_KERNEL_ADD(FLOW_CUDA, maximum, k_maximum);
   FLOW_KERNEL_ADD(FLOW_CUDA, minimum, k_minimum);
+  FLOW_KERNEL_ADD(FLOW_CUDA, remainder, k_remainder);
+  FLOW_KERNEL_ADD(FLOW_CUDA, fmod, k_fmod);
+  FLOW_KERNEL_ADD(FLOW_CUDA, floor_divide, k_floor_divide);
+  FLOW_KERNEL_ADD(FLOW_CUDA, trunc_divide, k_trunc_divide);
   FLOW_KERNEL_ADD(FLOW_CUDA, eq, k_eq);
   FLOW_KERNEL_ADD(FLOW_CUDA, ne, k_ne);
   FLOW_KERNEL_ADD(FLOW_CUDA, lt, k_lt);

@@ -6,6 +6,10 @@
 
 #include "common.h"
 
+extern "C" {
+#include "../cpu/cpu.h"
+}
+
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static BadIndex *host_rec[FLOW_CUDA_MAX_DEVICES], *dev_rec[FLOW_CUDA_MAX_DEVICES];
@@ -42,6 +46,9 @@ static void describe(const BadIndex &e, char *buf, size_t n) {
   switch (e.op) {
   case BAD_EMBEDDING:
     snprintf(buf, n, "embedding: index %lld out of range [0, %lld) (the rows of weight)", i, size);
+    break;
+  case BAD_ZERO_DIV:
+    snprintf(buf, n, "%s: ZeroDivisionError (integer division by zero)", flow_binary_name((flow_binary_code)extra));
     break;
   case BAD_CROSS_ENTROPY:
     snprintf(buf, n, "cross_entropy: target %lld is out of range for %lld classes (expected 0 <= target < %lld, or "

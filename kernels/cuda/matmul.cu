@@ -166,7 +166,9 @@ static int autocast_gemm(flow_tensor *y, flow_tensor *A, flow_tensor *B, bool ta
   return rc;
 }
 
+/* Integer operands (cuBLAS has no int64 GEMM) run the CPU's loop on host copies. */
 static FLOW_KERNEL(k_matmul) {
+  if (!flow_dtype_is_float(in[0]->dtype)) return flow_cuda_via_host("matmul", in, nin, out, nout, a);
   return autocast_gemm(out[0], in[0], in[1], a->flags & FLOW_ATTR_TRANS_A, a->flags & FLOW_ATTR_TRANS_B, false);
 }
 

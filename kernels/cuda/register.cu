@@ -57,6 +57,7 @@ void flow_cuda_register_kernels(void) {
   register_host_randint();
   flow_cuda_register_elementwise();
   flow_cuda_register_reduce();
+  flow_cuda_register_sort();
   flow_cuda_register_matmul();
   flow_cuda_register_nn();
   flow_cuda_register_attention();

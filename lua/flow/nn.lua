@@ -9,13 +9,14 @@ nn.functional = F
 -------------------------------------------------------------------------------- functional
 
 -- Inputs of rank > 2 are folded into one [N, in] matrix first: one GEMM each way, and the weight
--- gradient comes out [out, in] directly instead of per batch and then summed.
+-- gradient comes out [out, in] directly instead of per batch and then summed; a 1-D input is one
+-- row, its result 1-D, as torch.
 -- With a bias, the fused "linear" op writes the bias and lets GEMM add onto it (one pass over the
 -- output fewer); on global tensors its SBP rule splits rows, out features or in features.
 function F.linear(x, weight, bias)
   local s = x:shape()
   local x2 = x
-  if #s > 2 then
+  if #s ~= 2 then
     local rows = 1
     for i = 1, #s - 1 do rows = rows * s[i] end
     x2 = flow.reshape(x, { rows, s[#s] })
@@ -23,7 +24,7 @@ function F.linear(x, weight, bias)
   local y
   if bias then y = flow.linear(x2, weight, bias)
   else y = flow.matmul(x2, weight, { transpose_b = true }) end
-  if #s > 2 then
+  if #s ~= 2 then
     s[#s] = weight:shape()[1]
     y = flow.reshape(y, s)
   end
@@ -37,7 +38,37 @@ function F.silu(x) return flow.silu(x) end
 function F.softplus(x, opts) return flow.softplus(x, opts) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
-function F.layer_norm(x, weight, bias, eps) return flow.layer_norm(x, weight, bias, eps or 1e-5) end
+-- F.layer_norm(x, normalized_shape, weight, bias, eps = 1e-5) as torch: normalised over the trailing
+-- axes normalized_shape names (an integer or a list), weight and bias of that shape; the axes are
+-- folded into one for the op and unfolded after. F.layer_norm(x, weight, bias, eps) (over the last
+-- axis) still works: a tensor or nil second argument means that form.
+F.layer_norm = flow._named("layer_norm", function(x, normalized_shape, weight, bias, eps)
+  if normalized_shape == nil or flow.is_tensor(normalized_shape) then
+    return flow.layer_norm(x, normalized_shape, weight, bias or 1e-5)
+  end
+  local ns = type(normalized_shape) == "table" and normalized_shape or { normalized_shape }
+  local s, m = x:shape(), #ns
+  local function str(t) return "{" .. table.concat(t, ",") .. "}" end
+  local ok, count = m <= #s and m > 0, 1
+  for i = 1, m do
+    ok = ok and s[#s - m + i] == ns[i]
+    count = count * ns[i]
+  end
+  if not ok then
+    error(("normalized_shape %s must be the input's trailing axes (got input of shape %s)"):format(str(ns), str(s)), 0)
+  end
+  for name, t in pairs({ weight = weight, bias = bias }) do
+    if str(t:shape()) ~= str(ns) then
+      error(("%s must have normalized_shape %s (got %s)"):format(name, str(ns), str(t:shape())), 0)
+    end
+  end
+  if m == 1 then return flow.layer_norm(x, weight, bias, eps or 1e-5) end
+  local folded = { table.unpack(s, 1, #s - m) }
+  folded[#folded + 1] = count
+  local y = flow.layer_norm(x:reshape(folded), weight and weight:reshape({ count }), bias and bias:reshape({ count }),
+    eps or 1e-5)
+  return y:reshape(s)
+end)
 -- PyTorch's layout: logits [C], [N, C] or [N, C, d1, ...], target [], [N] or [N, d1, ...].
 -- Logits split on the class axis (vocab parallel): the composition in flow.parallel.
 function F.cross_entropy(logits, target, opts)
@@ -92,6 +123,34 @@ F.binary_cross_entropy_with_logits = flow._named("binary_cross_entropy_with_logi
   return reduce("binary_cross_entropy_with_logits", loss, opts and opts.reduction)
 end)
 
+-- binary_cross_entropy(x, y, {weight, reduction}) on probabilities x in [0, 1], as torch:
+--   loss = -w (y max(log x, -100) + (1 - y) max(log(1 - x), -100)),
+-- whose gradient torch takes as w (x - y) / max(x (1 - x), eps) (finite at x = 0 and 1; eps is 1e-12
+-- rounded to float32, as torch's kernel has it, in either dtype): x enters
+-- the loss through x c - detach(x c) with c that gradient held constant, the target through the
+-- loss of a detached x.
+F.binary_cross_entropy = flow._named("binary_cross_entropy", function(input, target, opts)
+  flow._check_opts("binary_cross_entropy", opts, { "weight", "reduction" })
+  local function shape(t) return "{" .. table.concat(t:shape(), ",") .. "}" end
+  if not flow.is_tensor(target) or shape(target) ~= shape(input) then
+    error(("target must have the input's shape %s (got %s)"):format(shape(input),
+      flow.is_tensor(target) and shape(target) or type(target)), 0)
+  end
+  local outside = flow.lt(input, 0):long() + flow.gt(input, 1):long() + flow.ne(input, input):long()
+  if input:numel() > 0 and flow.sum(outside):item() > 0 then
+    error("all elements of input should be between 0 and 1", 0)
+  end
+  local x = input:detach()
+  local function clog(v) return flow.clamp(flow.log(v), -100) end
+  local loss = -(target * clog(x) + (1 - target) * clog(1 - x))
+  local eps = string.unpack("f", string.pack("f", 1e-12))
+  local c = flow.no_grad(function() return (x - target) / flow.clamp(x * (1 - x), eps) end)
+  local through_x = input * c
+  loss = loss + (through_x - through_x:detach())
+  if opts and opts.weight then loss = loss * opts.weight end
+  return reduce("binary_cross_entropy", loss, opts and opts.reduction)
+end)
+
 -- one_hot(t, num_classes): int64 [..., C] with 1 at t's class, C = num_classes or max(t) + 1
 F.one_hot = flow._named("one_hot", function(t, num_classes)
   if not flow.is_tensor(t) or t.dtype ~= "int64" then error("one_hot: expected an int64 tensor of class indices", 2) end
@@ -127,14 +186,38 @@ local function attention_math(q, k, v, opts)
   return flow.matmul(flow.softmax(scores, -1), v)
 end
 
+-- q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] with the same leading axes, as torch: [B, H, T, D]
+-- goes to the op as it is; any other rank (3-d [B, T, D], ...) is folded to [N, 1, T, D] and back.
+-- causal masks the keys after each query from the top left (key j > query i), as torch, which for
+-- Tq ~= Tk the math path does (the fused kernel takes Tq == Tk only).
 function F.scaled_dot_product_attention(q, k, v, opts)
   flow._check_opts("scaled_dot_product_attention", opts, { "causal", "scale" })
   local backend = flow.backends and flow.backends.attention
-  if backend == "math" then return attention_math(q, k, v, opts) end
-  if backend ~= nil and backend ~= "fused" then
+  if backend ~= nil and backend ~= "fused" and backend ~= "math" then
     error(("scaled_dot_product_attention: flow.backends.attention is %q; expected \"fused\" or \"math\""):format(
       tostring(backend)), 2)
   end
+  local sq, sk, sv = q:shape(), k:shape(), v:shape()
+  local n = #sq
+  if n ~= 4 then
+    local lead, same = 1, n >= 2 and #sk == n and #sv == n
+    for i = 1, n - 2 do
+      same = same and sk[i] == sq[i] and sv[i] == sq[i]
+      lead = lead * sq[i]
+    end
+    if not same then
+      local function str(s) return "{" .. table.concat(s, ",") .. "}" end
+      error(("scaled_dot_product_attention: q, k and v must have the same leading axes and at least 2 dimensions"
+        .. " ([..., T, D]); got q %s, k %s, v %s"):format(str(sq), str(sk), str(sv)), 2)
+    end
+    local function fold(t, s) return t:reshape({ lead, 1, s[n - 1], s[n] }) end
+    local out = F.scaled_dot_product_attention(fold(q, sq), fold(k, sk), fold(v, sv), opts)
+    local back = { table.unpack(sq) }
+    back[n] = sv[n]
+    return out:reshape(back)
+  end
+  local causal_rect = opts and opts.causal and sq[3] ~= sk[3]
+  if backend == "math" or causal_rect then return attention_math(q, k, v, opts) end
   return flow.scaled_dot_product_attention(q, k, v, opts)
 end
 

@@ -71,6 +71,9 @@ for _, n in ipairs({"add", "sub", "mul", "maximum", "minimum"}) do
 end
 cases.div = {{label = "broadcast", inputs = {{5, 4}, pos({4})}}}
 cases.pow = one({pos({4, 3}), {4, 3}})
+for _, n in ipairs({"remainder", "fmod", "floor_divide", "trunc_divide"}) do
+  cases[n] = {{label = "broadcast", inputs = {{5, 1, 4}, pos({3, 1})}}}
+end
 for _, n in ipairs({"eq", "ne", "lt", "le", "gt", "ge"}) do
   cases[n] = one({{4, 3}, {3}}, nil, "broadcast")
 end
@@ -157,6 +160,8 @@ cases.permute = one({{5, 3, 2}}, {axes = {2, 0, 1}})
 cases.cumsum = one({{5, 3, 4}}, {axis = 1})
 cases.flip = one({{5, 3, 4}}, {axes = {1}})
 cases.prod = {{label = "all", inputs = {{5, 3}}}, {label = "axis 1 keepdim", inputs = {{3, 5, 2}}, attrs = {axes = {1}, keepdim = true}}}
+cases.sort = one({{5, 3, 4}}, {axis = 1})
+cases.topk = one({{5, 3, 4}}, {axis = -1, k = 2, descending = true})
 cases.narrow = one({{5, 3}}, {axis = 0, start = 1, length = 3})
 cases.narrow_backward = one({{3, 5}}, {shape = {6, 5}, axis = 0, start = 2})
 cases.cat = one({{5, 2}, {5, 3}}, {axis = 1})
@@ -205,6 +210,8 @@ more("permute", {label = "negative dims", inputs = {{4, 5}}, attrs = {axes = {-1
 more("cumsum", {label = "axis -1, reverse", inputs = {{4, 5}}, attrs = {axis = -1, reverse = true}})
 more("flip", {label = "axes 0 and -1", inputs = {{4, 5, 3}}, attrs = {axes = {0, -1}}})
 more("prod", {label = "axis -1 of 3-d", inputs = {{3, 4, 5}}, attrs = {axes = {-1}}})
+more("sort", {label = "axis 0, descending", inputs = {{4, 5}}, attrs = {axis = 0, descending = true}})
+more("topk", {label = "smallest along axis 0", inputs = {{5, 4}}, attrs = {axis = 0, k = 3}})
 more("narrow", {label = "axis -1, negative start", inputs = {{4, 5}}, attrs = {axis = -1, start = -3, length = 2}})
 more("cat", {label = "axis 0, three", inputs = {{2, 3}, {1, 3}, {4, 3}}, attrs = {axis = 0}})
 more("tril", {label = "2-d, k = -1", inputs = {{4, 5}}, attrs = {k = -1}})

@@ -1,5 +1,6 @@
 # PyTorch side of spec/conformance_spec.lua: for each case, one line
-#   name|dtype|values|grad   (values and the gradient of sum(out) as space-separated numbers)
+#   name|dtype|values|grad   (values and the gradient of sum(out) as space-separated numbers; an op
+#   with several outputs gives their dtypes comma-separated and their values in turn)
 import math, sys, torch
 nan, inf = math.nan, math.inf
 X = [-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, nan, inf, -inf]
@@ -66,6 +67,82 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"roll axes 0,-1 {dn}"] = (lambda dt=dt: torch.roll(t(L3, dt, True), (1, -4), (0, -1)), True)
     cases[f"roll flat transposed {dn}"] = (lambda dt=dt: torch.roll(t([[1.0, nan, 3.0], [inf, 2.0, -inf]], dt, True).transpose(0, 1), 4), True)
     cases[f"roll size-0 {dn}"] = (lambda dt=dt: torch.roll(torch.zeros(0, 3, dtype=dt), 2, 0), False)
+    S2 = [[3.0, 1.0, nan, 1.0, -0.5], [2.0, -inf, 2.0, inf, 0.0]]
+    cases[f"sort nan/ties {dn}"] = (lambda dt=dt: torch.sort(t(S2, dt, True)), True)
+    cases[f"sort axis 1 descending transposed {dn}"] = (lambda dt=dt: torch.sort(t(L3, dt, True).transpose(1, 2), 1, descending=True), True)
+    cases[f"sort axis 0 stable descending {dn}"] = (lambda dt=dt: torch.sort(t(S2, dt, True), dim=0, descending=True, stable=True), True)
+    cases[f"sort 0-d {dn}"] = (lambda dt=dt: torch.sort(t(2.5, dt, True)), True)
+    cases[f"sort size-0 {dn}"] = (lambda dt=dt: torch.sort(torch.zeros(2, 0, dtype=dt), 1), False)
+    cases[f"argsort descending nan {dn}"] = (lambda dt=dt: torch.argsort(t(S2, dt), -1, descending=True), False)
+    cases[f"topk 2 nan/inf {dn}"] = (lambda dt=dt: torch.topk(t([[3.0, 1.0, nan, 0.5], [2.0, -inf, 5.0, inf]], dt, True), 2), True)
+    cases[f"topk smallest axis 0 {dn}"] = (lambda dt=dt: torch.topk(t(L3, dt, True), 1, 0, largest=False), True)
+    cases[f"topk axis -2 transposed {dn}"] = (lambda dt=dt: torch.topk(t(L3, dt, True).transpose(1, 2), 1, -2, largest=True), True)
+    cases[f"topk k 0 {dn}"] = (lambda dt=dt: torch.topk(t([[1.0, 2.0]], dt), 0), False)
+    cases[f"unbind axis -1 {dn}"] = (lambda dt=dt: torch.unbind(t(L3, dt, True), -1), True)
+    cases[f"unbind transposed {dn}"] = (lambda dt=dt: torch.unbind(t(S2, dt, True).transpose(0, 1)), True)
+    cases[f"repeat leading axis {dn}"] = (lambda dt=dt: t([[1.0, nan], [inf, -2.0]], dt, True).repeat(2, 1, 3), True)
+    cases[f"repeat transposed {dn}"] = (lambda dt=dt: t(L3, dt, True).transpose(0, 2).repeat(1, 2, 2), True)
+    cases[f"repeat 0-d {dn}"] = (lambda dt=dt: t(2.5, dt, True).repeat(3), True)
+    cases[f"repeat zero times {dn}"] = (lambda dt=dt: t([1.0, 2.0], dt, True).repeat(2, 0), True)
+    cases[f"tile short reps {dn}"] = (lambda dt=dt: torch.tile(t([[1.0, 2.0], [3.0, 4.0]], dt, True), (3,)), True)
+    cases[f"masked_select broadcast {dn}"] = (lambda dt=dt: torch.masked_select(t(S2, dt, True), torch.tensor([True, False, True, True, False])), True)
+    cases[f"masked_select mask wider {dn}"] = (lambda dt=dt: torch.masked_select(t([[1.0], [nan]], dt, True),
+        torch.tensor([[True, False, True], [False, True, True]])), True)
+    cases[f"masked_select none {dn}"] = (lambda dt=dt: torch.masked_select(t([1.0, 2.0], dt, True), torch.tensor([False, False])), True)
+    A, D = [5.5, -5.5, 5.5, -5.5, 3.0, -0.0, nan, inf, 2.0], [3.0, 3.0, -3.0, -3.0, 1.5, 2.0, 1.0, 2.0, inf]
+    cases[f"remainder signs {dn}"] = (lambda dt=dt: torch.remainder(t(A, dt, True), t(D, dt)), True)
+    cases[f"fmod signs {dn}"] = (lambda dt=dt: torch.fmod(t(A, dt, True), t(D, dt)), True)
+    cases[f"floor_divide signs {dn}"] = (lambda dt=dt: torch.floor_divide(t(A, dt), t(D, dt)), False)
+    cases[f"remainder by zero {dn}"] = (lambda dt=dt: torch.remainder(t([1.0, -1.0, 0.0], dt), 0.0), False)
+    cases[f"fmod by zero {dn}"] = (lambda dt=dt: torch.fmod(t([1.0, -1.0, 0.0], dt), 0.0), False)
+    cases[f"floor_divide by zero {dn}"] = (lambda dt=dt: torch.floor_divide(t([1.0, -1.0, 0.0], dt), 0.0), False)
+    cases[f"remainder divisor gradient {dn}"] = (lambda dt=dt: torch.remainder(t([5.5, -5.5], dt), t([[3.0], [-2.0]], dt, True)), True)
+    cases[f"fmod divisor gradient transposed {dn}"] = (lambda dt=dt: torch.fmod(t([[7.0, -7.0], [2.5, 4.0]], dt),
+        t([[2.0, -2.0], [3.0, -3.0]], dt, True).transpose(0, 1)), True)
+    cases[f"a % b {dn}"] = (lambda dt=dt: t([-7.5, 7.5], dt, True) % 2, True)
+    cases[f"a // b {dn}"] = (lambda dt=dt: t([-7.5, 7.5, 0.5], dt) // -2, False)
+    cases[f"div trunc gradient {dn}"] = (lambda dt=dt: torch.div(t([7.5, -7.5], dt, True), 2, rounding_mode="trunc"), True)
+    cases[f"div floor 0-d {dn}"] = (lambda dt=dt: torch.div(t(-7.0, dt), t(2.0, dt), rounding_mode="floor"), False)
+    P, Y = [0.0, 1e-50, 0.25, 0.5, 0.9, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 1.0]
+    cases[f"binary_cross_entropy clamps {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(P, dt, True), t(Y, dt), reduction="none"), True)
+    cases[f"binary_cross_entropy mean {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(P, dt, True), t(Y, dt)), True)
+    cases[f"binary_cross_entropy weight sum {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t([[0.1, 0.7], [0.3, 1.0]], dt, True),
+        t([[0.0, 1.0], [0.2, 1.0]], dt), weight=t([2.0, 0.5], dt), reduction="sum"), True)
+    cases[f"binary_cross_entropy 0-d {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t(0.3, dt, True), t(1.0, dt)), True)
+    cases[f"binary_cross_entropy target gradient {dn}"] = (lambda dt=dt: F.binary_cross_entropy(t([0.2, 0.6, 1.0], dt),
+        t([0.0, 0.4, 1.0], dt, True), reduction="sum"), True)
+    cases[f"where promoted gradient {dn}"] = (lambda dt=dt: torch.where(torch.tensor([True, False, True]), t([1.5, nan, -2.0], dt, True),
+        torch.tensor([1, 2, 3])), True)
+    cases[f"cat promoted gradient {dn}"] = (lambda dt=dt: torch.cat([t([[1.5, 2.0]], dt, True), torch.tensor([[1, 2]])], 0), True)
+    V, M2 = [1.5, -2.0, 0.5], [[1.0, -1.0, 2.0], [0.5, 3.0, -0.25]]
+    cases[f"matmul vector . vector {dn}"] = (lambda dt=dt: torch.matmul(t(V, dt, True), t([2.0, 1.0, -4.0], dt)), True)
+    cases[f"matmul matrix . vector {dn}"] = (lambda dt=dt: torch.matmul(t(M2, dt), t(V, dt, True)), True)
+    cases[f"matmul vector . matrix {dn}"] = (lambda dt=dt: torch.matmul(t([2.0, -1.0], dt, True), t(M2, dt)), True)
+    cases[f"matmul batched . vector {dn}"] = (lambda dt=dt: torch.matmul(t([M2, M2], dt, True), t(V, dt)), True)
+    cases[f"matmul vector . batched transposed {dn}"] = (lambda dt=dt: torch.matmul(t(V, dt, True), t([M2, M2], dt).transpose(1, 2)), True)
+    cases[f"matmul size-0 vector {dn}"] = (lambda dt=dt: torch.matmul(torch.zeros(0, dtype=dt), torch.zeros(0, dtype=dt)), False)
+    cases[f"linear 1-d input {dn}"] = (lambda dt=dt: F.linear(t(V, dt, True), t(M2, dt), t([0.5, -1.0], dt)), True)
+    W2 = [[0.5, -1.0], [2.0, 1.5], [1.0, 0.25]]
+    cases[f"layer_norm over two axes {dn}"] = (lambda dt=dt: F.layer_norm(t(L3, dt, True), (3, 2), t(W2, dt),
+        t([[0.0, 1.0], [-1.0, 0.5], [0.25, 0.0]], dt), 1e-5), True)
+    cases[f"layer_norm last axis, integer shape {dn}"] = (lambda dt=dt: F.layer_norm(t(L3, dt, True).transpose(0, 1), (2,)), True)
+    cases[f"layer_norm weight only eps {dn}"] = (lambda dt=dt: F.layer_norm(t(L3, dt, True), (2,), t([2.0, -0.5], dt), None, 0.1), True)
+    Q3 = [[[0.5, -1.0, 0.25], [1.0, 0.0, -0.5]], [[-0.75, 0.5, 2.0], [0.1, 0.2, 0.3]]]
+    K3 = [[[1.0, 0.5, -0.5], [0.0, -1.0, 1.0], [0.25, 0.75, 0.5]], [[-1.0, 2.0, 0.0], [0.5, 0.5, 0.5], [1.5, -0.5, 1.0]]]
+    def sdpa(q, k, v, causal=False, scale=None):  # torch 2's F.scaled_dot_product_attention, written out
+        s = q @ k.transpose(-2, -1) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+        if causal:
+            s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).triu(1), -inf)
+        return torch.softmax(s, -1) @ v
+    cases[f"attention 3-d {dn}"] = (lambda dt=dt: sdpa(t(Q3, dt, True), t(K3, dt), t(K3, dt)), True)
+    cases[f"attention 3-d causal Tq < Tk {dn}"] = (lambda dt=dt: sdpa(t(Q3, dt, True), t(K3, dt), t(K3, dt), causal=True), True)
+    cases[f"attention 4-d scale {dn}"] = (lambda dt=dt: sdpa(t([Q3], dt, True), t([K3], dt), t([K3], dt), scale=0.5), True)
+    cases[f"topk 0-d {dn}"] = (lambda dt=dt: torch.topk(t(2.5, dt, True), 1), True)
+    cases[f"sort size-0 1-d {dn}"] = (lambda dt=dt: torch.sort(torch.zeros(0, dtype=dt)), False)
+    cases[f"masked_select size-0 {dn}"] = (lambda dt=dt: torch.masked_select(torch.zeros(0, 2, dtype=dt), torch.tensor([True, False])), False)
+    cases[f"repeat size-0 {dn}"] = (lambda dt=dt: t([[1.0, 2.0]], dt).repeat(0, 2), False)
+    cases[f"remainder 0-d divisor broadcast {dn}"] = (lambda dt=dt: torch.remainder(t([[-3.5, 4.0], [7.0, -0.5]], dt, True), t(-2.0, dt)), True)
+    cases[f"where 0-d operands {dn}"] = (lambda dt=dt: torch.where(torch.tensor([True, False]), t(1.5, dt, True), t(-2.0, dt)), True)
     cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
     cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
 cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
@@ -75,6 +152,41 @@ cases["cumsum bool"] = (lambda: torch.cumsum(torch.tensor([True, False, True]), 
 cases["flip int64"] = (lambda: torch.flip(torch.tensor([[1, 2, 3], [4, 5, 6]]), (1,)), False)
 cases["prod int32"] = (lambda: torch.prod(torch.tensor([[1, 2], [3, -4]], dtype=torch.int32), 0), False)
 cases["prod bool"] = (lambda: torch.prod(torch.tensor([True, True])), False)
+cases["sort int64 descending ties"] = (lambda: torch.sort(torch.tensor([3, 1, 2, 1, 3, 2]), 0, descending=True), False)
+cases["argsort int32"] = (lambda: torch.argsort(torch.tensor([[5, -1, 3], [0, 0, -7]], dtype=torch.int32)), False)
+cases["topk int64"] = (lambda: torch.topk(torch.tensor([4, 9, -2, 7]), 3), False)
+cases["sort bool"] = (lambda: torch.sort(torch.tensor([True, False, True, False])), False)
+cases["repeat int64"] = (lambda: torch.tensor([[1, 2]]).repeat(2, 2), False)
+cases["masked_select bool"] = (lambda: torch.masked_select(torch.tensor([True, False, True]), torch.tensor([False, True, True])), False)
+I7, I3 = [7, -7, 7, -7, 0], [3, 3, -3, -3, 5]
+cases["remainder int64 signs"] = (lambda: torch.remainder(torch.tensor(I7), torch.tensor(I3)), False)
+cases["fmod int64 signs"] = (lambda: torch.fmod(torch.tensor(I7), torch.tensor(I3)), False)
+cases["floor_divide int64 signs"] = (lambda: torch.floor_divide(torch.tensor(I7), torch.tensor(I3)), False)
+cases["floor_divide int32 by -1"] = (lambda: torch.floor_divide(torch.tensor([7, -8], dtype=torch.int32), -1), False)
+cases["remainder int64 by float"] = (lambda: torch.remainder(torch.tensor([5, -5]), 2.5), False)
+cases["remainder number by int64"] = (lambda: torch.remainder(-3, torch.tensor([2, -2])), False)
+cases["fmod int32 + int64"] = (lambda: torch.fmod(torch.tensor([-7, 9], dtype=torch.int32), torch.tensor([2, 4])), False)
+cases["int64 % int64"] = (lambda: torch.tensor([-7, 7]) % torch.tensor([2, -2]), False)
+cases["int64 // int64"] = (lambda: torch.tensor([-7, 7]) // torch.tensor([2, -2]), False)
+cases["remainder size-0"] = (lambda: torch.remainder(torch.zeros(0, 2), torch.ones(2)), False)
+TF = torch.tensor([True, False])
+cases["where int64, float32"] = (lambda: torch.where(torch.tensor([True, False, True]), torch.tensor([1, 2, 3]), torch.tensor([0.5, 1.5, 2.5])), False)
+cases["where int64, 2.5"] = (lambda: torch.where(TF, torch.tensor([1, 2]), 2.5), False)
+cases["where float32, 2"] = (lambda: torch.where(TF, torch.tensor([1.5, 2.5]), 2), False)
+cases["where int32, int64 0-d"] = (lambda: torch.where(TF, torch.tensor([1, 2], dtype=torch.int32), torch.tensor(5)), False)
+cases["where 1, 2.5"] = (lambda: torch.where(TF, 1, 2.5), False)
+cases["where bool, float64 broadcast"] = (lambda: torch.where(torch.tensor([[True], [False]]), torch.tensor([True, False]),
+    torch.tensor([0.25, 0.5], dtype=torch.float64)), False)
+cases["cat int64, float32"] = (lambda: torch.cat([torch.tensor([1, 2]), torch.tensor([0.5])]), False)
+cases["cat int32, bool"] = (lambda: torch.cat([torch.tensor([1], dtype=torch.int32), torch.tensor([True])]), False)
+cases["cat float32, float64 axis 1"] = (lambda: torch.cat([torch.tensor([[1.5]]), torch.tensor([[2.25, 3.0]], dtype=torch.float64)], 1), False)
+cases["stack int64, float64"] = (lambda: torch.stack([torch.tensor([1, 2]), torch.tensor([0.5, 1.5], dtype=torch.float64)]), False)
+cases["matmul int64"] = (lambda: torch.matmul(torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5, -6], [7, 8]])), False)
+cases["matmul int64 batched broadcast"] = (lambda: torch.matmul(torch.tensor([[[1, 2]], [[3, 4]]]), torch.tensor([[5, -6], [7, 8]])), False)
+cases["matmul int64 vectors"] = (lambda: torch.matmul(torch.tensor([1, 2, 3]), torch.tensor([4, 5, -6])), False)
+cases["matmul int32 transposed"] = (lambda: torch.matmul(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32).t(), torch.tensor([[1], [-1]], dtype=torch.int32)), False)
+cases["index_select int32 index"] = (lambda: torch.index_select(torch.tensor([[1.5, 2.0], [3.0, -1.0], [0.5, 4.0]]), 0, torch.tensor([2, 0, 2], dtype=torch.int32)), False)
+cases["embedding int32 ids"] = (lambda: torch.nn.functional.embedding(torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([[1.5, 2.0], [3.0, -1.0]])), False)
 cases["int64 / int64"] = (lambda: torch.tensor([3, 4, -7]) / torch.tensor([2, 0, 2]), False)
 cases["int64 + 2.0"] = (lambda: torch.tensor([1, 2]) + 2.0, False)
 cases["int64 + 2"] = (lambda: torch.tensor([1, 2]) + 2, False)
@@ -92,9 +204,11 @@ def fmt(v): return " ".join(repr(float(x)) for x in v.detach().reshape(-1).tolis
 for name in sys.argv[1:]:
     fn, grad = cases[name]
     LEAVES.clear()
-    out = fn()
+    outs = fn()
+    outs = tuple(outs) if isinstance(outs, tuple) else (outs,)  # sort's values and indices: in turn
     g = ""
     if grad:
-        out.sum().backward()
+        outs[0].sum().backward()
         g = fmt(LEAVES[0].grad)
-    print(f"{name}|{str(out.dtype).replace('torch.', '')}|{fmt(out)}|{g}")
+    dtypes = ",".join(str(o.dtype).replace('torch.', '') for o in outs)
+    print(f"{name}|{dtypes}|{' '.join(fmt(o) for o in outs if o.numel())}|{g}")
