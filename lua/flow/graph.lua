@@ -348,6 +348,8 @@ end
 
 function Graph:_compile(args)
   self:_check_stages(args)
+  local M = self.accumulation
+  for i = 1, args.n do if M > 1 and flow.is_tensor(args[i]) then check_micro_batches(args[i], i, M) end end
   self:_setup_zero()
   local g = flow._graph.new()
   local opt = self.optimizer
@@ -356,15 +358,13 @@ function Graph:_compile(args)
   local z = self.zero
   -- ZeRO-3: the trace sees each parameter all-gathered where the model reads it
   local restore_params = function() end
-  local M = self.accumulation
   -- ZeRO-2/3 reduce-scatter the partial gradients in the optimizer pass; with micro-batches they
   -- are accumulated partial and reduced once
   local use_partial = (z and z.stage >= 2) or M > 1
+  g:begin(M)
   local partial = use_partial and flow._partial_leaf_grads(true)
   local saved = {}
   for i, p in ipairs(params) do saved[i] = p.grad; p.grad = nil end
-  for i = 1, args.n do if M > 1 and flow.is_tensor(args[i]) then check_micro_batches(args[i], i, M) end end
-  g:begin(M)
   -- debug >= 2: trace errors carry the Lua traceback of the build code that raised them
   local handler = (self.config.debug or 0) >= 2 and debug.traceback or function(e) return e end
   local ok, err = xpcall(function()
