@@ -437,10 +437,43 @@ static int tell_outsiders(const flow_placement *p, int64_t *msg) {
   return w->ops->broadcast(w, msg, 2 + FLOW_MAX_DIMS, FLOW_I64, p->ranks[0]);
 }
 
-/* A local tensor becomes this rank's shard. Collective over the placement: the logical shape is
- * summed from the shards along split axes (innermost first), every rank checks its shard is the
- * one the SBP gives it (and all agree on the outcome), and broadcast axes take coordinate 0's copy
- * so the ranks hold the same values. */
+/* attrs.flags of to_global from a local tensor: the logical shape was settled when it was traced
+ * (it is the target's), so a planned run only moves data */
+enum { TO_GLOBAL_SHAPE_KNOWN = 1 << 20 };
+
+/* The logical shape of local shards put under (p, sbp): summed from the shards along split axes
+ * (innermost first). Collective over the placement, and over the world when it leaves ranks out:
+ * every rank checks its shard is the one the SBP gives it, all agree on the outcome, and the
+ * outsiders learn it (local_to_global_outside). */
+static int local_logical_shape(const flow_placement *p, const flow_nd_sbp *sbp, const flow_tensor *in, int64_t *shape) {
+  int nd = in->ndim;
+  int64_t start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
+  memcpy(shape, in->shape, (size_t)nd * sizeof(int64_t));
+  for (int m = p->ndim - 1; m >= 0; m--) {
+    if (sbp->v[m].kind != FLOW_SBP_S || p->shape[m] == 1) continue;
+    flow_comm *c = flow_placement_axis_comm(p, m);
+    int ax = sbp->v[m].axis;
+    if (!c || c->ops->allreduce(c, &shape[ax], &shape[ax], 1, FLOW_I64) != 0) return -1;
+  }
+  flow_global_box(p, sbp, nd, shape, p->coord, -1, start, box);
+  flow_comm *all = flow_comm_for_ranks(p->ranks, p->nranks);
+  long long lo, hi, fit = flow_shape_eq(nd, box, nd, in->shape);
+  uint64_t h = fnv(fnv(1469598103934665603ull, shape, (size_t)nd * sizeof(int64_t)), &in->dtype, sizeof in->dtype);
+  if (!all || all->ops->minmax(all, fit ? (long long)(h >> 2) : -1, &lo, &hi) != 0) return -1;
+  int64_t msg[2 + FLOW_MAX_DIMS] = {lo != hi || lo < 0 ? -1 : nd, in->dtype};
+  memcpy(msg + 2, shape, (size_t)nd * sizeof(int64_t));
+  if (tell_outsiders(p, msg) != 0) return -1;
+  if (lo != hi || lo < 0) {
+    char s[96], l[96];
+    return rank_error("to_global: the local shards do not form one tensor split as asked (this rank holds %s of a "
+                      "logical %s; shapes and dtypes must agree and splits give the first n %% p ranks one more row)",
+                      flow_shape_str(nd, in->shape, s, sizeof s), flow_shape_str(nd, shape, l, sizeof l));
+  }
+  return 0;
+}
+
+/* A local tensor becomes this rank's shard (see local_logical_shape), and broadcast axes take
+ * coordinate 0's copy so the ranks hold the same values. */
 static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
@@ -453,29 +486,9 @@ static FLOW_KERNEL(kernel_local_to_global) {
   flow_tensor_decref(d);
   if (rc != 0) return -1;
   int nd = in[0]->ndim;
-  int64_t shape[FLOW_MAX_DIMS], start[FLOW_MAX_DIMS], box[FLOW_MAX_DIMS];
-  memcpy(shape, in[0]->shape, sizeof shape);
-  for (int m = p->ndim - 1; m >= 0; m--) {
-    if (tg->sbp.v[m].kind != FLOW_SBP_S || p->shape[m] == 1) continue;
-    flow_comm *c = flow_placement_axis_comm(p, m);
-    int ax = tg->sbp.v[m].axis;
-    if (!c || c->ops->allreduce(c, &shape[ax], &shape[ax], 1, FLOW_I64) != 0) return -1;
-  }
-  flow_global_box(p, &tg->sbp, nd, shape, p->coord, -1, start, box);
-  flow_comm *all = flow_comm_for_ranks(p->ranks, p->nranks);
-  /* every rank's shard fits, and all ranks computed the same logical shape (and dtype) */
-  long long lo, hi, fit = flow_shape_eq(nd, box, nd, in[0]->shape);
-  uint64_t h = fnv(fnv(1469598103934665603ull, shape, (size_t)nd * sizeof(int64_t)), &in[0]->dtype, sizeof in[0]->dtype);
-  if (!all || all->ops->minmax(all, fit ? (long long)(h >> 2) : -1, &lo, &hi) != 0) return -1;
-  int64_t msg[2 + FLOW_MAX_DIMS] = {lo != hi || lo < 0 ? -1 : nd, in[0]->dtype};
-  memcpy(msg + 2, shape, (size_t)nd * sizeof(int64_t));
-  if (tell_outsiders(p, msg) != 0) return -1;
-  if (lo != hi || lo < 0) {
-    char s[96], l[96];
-    return rank_error("to_global: the local shards do not form one tensor split as asked (this rank holds %s of a "
-                      "logical %s; shapes and dtypes must agree and splits give the first n %% p ranks one more row)",
-                      flow_shape_str(nd, in[0]->shape, s, sizeof s), flow_shape_str(nd, shape, l, sizeof l));
-  }
+  int64_t shape[FLOW_MAX_DIMS];
+  if (a->flags & TO_GLOBAL_SHAPE_KNOWN) memcpy(shape, tg->shape, sizeof shape);
+  else if (local_logical_shape(p, &tg->sbp, in[0], shape) != 0) return -1;
   for (int m = 0; m < p->ndim; m++) {
     if (tg->sbp.v[m].kind != FLOW_SBP_B || p->shape[m] == 1) continue;
     flow_comm *c = staged(dev) ? flow_placement_axis_comm(p, m) : flow_placement_axis_data_comm(p, m, dev.type);
@@ -487,6 +500,7 @@ static FLOW_KERNEL(kernel_local_to_global) {
     flow_tensor_decref(h);
     if (rc != 0) return -1;
   }
+  if (a->flags & TO_GLOBAL_SHAPE_KNOWN) return 0; /* a planned run: the graph keeps the metadata */
   return wrap(out[0], p, &tg->sbp, nd, shape);
 }
 
@@ -650,6 +664,16 @@ flow_tensor *flow_to_global(flow_tensor *t, const flow_placement *p, const flow_
   if (t->global) {
     const flow_global *g = flow_global_of(t);
     if ((at.start = target_id(g->placement, &g->sbp, g->ndim, g->shape)) < 0) return NULL;
+  }
+  if (!t->global && flow_lazy_tracing()) {
+    /* traced: the logical shape is settled now, by every rank of the trace (SPMD), so the planned
+     * run only moves data and ranks outside the placement take no part in it */
+    if (local_logical_shape(p, sbp, t, shape) != 0) { rank_prefix(); return NULL; }
+    at.flags |= TO_GLOBAL_SHAPE_KNOWN;
+    if ((at.k = target_id(p, sbp, nd, shape)) < 0) return NULL;
+    flow_tensor *y = flow_op_call1(&flow_op_to_global, &t, 1, &at);
+    if (y && wrap(y, p, sbp, nd, shape) != 0) { flow_tensor_decref(y); return NULL; }
+    return y;
   }
   /* for a local source this target carries the shard's shape: only its placement and SBP are read */
   if ((at.k = target_id(p, sbp, nd, shape)) < 0) return NULL;

@@ -328,6 +328,25 @@ describe("checkpoints across layouts #mpi", function()
   end)
 end)
 
+describe("train_gpt.lua in graph mode #mpi", function()
+  local script = require "support.train_script"
+
+  it("dp 2 x tp 2 with 2 micro-batches (vocabulary-parallel loss, a traced local -> global conversion): the 1-rank losses", function()
+    if ws ~= 4 then return pending("needs 4 ranks") end
+    local p = script.text_file()
+    local base = ("--data %s --layers 2 --dim 16 --heads 2 --seq 8 --batch 8 --steps 4 --log-every 1 "
+      .. "--eval-every 0 --sample-len 0 --seed 3"):format(p)
+    local ok1, one = script.run(base .. " --dp 4")
+    assert.is_true(ok1, one)
+    local ok2, two_d = script.run(base .. " --mode graph --dp 2 --tp 2 --micro-batches 2")
+    assert.is_true(ok2, two_d)
+    local a, b = script.losses(one), script.losses(two_d)
+    assert.equal(4, #b)
+    for s = 1, 4 do assert.near(tonumber(a[s]), tonumber(b[s]), 1e-5) end
+    os.remove(p)
+  end)
+end)
+
 describe("transfers that never complete #mpi", function()
   it("a receive whose sender skipped it fails after FLOW_TIMEOUT, naming the rank, instead of hanging", function()
     if ws < 2 then return pending("needs 2 ranks or more") end
