@@ -508,13 +508,14 @@ static int prepare(flow_rt *rt, int64_t npieces) {
   rt->failed = false;
   rt->err[0] = '\0';
   rt->ndone = 0;
+  for (int i = 0; i < rt->nstreams; i++) rt->ndone += rt->streams[i].ntasks == 0;
   return rc;
 }
 
 static int start_threads(flow_rt *rt) {
   for (int i = 0; i < rt->nstreams; i++) {
     rt_stream *s = &rt->streams[i];
-    if (s->started) continue;
+    if (s->started || s->ntasks == 0) continue; /* a stream without tasks needs no thread */
     if (pthread_create(&s->thread, NULL, stream_main, s))
       return flow_error_set("actor runtime: cannot start the thread of stream %d", i);
     s->started = true;
@@ -547,6 +548,7 @@ int flow_rt_run(flow_rt *rt, int64_t npieces) {
   if (check_order(rt) || prepare(rt, npieces) || start_threads(rt)) return -1;
   for (int i = 0; i < rt->nstreams; i++) {
     rt_stream *s = &rt->streams[i];
+    if (s->ntasks == 0) continue;
     pthread_mutex_lock(&s->mu);
     s->gen++;
     pthread_cond_signal(&s->cv);
