@@ -302,13 +302,21 @@ static int compile(lua_State *L, const char *code) {
 }
 
 /* Turn the results above base into one tab-separated string (every rank does this: printing a
- * global tensor may need its peers). Leaves the string, or an error message, on top. */
+ * global tensor gathers its values from its peers, as print does). Leaves the string, or an error
+ * message, on top. */
 static int results_text(lua_State *L) {
   int n = lua_gettop(L);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   for (int i = 1; i <= n; i++) {
-    luaL_tolstring(L, i, NULL);
+    lua_getfield(L, LUA_REGISTRYINDEX, "flow.print_text");
+    if (lua_isfunction(L, -1)) {
+      lua_pushvalue(L, i);
+      lua_call(L, 1, 1);
+    } else {
+      lua_pop(L, 1);
+      luaL_tolstring(L, i, NULL);
+    }
     luaL_addvalue(&b);
     if (i < n) luaL_addchar(&b, '\t');
   }
