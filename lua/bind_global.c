@@ -61,21 +61,18 @@ static int l_print_all(lua_State *L) {
   }
   luaL_addchar(&b, '\n');
   luaL_pushresult(&b);
-  size_t len;
+  size_t len, *lens;
   const char *line = lua_tolstring(L, -1, &len);
-  flow_comm *w = flow_comm_world();
-  /* lengths first, then the text; the buffers are userdata, freed by the GC even if a collective fails */
-  int64_t mine = (int64_t)len, *lens = lua_newuserdatauv(L, (size_t)size * sizeof(int64_t), 0);
-  size_t *counts = lua_newuserdatauv(L, 2 * (size_t)size * sizeof(size_t), 0), total = 0;
-  for (int r = 0; r < size; r++) { counts[r] = 1; counts[size + r] = (size_t)r; }
-  if (w->ops->allgatherv(w, &mine, 1, lens, counts, counts + size, FLOW_I64) != 0) return flow_lua_error(L);
-  for (int r = 0; r < size; r++) { counts[r] = (size_t)lens[r]; counts[size + r] = total; total += (size_t)lens[r]; }
-  char *all = lua_newuserdatauv(L, total + 1, 0);
-  if (w->ops->allgatherv(w, line, len, all, counts, counts + size, FLOW_U8) != 0) return flow_lua_error(L);
-  if (me == 0) {
+  char *all;
+  if (flow_comm_allgather_bytes(flow_comm_world(), line, len, &all, &lens) != 0) return flow_lua_error(L);
+  if (me == 0) { /* the lines are back to back in rank order */
+    size_t total = 0;
+    for (int r = 0; r < size; r++) total += lens[r];
     fwrite(all, 1, total, stdout);
     fflush(stdout);
   }
+  free(all);
+  free(lens);
   return 0;
 }
 
