@@ -502,20 +502,7 @@ static int l_tostring(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "tostring");
   lua_settop(L, 2);
   bool gathered = lua_istable(L, 2);
-  if (gathered) {
-    lua_getglobal(L, "require");
-    lua_pushliteral(L, "flow.print");
-    lua_call(L, 1, 1);
-    lua_getfield(L, -1, "format");
-    lua_pushvalue(L, 1);
-    lua_pushcfunction(L, l_summarize);
-    lua_getfield(L, 2, "grad_fn");
-    lua_pushvalue(L, 2);
-    lua_call(L, 4, 1);
-    return 1;
-  }
-  lua_settop(L, 1);
-  if (t->global) {
+  if (t->global && !gathered) {
     lua_getfield(L, LUA_REGISTRYINDEX, "flow.tostring_global");
     if (!lua_isnil(L, -1)) {
       lua_pushvalue(L, 1);
@@ -530,10 +517,10 @@ static int l_tostring(lua_State *L) {
   lua_getfield(L, -1, "format");
   lua_pushvalue(L, 1);
   lua_pushcfunction(L, l_summarize);
-  const char *grad_fn = flow_autograd_op_name(t);
-  if (grad_fn) lua_pushstring(L, grad_fn);
-  else lua_pushnil(L);
-  lua_call(L, 3, 1);
+  if (gathered) lua_getfield(L, 2, "grad_fn");
+  else lua_pushstring(L, flow_autograd_op_name(t)); /* nil for a leaf */
+  lua_pushvalue(L, 2);                             /* the global description, or nil */
+  lua_call(L, 4, 1);
   return 1;
 }
 
