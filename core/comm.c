@@ -545,3 +545,48 @@ flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   pthread_mutex_unlock(&cache_lock);
   return c->comm;
 }
+
+/* ---- bytes ------------------------------------------------------------------------------------- */
+
+int flow_comm_allgather_bytes(flow_comm *c, const void *buf, size_t len, char **all, size_t **lens) {
+  int n = c->size;
+  int64_t mine = (int64_t)len, *sizes = malloc((size_t)n * sizeof *sizes);
+  size_t *counts = calloc(2 * (size_t)n, sizeof *counts), total = 0;
+  *all = NULL;
+  *lens = NULL;
+  if (!sizes || !counts) {
+    free(sizes);
+    free(counts);
+    return flow_error_set("allgather: out of memory");
+  }
+  for (int r = 0; r < n; r++) { counts[r] = 1; counts[n + r] = (size_t)r; }
+  int rc = c->ops->allgatherv(c, &mine, 1, sizes, counts, counts + n, FLOW_I64);
+  for (int r = 0; rc == 0 && r < n; r++) { counts[r] = (size_t)sizes[r]; counts[n + r] = total; total += counts[r]; }
+  if (rc == 0 && !(*all = malloc(total + 1))) rc = flow_error_set("allgather: out of memory");
+  if (rc == 0) rc = c->ops->allgatherv(c, buf, len, *all, counts, counts + n, FLOW_U8);
+  if (rc == 0) {
+    (*all)[total] = 0;
+    *lens = counts; /* the first n entries are the lengths */
+    counts = NULL;
+  } else {
+    free(*all);
+    *all = NULL;
+  }
+  free(sizes);
+  free(counts);
+  return rc;
+}
+
+int flow_comm_broadcast_bytes(flow_comm *c, char **buf, long long *len, int root) {
+  int64_t n = *len;
+  if (c->ops->broadcast(c, &n, 1, FLOW_I64, root) != 0) return -1;
+  *len = n;
+  if (n < 0) return 0;
+  if (c->rank != root && !(*buf = malloc((size_t)n + 1))) return flow_error_set("broadcast: out of memory");
+  if (c->ops->broadcast(c, *buf, (size_t)n, FLOW_U8, root) != 0) {
+    if (c->rank != root) { free(*buf); *buf = NULL; }
+    return -1;
+  }
+  if (c->rank != root) (*buf)[n] = 0;
+  return 0;
+}

@@ -88,6 +88,14 @@ flow_comm *flow_comm_world(void);
 /* This rank's index among the ranks on its node, and their number (collective over the world). */
 int flow_comm_node_local(int *rank, int *size);
 
+/* Bytes between ranks of c, for text (the REPL's lines, printed messages); collectives over c.
+ * allgather: every rank's buffer, back to back in rank order, into *all (malloc'd, NUL after the
+ * end) and each rank's length into *lens (malloc'd, c->size entries). broadcast: root's buffer of
+ * *len bytes to every rank; on the others *buf becomes a malloc'd copy (NUL after the end). A
+ * negative *len sends no bytes, only itself (the REPL's end of input). 0, or -1 + error. */
+int flow_comm_allgather_bytes(flow_comm *c, const void *buf, size_t len, char **all, size_t **lens);
+int flow_comm_broadcast_bytes(flow_comm *c, char **buf, long long *len, int root);
+
 /* A communicator of one rank (the world of a build without MPI). */
 flow_comm *flow_comm_self_new(void);
 

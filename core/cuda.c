@@ -1,319 +1,147 @@
-/* The CUDA device runtime (see cuda.h): device probe, per-device streams and events, and the caching
- * allocator behind the FLOW_CUDA device backend. Without FLOW_HAVE_CUDA only the stand-in remains. */
+/* The CUDA backend's loader (see cuda.h): finds flow_cuda.so, loads it on first CUDA use and answers
+ * for it; without it (a CPU build, a missing or broken plugin, no GPU) a stand-in device says why. */
+#define _GNU_SOURCE /* dladdr */
 #include "cuda.h"
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-#include "device.h"
 #include "error.h"
 
 bool flow_cuda_allow_tf32 = false;
 
-static int device_count;
-static char unavailable_reason[160] = "this build has no CUDA support";
-static int (*sync_check)(int index);
+static flow_cuda_backend backend = {.reason = "this build has no CUDA support"};
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static bool loaded;
+static void (*on_loaded)(bool available);
 
-void flow_cuda_set_sync_check(int (*check)(int index)) { sync_check = check; }
+/* ---- stand-in device: every call explains why there is no CUDA ------------------------------ */
 
-bool flow_cuda_is_available(void) { return device_count > 0; }
-int flow_cuda_device_count(void) { return device_count; }
-const char *flow_cuda_unavailable_reason(void) { return unavailable_reason; }
-
-/* ---- stand-in backend: every call explains why there is no CUDA ---------------------------- */
-
+static int absent(void) { return flow_error_set("cuda is not available (%s)", backend.reason); }
 static void *absent_alloc(int index, size_t nbytes) {
   (void)index; (void)nbytes;
-  flow_error_set("cuda is not available (%s)", unavailable_reason);
+  absent();
   return NULL;
 }
 static void absent_free(int index, void *p, size_t nbytes) { (void)index; (void)p; (void)nbytes; }
 static int absent_copy(void *dst, flow_device dd, const void *src, flow_device sd, size_t n) {
   (void)dst; (void)dd; (void)src; (void)sd; (void)n;
-  return flow_error_set("cuda is not available (%s)", unavailable_reason);
+  return absent();
 }
-static int absent_sync(int index) { (void)index; return flow_error_set("cuda is not available (%s)", unavailable_reason); }
 static int absent_copy2d(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h, flow_device dev) {
-  (void)dst; (void)dp; (void)src; (void)sp; (void)w; (void)h;
-  return absent_sync(dev.index);
+  (void)dst; (void)dp; (void)src; (void)sp; (void)w; (void)h; (void)dev;
+  return absent();
 }
-static int absent_zero(void *p, flow_device dev, size_t n) { (void)p; (void)n; return absent_sync(dev.index); }
+static int absent_zero(void *p, flow_device dev, size_t n) { (void)p; (void)dev; (void)n; return absent(); }
+static int absent_sync(int index) { (void)index; return absent(); }
 static const flow_device_impl absent_impl = {absent_alloc, absent_free, absent_copy, absent_copy2d, absent_zero,
                                              absent_sync};
 
-#ifndef FLOW_HAVE_CUDA
+/* ---- finding and opening the plugin ----------------------------------------------------------
+ * FLOW_CUDA_PLUGIN names the file; else it is FLOW_CUDA_PLUGIN_FILE next to the file holding this
+ * code (flowlua or flow.so, in the build folder or installed), or FLOW_CUDA_PLUGIN_FROM_BIN from
+ * an installed flowlua's folder. */
 
-void flow_cuda_init(void) { flow_device_register(FLOW_CUDA, &absent_impl); }
-int flow_cuda_set_device(int index) { (void)index; return absent_sync(0); }
-int flow_cuda_synchronize(int index) { return absent_sync(index); }
-void *flow_cuda_stream(int index) { (void)index; return NULL; }
-void *flow_cuda_comm_stream(int index) { (void)index; return NULL; }
-int flow_cuda_comm_wait_compute(int index) { return absent_sync(index); }
-int flow_cuda_compute_wait_comm(int index) { return absent_sync(index); }
-int flow_cuda_get_memory_stats(int index, flow_cuda_memory_stats *out) { (void)out; return absent_sync(index); }
-int flow_cuda_empty_cache(int index) { return absent_sync(index); }
-int flow_cuda_check(int status, const char *call) {
-  return status ? flow_error_set("%s: CUDA error %d", call, status) : 0;
+#ifdef FLOW_HAVE_CUDA
+
+/* The folder of the executable or shared object holding the core, into dir (empty if unknown).
+ * A flow.so that the host opened with RTLD_LOCAL (lua5.4's require) is made global, so the plugin
+ * can call the core; an executable exports its symbols already (-rdynamic). */
+static void core_dir(char *dir, size_t n) {
+  char path[PATH_MAX] = "";
+  Dl_info info;
+  dir[0] = 0;
+  if (dladdr((void *)flow_cuda_init, &info) && info.dli_fname &&
+      dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL)) {
+    if (!realpath(info.dli_fname, path)) return;
+  } else {
+    ssize_t k = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (k <= 0) return;
+    path[k] = 0;
+  }
+  char *slash = strrchr(path, '/');
+  if (!slash) return;
+  *slash = 0;
+  snprintf(dir, n, "%s", path);
+}
+
+static void load(void) {
+  char dir[PATH_MAX], tried[2][PATH_MAX + 64];
+  int ntried = 0;
+  const char *env = getenv("FLOW_CUDA_PLUGIN");
+  core_dir(dir, sizeof dir);
+  if (env && *env) {
+    snprintf(tried[ntried++], sizeof tried[0], "%s", env);
+  } else if (dir[0]) {
+    snprintf(tried[ntried++], sizeof tried[0], "%s/%s", dir, FLOW_CUDA_PLUGIN_FILE);
+    snprintf(tried[ntried++], sizeof tried[0], "%s/%s/%s", dir, FLOW_CUDA_PLUGIN_FROM_BIN, FLOW_CUDA_PLUGIN_FILE);
+  }
+  const char *path = NULL;
+  for (int i = 0; i < ntried && !path; i++)
+    if (access(tried[i], F_OK) == 0) path = tried[i];
+  if (!path) {
+    snprintf(backend.reason, sizeof backend.reason, "the CUDA plugin %s was not found (looked for %.200s%s%.200s; "
+             "FLOW_CUDA_PLUGIN names the file)", FLOW_CUDA_PLUGIN_FILE, ntried ? tried[0] : "its folder",
+             ntried > 1 ? " and " : "", ntried > 1 ? tried[1] : "");
+    return;
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(backend.reason, sizeof backend.reason, "loading the CUDA plugin: %.400s", dlerror());
+    return;
+  }
+  flow_cuda_plugin_open_fn open = (flow_cuda_plugin_open_fn)dlsym(h, FLOW_CUDA_PLUGIN_ENTRY);
+  flow_cuda_backend b = {0};
+  if (!open) {
+    snprintf(backend.reason, sizeof backend.reason, "%.300s is not a flowlua CUDA plugin (no %s)", path,
+             FLOW_CUDA_PLUGIN_ENTRY);
+  } else if (open(FLOW_CUDA_PLUGIN_ABI, &b) != 0) {
+    snprintf(backend.reason, sizeof backend.reason, "the CUDA plugin %.200s: %.250s", path, flow_error_get());
+  } else {
+    backend = b;
+    if (!backend.device_count && !backend.reason[0]) snprintf(backend.reason, sizeof backend.reason, "no GPU found");
+  }
 }
 
 #else
-
-#include <cuda_runtime_api.h>
-
-/* Size classes: 512 bytes, then four per power of two (2^e * {1.25, 1.5, 1.75, 2}), so a block
- * wastes at most a fifth of itself. A freed block goes to its class's list and is reused as is. */
-#define NCLASSES 160
-
-typedef struct block { void *p; struct block *next; } block;
-
-typedef struct cuda_dev {
-  pthread_mutex_t lock;
-  bool ready;
-  cudaStream_t compute, comm;
-  cudaEvent_t compute_done, comm_done;
-  block *free_list[NCLASSES];   /* cached blocks, all of the compute stream */
-  flow_cuda_memory_stats stats;
-} cuda_dev;
-
-static cuda_dev devs[FLOW_CUDA_MAX_DEVICES];
-static _Thread_local int current_device = -1;
-
-int flow_cuda_check(int status, const char *call) {
-  if (status == cudaSuccess) return 0;
-  cudaGetLastError(); /* clear the sticky-free error state so later calls are not blamed */
-  return flow_error_set("%s: %s (CUDA error %d)", call, cudaGetErrorString((cudaError_t)status), status);
-}
-
-static int size_class(size_t n, size_t *rounded) {
-  if (n <= 512) { *rounded = 512; return 0; }
-  int e = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^e <= n-1 < 2^(e+1) */
-  size_t step = (size_t)1 << (e - 2);
-  size_t q = (n - 1 - ((size_t)1 << e)) / step + 1;           /* 1..4 */
-  *rounded = ((size_t)1 << e) + q * step;
-  int c = (e - 9) * 4 + (int)q;
-  return c < NCLASSES ? c : -1;
-}
-
-/* Streams and events are made on first use, so an unused GPU gets no context. */
-static int dev_ready(int index) {
-  if (index < 0 || index >= device_count)
-    return flow_error_set("cuda:%d does not exist (%d GPU%s found)", index, device_count, device_count == 1 ? "" : "s");
-  if (current_device != index) {
-    if (flow_cuda_check(cudaSetDevice(index), "cudaSetDevice") != 0) return -1;
-    current_device = index;
-  }
-  cuda_dev *d = &devs[index];
-  if (d->ready) return 0;
-  pthread_mutex_lock(&d->lock);
-  int rc = 0;
-  if (!d->ready) {
-    rc = flow_cuda_check(cudaStreamCreateWithFlags(&d->compute, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (!rc) rc = flow_cuda_check(cudaStreamCreateWithFlags(&d->comm, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (!rc) rc = flow_cuda_check(cudaEventCreateWithFlags(&d->compute_done, cudaEventDisableTiming), "cudaEventCreate");
-    if (!rc) rc = flow_cuda_check(cudaEventCreateWithFlags(&d->comm_done, cudaEventDisableTiming), "cudaEventCreate");
-    d->ready = rc == 0;
-  }
-  pthread_mutex_unlock(&d->lock);
-  return rc;
-}
-
-int flow_cuda_set_device(int index) { return dev_ready(index); }
-
-void *flow_cuda_stream(int index) { return dev_ready(index) == 0 ? (void *)devs[index].compute : NULL; }
-void *flow_cuda_comm_stream(int index) { return dev_ready(index) == 0 ? (void *)devs[index].comm : NULL; }
-
-int flow_cuda_comm_wait_compute(int index) {
-  if (dev_ready(index) != 0) return -1;
-  cuda_dev *d = &devs[index];
-  if (flow_cuda_check(cudaEventRecord(d->compute_done, d->compute), "cudaEventRecord") != 0) return -1;
-  return flow_cuda_check(cudaStreamWaitEvent(d->comm, d->compute_done, 0), "cudaStreamWaitEvent");
-}
-
-int flow_cuda_compute_wait_comm(int index) {
-  if (dev_ready(index) != 0) return -1;
-  cuda_dev *d = &devs[index];
-  if (flow_cuda_check(cudaEventRecord(d->comm_done, d->comm), "cudaEventRecord") != 0) return -1;
-  return flow_cuda_check(cudaStreamWaitEvent(d->compute, d->comm_done, 0), "cudaStreamWaitEvent");
-}
-
-/* After a wait on the device: its status, then what its kernels recorded (sync_check). */
-static int synced(int index, cudaError_t status, const char *call) {
-  if (flow_cuda_check(status, call) != 0) return -1;
-  return sync_check ? sync_check(index) : 0;
-}
-
-int flow_cuda_synchronize(int index) {
-  if (index < 0) {
-    for (int i = 0; i < device_count; i++)
-      if (devs[i].ready && flow_cuda_synchronize(i) != 0) return -1;
-    return 0;
-  }
-  if (dev_ready(index) != 0) return -1;
-  return synced(index, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-}
-
-static size_t class_bytes(int c) {
-  if (c == 0) return 512;
-  int e = (c - 1) / 4 + 9, q = (c - 1) % 4 + 1;
-  return ((size_t)1 << e) + (size_t)q * ((size_t)1 << (e - 2));
-}
-
-/* Hand every cached block back to the driver. Caller holds d->lock; the compute stream is idle. */
-static void release_cached(cuda_dev *d) {
-  for (int c = 0; c < NCLASSES; c++)
-    while (d->free_list[c]) {
-      block *b = d->free_list[c];
-      d->free_list[c] = b->next;
-      cudaFree(b->p);
-      free(b);
-      d->stats.reserved -= class_bytes(c);
-    }
-}
-
-int flow_cuda_empty_cache(int index) {
-  if (index < 0) {
-    for (int i = 0; i < device_count; i++)
-      if (devs[i].ready && flow_cuda_empty_cache(i) != 0) return -1;
-    return 0;
-  }
-  if (flow_cuda_synchronize(index) != 0) return -1;
-  cuda_dev *d = &devs[index];
-  pthread_mutex_lock(&d->lock);
-  release_cached(d);
-  pthread_mutex_unlock(&d->lock);
-  return 0;
-}
-
-int flow_cuda_get_memory_stats(int index, flow_cuda_memory_stats *out) {
-  if (index < 0 || index >= device_count)
-    return flow_error_set("memory_stats: cuda:%d does not exist (%d GPUs found)", index, device_count);
-  pthread_mutex_lock(&devs[index].lock);
-  *out = devs[index].stats;
-  pthread_mutex_unlock(&devs[index].lock);
-  return 0;
-}
-
-static void *cuda_alloc(int index, size_t nbytes) {
-  if (dev_ready(index) != 0) return NULL;
-  size_t sz;
-  int c = size_class(nbytes, &sz);
-  if (c < 0) {
-    flow_error_set("cuda: cannot allocate %zu bytes (larger than any size class)", nbytes);
-    return NULL;
-  }
-  cuda_dev *d = &devs[index];
-  pthread_mutex_lock(&d->lock);
-  void *p = NULL;
-  d->stats.num_allocs++;
-  if (d->free_list[c]) { /* stream-ordered reuse: later compute work runs after earlier uses */
-    block *b = d->free_list[c];
-    d->free_list[c] = b->next;
-    p = b->p;
-    free(b);
-    d->stats.cache_hits++;
-  } else {
-    cudaError_t st = cudaMalloc(&p, sz);
-    if (st == cudaErrorMemoryAllocation) { /* give the cache back to the driver and try once more */
-      cudaGetLastError();
-      pthread_mutex_unlock(&d->lock);
-      cudaStreamSynchronize(d->compute);
-      pthread_mutex_lock(&d->lock);
-      release_cached(d);
-      st = cudaMalloc(&p, sz);
-    }
-    if (st != cudaSuccess) {
-      cudaGetLastError();
-      flow_error_set("cuda: out of memory allocating %zu bytes on cuda:%d (cudaMalloc: %s; allocated %zu, "
-                     "reserved %zu)", nbytes, index, cudaGetErrorString(st), d->stats.allocated, d->stats.reserved);
-      d->stats.num_allocs--;
-      pthread_mutex_unlock(&d->lock);
-      return NULL;
-    }
-    d->stats.num_mallocs++;
-    d->stats.reserved += sz;
-  }
-  d->stats.allocated += sz;
-  if (d->stats.allocated > d->stats.peak) d->stats.peak = d->stats.allocated;
-  pthread_mutex_unlock(&d->lock);
-  return p;
-}
-
-static void cuda_free(int index, void *p, size_t nbytes) {
-  size_t sz;
-  int c = size_class(nbytes, &sz);
-  cuda_dev *d = &devs[index];
-  block *b = malloc(sizeof *b);
-  pthread_mutex_lock(&d->lock);
-  d->stats.allocated -= sz;
-  if (b) {
-    b->p = p;
-    b->next = d->free_list[c];
-    d->free_list[c] = b;
-  } else { /* no host memory for the list node: hand the block back once the stream is done */
-    if (current_device != index && cudaSetDevice(index) == cudaSuccess) current_device = index;
-    cudaStreamSynchronize(d->compute);
-    cudaFree(p);
-    d->stats.reserved -= sz;
-  }
-  pthread_mutex_unlock(&d->lock);
-}
-
-/* Copies run on the compute stream, after the kernels that produced the source; a copy that
- * touches host memory waits, since the host buffer may be read or freed right after. A copy
- * between two GPUs runs on the destination's stream: it waits for the source GPU first (whose
- * stream may still be writing src) and finishes before returning (src may be reused after). */
-static int cuda_copy(void *dst, flow_device dd, const void *src, flow_device sd, size_t n) {
-  int index = dd.type == FLOW_CUDA ? dd.index : sd.index;
-  bool peer = dd.type == FLOW_CUDA && sd.type == FLOW_CUDA && dd.index != sd.index;
-  if (n == 0) return 0;
-  if (peer && flow_cuda_synchronize(sd.index) != 0) return -1;
-  if (dev_ready(index) != 0) return -1;
-  cudaStream_t s = devs[index].compute;
-  if (flow_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s), "cudaMemcpyAsync") != 0) return -1;
-  if (dd.type == FLOW_CPU || sd.type == FLOW_CPU || peer)
-    return synced(index, cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  return 0;
-}
-
-/* Device-to-device, so nothing waits: later kernels on the compute stream run after it. */
-static int cuda_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                       flow_device dev) {
-  if (width == 0 || height == 0) return 0;
-  if (dev_ready(dev.index) != 0) return -1;
-  return flow_cuda_check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice,
-                                           devs[dev.index].compute), "cudaMemcpy2DAsync");
-}
-
-static int cuda_zero(void *p, flow_device dev, size_t nbytes) {
-  if (nbytes == 0) return 0;
-  if (dev_ready(dev.index) != 0) return -1;
-  return flow_cuda_check(cudaMemsetAsync(p, 0, nbytes, devs[dev.index].compute), "cudaMemsetAsync");
-}
-
-static int cuda_sync(int index) { return flow_cuda_synchronize(index); }
-
-static const flow_device_impl cuda_impl = {cuda_alloc, cuda_free, cuda_copy, cuda_copy2d, cuda_zero, cuda_sync};
-
-void flow_cuda_init(void) {
-  static bool done;
-  if (done) return;
-  done = true;
-  int n = 0;
-  cudaError_t st = cudaGetDeviceCount(&n);
-  if (st != cudaSuccess || n <= 0) {
-    cudaGetLastError();
-    if (st == cudaSuccess || st == cudaErrorNoDevice || st == cudaErrorInsufficientDriver)
-      snprintf(unavailable_reason, sizeof unavailable_reason, "no GPU found");
-    else
-      snprintf(unavailable_reason, sizeof unavailable_reason, "no GPU found: cudaGetDeviceCount: %s",
-               cudaGetErrorString(st));
-    flow_device_register(FLOW_CUDA, &absent_impl);
-    return;
-  }
-  device_count = n < FLOW_CUDA_MAX_DEVICES ? n : FLOW_CUDA_MAX_DEVICES;
-  for (int i = 0; i < device_count; i++) pthread_mutex_init(&devs[i].lock, NULL);
-  flow_device_register(FLOW_CUDA, &cuda_impl);
-}
-
+static void load(void) {}
 #endif
+
+static void load_once(void) {
+  load();
+  if (backend.device_count <= 0) backend.device_count = 0;
+  if (on_loaded) on_loaded(backend.device_count > 0);
+  flow_device_register(FLOW_CUDA, backend.device_count ? backend.device : &absent_impl);
+  loaded = true;
+}
+
+void flow_cuda_init(void) { pthread_once(&once, load_once); }
+
+void flow_cuda_install(void (*fn)(bool available)) {
+  on_loaded = fn;
+  flow_device_set_loader(FLOW_CUDA, flow_cuda_init);
+}
+
+bool flow_cuda_loaded(void) { return loaded; }
+
+const flow_cuda_backend *flow_cuda_backend_get(void) {
+  flow_cuda_init();
+  return backend.device_count ? &backend : NULL;
+}
+
+bool flow_cuda_is_available(void) { return flow_cuda_backend_get() != NULL; }
+int flow_cuda_device_count(void) { flow_cuda_init(); return backend.device_count; }
+
+const char *flow_cuda_unavailable_reason(void) {
+  flow_cuda_init();
+  return backend.reason;
+}
+
+bool flow_cuda_driver_present(void) {
+  return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/dxg", F_OK) == 0;  /* Linux, WSL2 */
+}

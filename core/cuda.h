@@ -1,6 +1,6 @@
-/* The CUDA device runtime: device discovery, one compute stream and one collective stream per
- * device, a caching allocator, and autocast state. No CUDA headers here: streams travel as void *
- * (cudaStream_t), so C code that never touches a kernel can include this in every build. */
+/* The CUDA backend as the core sees it: a plugin (flow_cuda.so: the device runtime, the CUDA kernels
+ * and NCCL) loaded with dlopen on first CUDA use, so a process that never touches CUDA never loads
+ * the CUDA libraries. No CUDA headers here. The plugin's own runtime API is core/cuda/runtime.h. */
 #ifndef FLOW_CUDA_H
 #define FLOW_CUDA_H
 
@@ -8,37 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm.h"
+#include "device.h"
 #include "dtype.h"
+#include "tensor.h"
 
-/* Probe the GPUs once and register the FLOW_CUDA device backend. Without a GPU (or without CUDA in
- * this build) a stand-in backend is registered whose every call fails with the reason, so creating
- * a CUDA tensor reports "cuda is not available (...)" instead of a generic error. */
-void flow_cuda_init(void);
 /* GPUs per process that flowlua drives (a build-time bound for per-device tables). */
 #define FLOW_CUDA_MAX_DEVICES 16
-bool flow_cuda_is_available(void);
-/* Why CUDA is unavailable ("no GPU found", "this build has no CUDA support", a driver error). */
-const char *flow_cuda_unavailable_reason(void);
-int flow_cuda_device_count(void);
-
-/* Make `index` the calling thread's current device; -1 + error if it does not exist. */
-int flow_cuda_set_device(int index);
-/* Wait for all work on the device (index -1: every device). */
-int flow_cuda_synchronize(int index);
-/* Called after every synchronisation with device `index` (flow_cuda_synchronize, copies that touch
- * host memory): the CUDA kernels register here the check that raises what their kernels recorded
- * but could not raise themselves (an out-of-range index). 0, or -1 with the error set. */
-void flow_cuda_set_sync_check(int (*check)(int index));
-
-/* cudaStream_t of the device's compute stream (every kernel runs there) and of its collective
- * stream (NCCL). The two are ordered with events: the collective stream waits for the compute
- * work issued so far before a collective, and the compute stream waits for the collective after
- * it. So memory freed by the caching allocator (which reuses in compute-stream order) is never
- * still in use by a collective. */
-void *flow_cuda_stream(int index);
-void *flow_cuda_comm_stream(int index);
-int flow_cuda_comm_wait_compute(int index);
-int flow_cuda_compute_wait_comm(int index);
 
 /* Caching allocator statistics, in bytes (allocated: held by tensors; reserved: obtained from the
  * driver, cached blocks included; peak: highest allocated). */
@@ -48,13 +24,54 @@ typedef struct flow_cuda_memory_stats {
   uint64_t cache_hits;    /* of those, served from the cache without cudaMalloc */
   uint64_t num_mallocs;   /* cudaMalloc calls */
 } flow_cuda_memory_stats;
-int flow_cuda_get_memory_stats(int index, flow_cuda_memory_stats *out);
-/* Return every cached (unused) block to the driver. */
-int flow_cuda_empty_cache(int index);
 
-/* Check a CUDA runtime status (an int holding cudaError_t): 0, or -1 with an error naming the
- * call, e.g. "cudaMalloc: out of memory". */
-int flow_cuda_check(int status, const char *call);
+/* ---- the contract between the core and the plugin --------------------------------------------
+ * The core dlopens the plugin (its symbols visible to the plugin, which calls core functions
+ * directly) and calls FLOW_CUDA_PLUGIN_ENTRY. The entry registers the CUDA kernels in the kernel
+ * table and fills the backend; the core registers `device` as the FLOW_CUDA memory interface last,
+ * so no tensor is made before the kernels are in place. Without a GPU the entry still succeeds:
+ * device_count 0 and `reason` says why. */
+#define FLOW_CUDA_PLUGIN_ENTRY "flow_cuda_plugin_open"
+#define FLOW_CUDA_PLUGIN_ABI 1   /* bump when this struct changes: a plugin of another build is refused */
+
+typedef struct flow_cuda_backend {
+  int device_count;
+  char reason[512];                       /* why device_count is 0 */
+  const flow_device_impl *device;         /* allocator and copies (NULL without a GPU) */
+  int (*synchronize)(int index);          /* -1: every device */
+  int (*memory_stats)(int index, flow_cuda_memory_stats *out);
+  int (*empty_cache)(int index);          /* -1: every device */
+  /* Seconds per call of c = a @ b run straight on cuBLAS (the reference of bench/gpu_matmul). */
+  int (*bench_gemm)(flow_tensor *c, const flow_tensor *a, const flow_tensor *b, int iters, double *secs);
+  /* An NCCL communicator over boot's ranks (boot: the MPI one over the same ranks; collective
+   * over them) on GPU `device`; NULL + error. Its ops->free destroys it. */
+  flow_comm *(*nccl_comm)(flow_comm *boot, int device);
+} flow_cuda_backend;
+
+typedef int (*flow_cuda_plugin_open_fn)(int abi, flow_cuda_backend *out);
+
+/* ---- what the core and the bindings call --------------------------------------------------- */
+
+/* Make the "cuda" device load the plugin on its first use (flow_device_get(FLOW_CUDA)), and call
+ * `loaded` once the plugin is in (or failed to load), before the device is usable: the op layer's
+ * chance to give every op without a CUDA kernel one that says why. `loaded` must not call back
+ * into this file. Called once when flow opens. */
+void flow_cuda_install(void (*loaded)(bool available));
+/* Load the plugin now, once (thread-safe). Without it (a CPU build, a missing or broken
+ * flow_cuda.so, no GPU) a stand-in device is registered whose every call fails with the reason,
+ * so creating a CUDA tensor reports "cuda is not available (...)". */
+void flow_cuda_init(void);
+/* Whether the plugin was loaded already (nothing loads it). */
+bool flow_cuda_loaded(void);
+/* The loaded backend with at least one GPU, or NULL (loads the plugin). */
+const flow_cuda_backend *flow_cuda_backend_get(void);
+bool flow_cuda_is_available(void);
+/* Why CUDA is unavailable ("no GPU found", "this build has no CUDA support", a missing plugin). */
+const char *flow_cuda_unavailable_reason(void);
+int flow_cuda_device_count(void);
+/* Whether this machine may have an NVIDIA GPU at all (a driver's device node exists), without
+ * loading anything: false means no GPU for certain. */
+bool flow_cuda_driver_present(void);
 
 /* Read by the CUDA kernels: tf32 for float32 matmul (autocast lives in autocast.h). */
 extern bool flow_cuda_allow_tf32;

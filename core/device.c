@@ -2,6 +2,7 @@
 #include "device.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,10 +176,20 @@ static int cpu_zero(void *p, flow_device dev, size_t nbytes) {
 static int cpu_sync(int index) { (void)index; return 0; }
 
 static const flow_device_impl cpu_impl = {cpu_alloc, cpu_free, cpu_copy, cpu_copy2d, cpu_zero, cpu_sync};
-static const flow_device_impl *impls[FLOW_NDEVTYPES] = {[FLOW_CPU] = &cpu_impl};
+static const flow_device_impl *_Atomic impls[FLOW_NDEVTYPES] = {[FLOW_CPU] = &cpu_impl};
+static void (*loaders[FLOW_NDEVTYPES])(void);
 
 void flow_device_register(flow_devtype type, const flow_device_impl *impl) { impls[type] = impl; }
-const flow_device_impl *flow_device_get(flow_devtype type) { return impls[type]; }
+void flow_device_set_loader(flow_devtype type, void (*load)(void)) { loaders[type] = load; }
+
+const flow_device_impl *flow_device_get(flow_devtype type) {
+  const flow_device_impl *impl = atomic_load_explicit(&impls[type], memory_order_acquire);
+  if (!impl && loaders[type]) {
+    loaders[type]();
+    impl = impls[type];
+  }
+  return impl;
+}
 
 int flow_device_parse(const char *s, flow_device *out) {
   if (strcmp(s, "cpu") == 0) { *out = FLOW_DEVICE_CPU; return 0; }

@@ -1,5 +1,5 @@
 /* Devices (cpu, cuda:N) and the per-device-type memory interface. The CUDA backend registers
- * its allocator and copy functions at start-up, so core needs no CUDA headers. */
+ * its allocator and copy functions when its plugin loads, so core needs no CUDA headers. */
 #ifndef FLOW_DEVICE_H
 #define FLOW_DEVICE_H
 
@@ -29,6 +29,9 @@ typedef struct flow_device_impl {
 extern const flow_device FLOW_DEVICE_CPU;
 
 void flow_device_register(flow_devtype type, const flow_device_impl *impl);
+/* A backend that loads on first use: flow_device_get calls `load` (which must be thread-safe and
+ * register the type's interface) while none is registered. */
+void flow_device_set_loader(flow_devtype type, void (*load)(void));
 const flow_device_impl *flow_device_get(flow_devtype type); /* NULL if that backend is absent */
 int flow_device_parse(const char *s, flow_device *out);      /* "cpu", "cuda", "cuda:1" */
 void flow_device_name(flow_device d, char *buf, size_t n);   /* "cpu", "cuda:0" */

@@ -42,6 +42,7 @@ void flow_io_file_free(flow_io_file *f) {
   free(f->tensors);
   free(f->meta_keys);
   free(f->meta_values);
+  free(f->meta_number);
   memset(f, 0, sizeof *f);
 }
 
@@ -93,13 +94,30 @@ static int build_header(const flow_io_file *f, buf *h) {
   buf_str(h, "{");
   int first = 1;
   if (f->nmeta > 0) {
+    buf numbers = {0}; /* the JSON array of the number entries' keys */
     buf_str(h, "\"__metadata__\":{");
     for (int i = 0; i < f->nmeta; i++) {
+      if (strcmp(f->meta_keys[i], FLOW_IO_NUMBERS_KEY) == 0) {
+        free(numbers.p);
+        return flow_error_set("save: the metadata key '%s' is reserved", FLOW_IO_NUMBERS_KEY);
+      }
       if (i) buf_str(h, ",");
       buf_json_string(h, f->meta_keys[i]);
       buf_str(h, ":");
       buf_json_string(h, f->meta_values[i]);
+      if (f->meta_number && f->meta_number[i]) {
+        buf_str(&numbers, numbers.len ? "," : "[");
+        buf_json_string(&numbers, f->meta_keys[i]);
+      }
     }
+    if (numbers.len) {
+      buf_str(&numbers, "]");
+      buf_str(h, ",\"" FLOW_IO_NUMBERS_KEY "\":");
+      buf_put(&numbers, "", 1);
+      if (!numbers.oom) buf_json_string(h, numbers.p);
+      h->oom |= numbers.oom;
+    }
+    free(numbers.p);
     buf_str(h, "}");
     first = 0;
   }
@@ -406,6 +424,50 @@ static int parse_metadata(jp *j, flow_io_file *f) {
   return jp_expect(j, '}');
 }
 
+static int cmp_key(const void *a, const void *b) { return strcmp(**(char **const *)a, **(char **const *)b); }
+
+/* Take the FLOW_IO_NUMBERS_KEY entry out of f's metadata and mark the entries it names. Its value
+ * must be a JSON array of strings, each the key of another entry. Keys are looked up in a sorted
+ * index, so a hostile file with many entries stays fast. */
+static int mark_numbers(const char *path, flow_io_file *f) {
+  int at = -1;
+  for (int i = 0; i < f->nmeta; i++)
+    if (strcmp(f->meta_keys[i], FLOW_IO_NUMBERS_KEY) == 0) {
+      if (at >= 0) return flow_error_set("load: '%s': metadata '%s' appears twice", path, FLOW_IO_NUMBERS_KEY);
+      at = i;
+    }
+  if (at < 0) return 0;
+  char *list = f->meta_values[at];
+  free(f->meta_keys[at]);
+  f->meta_keys[at] = f->meta_keys[f->nmeta - 1];
+  f->meta_values[at] = f->meta_values[--f->nmeta];
+  char ***index = malloc(sizeof *index * (size_t)(f->nmeta + 1));
+  f->meta_number = calloc((size_t)f->nmeta + 1, 1);
+  if (!index || !f->meta_number) { free(index); free(list); return flow_error_set("load: out of memory"); }
+  for (int i = 0; i < f->nmeta; i++) index[i] = &f->meta_keys[i];
+  qsort(index, (size_t)f->nmeta, sizeof *index, cmp_key);
+  char where[4200]; /* errors read "load: 'path': metadata '...': bad header JSON at byte ..." */
+  snprintf(where, sizeof where, "%.4000s': metadata '%s", path, FLOW_IO_NUMBERS_KEY);
+  jp j = {list, list, list + strlen(list), where};
+  int rc = jp_expect(&j, '[');
+  if (rc == 0 && !jp_accept(&j, ']')) {
+    do {
+      char *k;
+      if ((rc = jp_string(&j, &k)) != 0) break;
+      char **key = &k, ***hit = bsearch(&key, index, (size_t)f->nmeta, sizeof *index, cmp_key);
+      if (hit) f->meta_number[*hit - f->meta_keys] = 1;
+      else rc = flow_error_set("load: '%s': names '%s', which is not a metadata entry", where, k);
+      free(k);
+    } while (rc == 0 && jp_accept(&j, ','));
+    if (rc == 0) rc = jp_expect(&j, ']');
+  }
+  jp_ws(&j);
+  if (rc == 0 && j.p != j.end) rc = jp_fail(&j, "trailing characters after the list of keys");
+  free(index);
+  free(list);
+  return rc;
+}
+
 /* ---------------------------------------------------------------- reading */
 
 static int read_tensor(FILE *fp, const char *path, const char *name, const entry *e, uint64_t data_start,
@@ -510,6 +572,7 @@ static int load_open(FILE *fp, const char *path, flow_io_file *f) {
   jp_ws(&j);
   if (rc == 0 && j.p != j.end) rc = jp_fail(&j, "trailing characters after the header object");
   free(hdr);
+  if (rc == 0) rc = mark_numbers(path, f);
   if (rc == 0) {
     int oom;
     const char *dup = duplicate_name(f->names, f->n, &oom);

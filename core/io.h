@@ -7,7 +7,12 @@
 
 #include "tensor.h"
 
-/* One checkpoint in memory: named tensors plus the "__metadata__" string map. */
+/* One checkpoint in memory: named tensors plus the "__metadata__" string map. Safetensors metadata
+ * values are strings; the entries that hold a number's text are listed in one more metadata entry,
+ * FLOW_IO_NUMBERS_KEY, a JSON array of their keys as a string, so a reader gets numbers back as
+ * numbers and strings ("1.10") as they were. Files from other tools have no such entry. */
+#define FLOW_IO_NUMBERS_KEY "__flowlua_numbers__"
+
 typedef struct flow_io_file {
   int n;
   char **names;
@@ -15,6 +20,7 @@ typedef struct flow_io_file {
   int nmeta;
   char **meta_keys;
   char **meta_values;
+  unsigned char *meta_number;  /* per entry: 1 when the value is a number's text (NULL: none is) */
 } flow_io_file;
 
 /* Write a safetensors file: tensors must be contiguous and on the CPU; names must be unique.

@@ -1,6 +1,7 @@
 /* The kernel table (registry.h): a list per device type, searched by name (lookups are rare: the
- * op layer caches them per op; registrations happen at start-up and when CUDA opens), and each
- * device's dense copy. */
+ * op layer caches them per op; registrations happen at start-up and when the CUDA plugin loads,
+ * which may be while other threads look up kernels: an entry is filled before it is counted),
+ * and each device's dense copy. */
 #include "registry.h"
 
 #include <stdatomic.h>
@@ -11,7 +12,7 @@
 enum { MAX_KERNELS = 256 };
 
 static struct table {
-  int n;
+  atomic_int n;
   const char *names[MAX_KERNELS];
   flow_kernel_fn fns[MAX_KERNELS];
 } tables[FLOW_NDEVTYPES];
@@ -19,7 +20,8 @@ static struct table {
 static atomic_uint generation;
 
 static int slot(const struct table *t, const char *op) {
-  for (int i = 0; i < t->n; i++)
+  int n = atomic_load_explicit(&t->n, memory_order_acquire);
+  for (int i = 0; i < n; i++)
     if (strcmp(t->names[i], op) == 0) return i;
   return -1;
 }
@@ -27,12 +29,15 @@ static int slot(const struct table *t, const char *op) {
 int flow_kernel_register(flow_devtype dev, const char *op, flow_kernel_fn fn) {
   struct table *t = &tables[dev];
   int i = slot(t, op);
-  if (i < 0) {
-    if (t->n == MAX_KERNELS) return flow_error_set("%s: the kernel table is full (raise MAX_KERNELS)", op);
-    i = t->n++;
+  if (i >= 0) {
+    t->fns[i] = fn;
+  } else {
+    i = atomic_load_explicit(&t->n, memory_order_relaxed);
+    if (i == MAX_KERNELS) return flow_error_set("%s: the kernel table is full (raise MAX_KERNELS)", op);
     t->names[i] = op;
+    t->fns[i] = fn;
+    atomic_store_explicit(&t->n, i + 1, memory_order_release);
   }
-  t->fns[i] = fn;
   atomic_fetch_add(&generation, 1);
   return 0;
 }
@@ -46,7 +51,7 @@ unsigned flow_kernel_generation(void) { return atomic_load(&generation); }
 
 int flow_kernel_names(flow_devtype dev, const char *const **names) {
   *names = tables[dev].names;
-  return tables[dev].n;
+  return atomic_load_explicit(&tables[dev].n, memory_order_acquire);
 }
 
 /* ---- dense copies ------------------------------------------------------------------------------ */

@@ -495,11 +495,14 @@ static int l_summarize(lua_State *L) {
   return 1;
 }
 
-/* registry["flow.tostring"]: global tensors go to the global layer's printer when it set one. */
+/* registry["flow.tostring"](t [, global]): global tensors go to the global layer's printer when it
+ * set one. That printer passes `global` with a local copy of a global tensor's values: a table of
+ * {placement =, sbp =, grad_fn = (or nil), requires_grad =} (lua/flow/print.lua shows them). */
 static int l_tostring(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "tostring");
-  lua_settop(L, 1);
-  if (t->global) {
+  lua_settop(L, 2);
+  bool gathered = lua_istable(L, 2);
+  if (t->global && !gathered) {
     lua_getfield(L, LUA_REGISTRYINDEX, "flow.tostring_global");
     if (!lua_isnil(L, -1)) {
       lua_pushvalue(L, 1);
@@ -514,10 +517,10 @@ static int l_tostring(lua_State *L) {
   lua_getfield(L, -1, "format");
   lua_pushvalue(L, 1);
   lua_pushcfunction(L, l_summarize);
-  const char *grad_fn = flow_autograd_op_name(t);
-  if (grad_fn) lua_pushstring(L, grad_fn);
-  else lua_pushnil(L);
-  lua_call(L, 3, 1);
+  if (gathered) lua_getfield(L, 2, "grad_fn");
+  else lua_pushstring(L, flow_autograd_op_name(t)); /* nil for a leaf */
+  lua_pushvalue(L, 2);                             /* the global description, or nil */
+  lua_call(L, 4, 1);
   return 1;
 }
 

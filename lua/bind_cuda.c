@@ -1,6 +1,6 @@
 /* Lua bindings: flow.cuda.*, flow.backends.allow_tf32, flow.autocast, and moving tensors between
- * devices and dtypes (t:to, t:cuda, t:cpu). Opening the module probes the GPUs and, in a CUDA build,
- * attaches the CUDA kernels to the registry's ops. */
+ * devices and dtypes (t:to, t:cuda, t:cpu). The CUDA plugin loads on first CUDA use (core/cuda.h):
+ * flow.cuda's functions, a cuda tensor or placement. */
 #include <string.h>
 
 #include <stdlib.h>
@@ -12,10 +12,6 @@
 #include "../ops/device.h"
 #include "../ops/elementwise.h"
 #include "bind.h"
-
-#ifdef FLOW_HAVE_CUDA
-#include "../kernels/cuda/kernels.h"
-#endif
 
 static int raise_unavailable(lua_State *L, const char *fn) {
   return luaL_error(L, "%s: cuda is not available (%s)", fn, flow_cuda_unavailable_reason());
@@ -49,17 +45,24 @@ static int f_device_count(lua_State *L) {
   return 1;
 }
 
+/* The backend with a GPU, or a Lua error naming fn. */
+static const flow_cuda_backend *check_backend(lua_State *L, const char *fn) {
+  const flow_cuda_backend *b = flow_cuda_backend_get();
+  if (!b) raise_unavailable(L, fn);
+  return b;
+}
+
 static int f_synchronize(lua_State *L) {
-  if (!flow_cuda_is_available()) return raise_unavailable(L, "cuda.synchronize");
+  const flow_cuda_backend *b = check_backend(L, "cuda.synchronize");
   int index = lua_isnoneornil(L, 1) ? -1 : opt_index(L, 1, "cuda.synchronize");
-  if (flow_cuda_synchronize(index) != 0) return flow_lua_error(L);
+  if (b->synchronize(index) != 0) return flow_lua_error(L);
   return 0;
 }
 
 static int f_memory_stats(lua_State *L) {
-  if (!flow_cuda_is_available()) return raise_unavailable(L, "cuda.memory_stats");
+  const flow_cuda_backend *b = check_backend(L, "cuda.memory_stats");
   flow_cuda_memory_stats s;
-  if (flow_cuda_get_memory_stats(opt_index(L, 1, "cuda.memory_stats"), &s) != 0) return flow_lua_error(L);
+  if (b->memory_stats(opt_index(L, 1, "cuda.memory_stats"), &s) != 0) return flow_lua_error(L);
   lua_createtable(L, 0, 6);
   lua_pushinteger(L, (lua_Integer)s.allocated); lua_setfield(L, -2, "allocated");
   lua_pushinteger(L, (lua_Integer)s.reserved); lua_setfield(L, -2, "reserved");
@@ -71,9 +74,9 @@ static int f_memory_stats(lua_State *L) {
 }
 
 static int f_empty_cache(lua_State *L) {
-  if (!flow_cuda_is_available()) return raise_unavailable(L, "cuda.empty_cache");
+  const flow_cuda_backend *b = check_backend(L, "cuda.empty_cache");
   int index = lua_isnoneornil(L, 1) ? -1 : opt_index(L, 1, "cuda.empty_cache");
-  if (flow_cuda_empty_cache(index) != 0) return flow_lua_error(L);
+  if (b->empty_cache(index) != 0) return flow_lua_error(L);
   return 0;
 }
 
@@ -83,15 +86,10 @@ static int f_bench_gemm(lua_State *L) {
   flow_tensor *a = flow_lua_check(L, 1, "cuda._bench_gemm"), *b = flow_lua_check(L, 2, "cuda._bench_gemm"),
               *c = flow_lua_check(L, 3, "cuda._bench_gemm");
   int iters = (int)luaL_optinteger(L, 4, 10);
-#ifdef FLOW_HAVE_CUDA
   double secs;
-  if (flow_cuda_bench_gemm(c, a, b, iters, &secs) != 0) return flow_lua_error(L);
+  if (check_backend(L, "cuda._bench_gemm")->bench_gemm(c, a, b, iters, &secs) != 0) return flow_lua_error(L);
   lua_pushnumber(L, secs);
   return 1;
-#else
-  (void)a; (void)b; (void)c; (void)iters;
-  return raise_unavailable(L, "cuda._bench_gemm");
-#endif
 }
 
 /* cuda._nccl_allreduce(t): sums a contiguous cuda tensor in place over every rank through NCCL
@@ -259,8 +257,10 @@ static int f_nccl_usable(lua_State *L) {
 }
 
 /* Without a GPU no CUDA tensor can exist, but source ops (zeros, rand) on "cuda" would otherwise
- * fail at the kernel lookup with a vaguer message: give every op a CUDA slot that says why. */
-static void mark_ops_unavailable(void) {
+ * fail at the kernel lookup with a vaguer message: give every op a CUDA slot that says why. Runs
+ * once the plugin has loaded or failed to. */
+static void mark_ops_unavailable(bool available) {
+  if (available) return;
   for (const flow_op *op = flow_op_first(); op; op = op->next)
     if (!flow_kernel_find(FLOW_CUDA, op->name)) flow_kernel_register(FLOW_CUDA, op->name, no_gpu_kernel);
 }
@@ -269,6 +269,7 @@ static void mark_ops_unavailable(void) {
  * this build, GPU or not), and the list of CUDA kernel names no op has; nil in a build without CUDA. */
 static int f_kernels(lua_State *L) {
 #ifdef FLOW_HAVE_CUDA
+  flow_cuda_init();
   lua_newtable(L);
   for (const flow_op *op = flow_op_first(); op; op = op->next) {
     flow_kernel_fn k = flow_kernel_find(FLOW_CUDA, op->name);
@@ -293,12 +294,8 @@ static int f_kernels(lua_State *L) {
 }
 
 void flow_lua_open_cuda(lua_State *L) {
-  flow_cuda_init();
-  if (flow_nccl_init() != 0) luaL_error(L, "%s", flow_error_get());
-#ifdef FLOW_HAVE_CUDA
-  flow_cuda_register_kernels();
-#endif
-  if (!flow_cuda_is_available()) mark_ops_unavailable();
+  flow_cuda_install(mark_ops_unavailable);
+  if (flow_comm_size() > 1 && flow_nccl_init() != 0) luaL_error(L, "%s", flow_error_get());
 
   static const luaL_Reg cuda_fns[] = {
     {"is_available", f_is_available}, {"unavailable_reason", f_unavailable_reason},

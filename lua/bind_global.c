@@ -11,6 +11,7 @@
 
 #include "../core/comm.h"
 #include "../core/nccl.h"
+#include "../ops/autograd.h"
 #include "../ops/create.h"
 #include "../ops/elementwise.h"
 #include "../ops/eager_global.h"
@@ -60,26 +61,36 @@ static int l_print_all(lua_State *L) {
   }
   luaL_addchar(&b, '\n');
   luaL_pushresult(&b);
-  size_t len;
+  size_t len, *lens;
   const char *line = lua_tolstring(L, -1, &len);
-  flow_comm *w = flow_comm_world();
-  /* lengths first, then the text; the buffers are userdata, freed by the GC even if a collective fails */
-  int64_t mine = (int64_t)len, *lens = lua_newuserdatauv(L, (size_t)size * sizeof(int64_t), 0);
-  size_t *counts = lua_newuserdatauv(L, 2 * (size_t)size * sizeof(size_t), 0), total = 0;
-  for (int r = 0; r < size; r++) { counts[r] = 1; counts[size + r] = (size_t)r; }
-  if (w->ops->allgatherv(w, &mine, 1, lens, counts, counts + size, FLOW_I64) != 0) return flow_lua_error(L);
-  for (int r = 0; r < size; r++) { counts[r] = (size_t)lens[r]; counts[size + r] = total; total += (size_t)lens[r]; }
-  char *all = lua_newuserdatauv(L, total + 1, 0);
-  if (w->ops->allgatherv(w, line, len, all, counts, counts + size, FLOW_U8) != 0) return flow_lua_error(L);
-  if (me == 0) {
+  char *all;
+  if (flow_comm_allgather_bytes(flow_comm_world(), line, len, &all, &lens) != 0) return flow_lua_error(L);
+  if (me == 0) { /* the lines are back to back in rank order */
+    size_t total = 0;
+    for (int r = 0; r < size; r++) total += lens[r];
     fwrite(all, 1, total, stdout);
     fflush(stdout);
   }
+  free(all);
+  free(lens);
   return 0;
 }
 
-/* print on rank 0 only (installed when the world has more than one rank) */
+static int r_print_text(lua_State *L);
+static int r_tostring_gathered(lua_State *L);
+
+/* print on rank 0 only (installed when the world has more than one rank). Every rank calls it, as
+ * every rank runs the script: the global tensors among the arguments become their gathered text
+ * (r_print_text: collectives), then rank 0 prints. */
 static int l_print_rank0(lua_State *L) {
+  for (int i = 1, n = lua_gettop(L); i <= n; i++) {
+    flow_tensor *t = flow_lua_test(L, i);
+    if (!t || !t->global) continue;
+    lua_pushcfunction(L, r_print_text);
+    lua_pushvalue(L, i);
+    lua_call(L, 1, 1);
+    lua_replace(L, i);
+  }
   if (flow_comm_rank() != 0) return 0;
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
@@ -371,12 +382,56 @@ static int r_global_field(lua_State *L) {
   return 0;
 }
 
-/* registry["flow.tostring_global"](t): logical shape, dtype, placement, SBP, each rank's block,
- * and this rank's shard. Never communicates (print runs on rank 0 only). */
+/* t boxed to broadcast on its placement: the logical value, as a local tensor on this rank (new
+ * reference). A collective over the placement's ranks (ranks agree first); NULL + error on a rank
+ * outside it. */
+static flow_tensor *gather(flow_tensor *t) {
+  const flow_global *g = flow_global_of(t);
+  if (flow_global_settle(g->placement) != 0) return NULL;
+  flow_nd_sbp b;
+  b.n = g->placement->ndim;
+  for (int m = 0; m < b.n; m++) b.v[m] = flow_sbp_broadcast();
+  flow_tensor *whole = flow_to_global(t, g->placement, &b);
+  flow_tensor *mine = whole ? flow_tensor_view_of(whole, whole->ndim, whole->shape, whole->stride, whole->offset) : NULL;
+  flow_tensor_decref(whole);
+  if (mine && g->placement->me < 0) {
+    flow_tensor_decref(mine);
+    flow_error_set("[rank %d] reading a global tensor: this rank is not in its placement", flow_comm_rank());
+    return NULL;
+  }
+  return mine;
+}
+
+/* Each rank's block of the logical tensor, one "\n  rank r: [a:b, c:d]" line each (64 at most). */
+static void add_blocks(luaL_Buffer *b, const flow_global *g) {
+  lua_State *L = b->L;
+  const flow_placement *p = g->placement;
+  bool partial = false;
+  for (int m = 0; m < g->sbp.n; m++) partial |= g->sbp.v[m].kind == FLOW_SBP_P;
+  for (int i = 0; i < p->nranks && i < 64; i++) {
+    int coord[FLOW_MAX_MESH];
+    int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
+    flow_placement_coord(p, i, coord);
+    flow_global_box(p, &g->sbp, g->ndim, g->shape, coord, -1, start, size);
+    lua_pushfstring(L, "\n  rank %d: [", p->ranks[i]);
+    luaL_addvalue(b);
+    for (int d = 0; d < g->ndim; d++) {
+      lua_pushfstring(L, "%s%I:%I", d ? ", " : "", (lua_Integer)start[d], (lua_Integer)(start[d] + size[d]));
+      luaL_addvalue(b);
+    }
+    luaL_addstring(b, partial ? "] (partial)" : "]");
+  }
+}
+
+/* registry["flow.tostring_global"](t), tostring of a global tensor: logical shape, dtype,
+ * placement, SBP, each rank's block, and this rank's shard. It never communicates (a rank may call
+ * it alone: an error message, print_all), except in a world of one, where gathering the values
+ * needs no peer and it shows what print shows. */
 static int r_tostring_global(lua_State *L) {
   flow_tensor *t = flow_lua_check(L, 1, "tostring");
   const flow_global *g = flow_global_of(t);
   if (!g) { luaL_tolstring(L, 1, NULL); return 1; }
+  if (flow_comm_size() == 1) return r_tostring_gathered(L);
   char shape[128], place[512], sbp[96];
   luaL_Buffer b;
   luaL_buffinit(L, &b);
@@ -384,22 +439,7 @@ static int r_tostring_global(lua_State *L) {
                   flow_dtype_name(t->dtype), flow_placement_str(g->placement, place, sizeof place),
                   flow_nd_sbp_str(&g->sbp, sbp, sizeof sbp));
   luaL_addvalue(&b);
-  const flow_placement *p = g->placement;
-  for (int i = 0; i < p->nranks && i < 64; i++) {
-    int coord[FLOW_MAX_MESH];
-    int64_t start[FLOW_MAX_DIMS], size[FLOW_MAX_DIMS];
-    flow_placement_coord(p, i, coord);
-    flow_global_box(p, &g->sbp, g->ndim, g->shape, coord, -1, start, size);
-    lua_pushfstring(L, "\n  rank %d: [", p->ranks[i]);
-    luaL_addvalue(&b);
-    for (int d = 0; d < g->ndim; d++) {
-      lua_pushfstring(L, "%s%I:%I", d ? ", " : "", (lua_Integer)start[d], (lua_Integer)(start[d] + size[d]));
-      luaL_addvalue(&b);
-    }
-    bool partial = false;
-    for (int m = 0; m < g->sbp.n; m++) partial |= g->sbp.v[m].kind == FLOW_SBP_P;
-    luaL_addstring(&b, partial ? "] (partial)" : "]");
-  }
+  add_blocks(&b, g);
   flow_tensor *local = flow_tensor_view_of(t, t->ndim, t->shape, t->stride, t->offset);
   if (!local) return flow_lua_error(L);
   lua_pushfstring(L, "\n  local shard on rank %d: ", flow_comm_rank());
@@ -409,6 +449,70 @@ static int r_tostring_global(lua_State *L) {
   lua_remove(L, -2);
   luaL_addvalue(&b);
   luaL_pushresult(&b);
+  return 1;
+}
+
+/* tostring_gathered(t), what print and the REPL show for a global tensor: its logical values
+ * (elided as a local tensor's), placement and SBP, then each rank's block. The values are gathered
+ * over the placement's ranks, so every one of them must call it, as every rank calls print; a rank
+ * outside the placement gets tostring(t). Any other value becomes tostring(v). */
+static int r_tostring_gathered(lua_State *L) {
+  flow_tensor *t = flow_lua_test(L, 1);
+  const flow_global *g = t ? flow_global_of(t) : NULL;
+  if (!g) { luaL_tolstring(L, 1, NULL); return 1; }
+  if (g->placement->me < 0) return r_tostring_global(L);
+  bool grad = flow_grad_set_enabled(false);
+  flow_tensor *whole = gather(t);
+  flow_grad_set_enabled(grad);
+  if (!whole) return flow_lua_error(L);
+  char place[512], sbp[96];
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_getfield(L, LUA_REGISTRYINDEX, "flow.tostring");
+  flow_lua_push(L, whole);
+  lua_createtable(L, 0, 4);
+  lua_pushstring(L, flow_placement_str(g->placement, place, sizeof place));
+  lua_setfield(L, -2, "placement");
+  lua_pushstring(L, flow_nd_sbp_str(&g->sbp, sbp, sizeof sbp));
+  lua_setfield(L, -2, "sbp");
+  lua_pushstring(L, flow_autograd_op_name(t));
+  lua_setfield(L, -2, "grad_fn");
+  lua_pushboolean(L, t->requires_grad);
+  lua_setfield(L, -2, "requires_grad");
+  lua_call(L, 2, 1);
+  luaL_addvalue(&b);
+  add_blocks(&b, g);
+  luaL_pushresult(&b);
+  return 1;
+}
+
+/* registry["flow.print_text"](v), what rank 0 prints for v, computed on every rank (every rank
+ * calls print, and the REPL runs each line on every rank): a global tensor's gathered text, which
+ * its placement's first rank sends to rank 0 when rank 0 is outside the placement; tostring(v)
+ * otherwise. */
+static int r_print_text(lua_State *L) {
+  lua_settop(L, 1);
+  lua_pushcfunction(L, r_tostring_gathered);
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 1);
+  flow_tensor *t = flow_lua_test(L, 1);
+  const flow_placement *p = t && t->global ? flow_global_of(t)->placement : NULL;
+  if (!p || p->ranks[0] == 0 || (flow_comm_rank() != 0 && flow_comm_rank() != p->ranks[0])) return 1;
+  flow_comm *w = flow_comm_world();
+  const int tag = 0x7072; /* "pr" */
+  int64_t len = 0;
+  if (flow_comm_rank() != 0) {
+    size_t n;
+    const char *text = lua_tolstring(L, -1, &n);
+    len = (int64_t)n;
+    if (w->ops->send(w, &len, 1, FLOW_I64, 0, tag) != 0 || w->ops->send(w, text, n, FLOW_U8, 0, tag) != 0)
+      return flow_lua_error(L);
+    return 1;
+  }
+  if (w->ops->recv(w, &len, 1, FLOW_I64, p->ranks[0], tag) != 0) return flow_lua_error(L);
+  char *text = lua_newuserdatauv(L, (size_t)len, 0); /* freed by the GC even if the receive fails */
+  if (w->ops->recv(w, text, (size_t)len, FLOW_U8, p->ranks[0], tag) != 0) return flow_lua_error(L);
+  lua_pushlstring(L, text, (size_t)len);
   return 1;
 }
 
@@ -601,19 +705,8 @@ static int l_like(lua_State *L) {
 static int l_read_global(lua_State *L) {
   flow_tensor *t = flow_lua_test(L, 1);
   if (t && t->global) {
-    const flow_global *g = flow_global_of(t);
-    if (flow_global_settle(g->placement) != 0) return flow_lua_error(L); /* ranks agree before a value shows */
-    flow_nd_sbp b;
-    b.n = g->placement->ndim;
-    for (int m = 0; m < b.n; m++) b.v[m] = flow_sbp_broadcast();
-    flow_tensor *whole = flow_to_global(t, g->placement, &b);
-    flow_tensor *mine = whole ? flow_tensor_view_of(whole, whole->ndim, whole->shape, whole->stride, whole->offset) : NULL;
-    flow_tensor_decref(whole);
+    flow_tensor *mine = gather(t);
     if (!mine) return flow_lua_error(L);
-    if (g->placement->me < 0) {
-      flow_tensor_decref(mine);
-      return luaL_error(L, "[rank %d] reading a global tensor: this rank is not in its placement", flow_comm_rank());
-    }
     flow_lua_push(L, mine);
     lua_replace(L, 1);
   }
@@ -700,7 +793,8 @@ void flow_lua_open_global(lua_State *L) {
 
   static const struct { const char *key; lua_CFunction fn; } hooks[] = {
       {"flow.global_shape", r_global_shape}, {"flow.global_field", r_global_field},
-      {"flow.tostring_global", r_tostring_global}, {"flow.global_create", r_global_create}};
+      {"flow.tostring_global", r_tostring_global}, {"flow.print_text", r_print_text},
+      {"flow.global_create", r_global_create}};
   for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
     lua_pushcfunction(L, hooks[i].fn);
     lua_setfield(L, LUA_REGISTRYINDEX, hooks[i].key);

@@ -49,7 +49,8 @@ static flow_tensor *file_tensor(lua_State *L, flow_tensor *t) {
 }
 
 /* flow.save(tbl, path): tensors under string keys become safetensors entries; numbers and
- * strings go into "__metadata__". Keys are written sorted, so equal tables give equal files. */
+ * strings go into "__metadata__" (numbers listed as such: core/io.h). Keys are written sorted, so
+ * equal tables give equal files. */
 static int l_save(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checkstring(L, 2);
@@ -73,6 +74,7 @@ static int l_save(lua_State *L) {
   char **names = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n + 1), 0);
   char **mkeys = lua_newuserdatauv(L, sizeof(char *) * (size_t)(nmeta + 1), 0);
   char **mvals = lua_newuserdatauv(L, sizeof(char *) * (size_t)(nmeta + 1), 0);
+  unsigned char *mnum = lua_newuserdatauv(L, (size_t)nmeta + 1, 0);
   int i = 0, m = 0;
   lua_pushnil(L);
   while (lua_next(L, 1)) {
@@ -83,7 +85,9 @@ static int l_save(lua_State *L) {
       continue;
     }
     mkeys[m] = (char *)lua_tostring(L, -2);
-    mvals[m++] = (char *)(lua_type(L, -1) == LUA_TNUMBER ? number_text(L, top) : lua_tostring(L, -1));
+    mnum[m] = lua_type(L, -1) == LUA_TNUMBER;
+    mvals[m] = (char *)(mnum[m] ? number_text(L, top) : lua_tostring(L, -1));
+    m++;
     /* keep a pushed number text alive (it stays on the stack, below the iteration key) */
     if (lua_gettop(L) > top) lua_insert(L, top - 1);
     lua_pop(L, 1);
@@ -92,8 +96,9 @@ static int l_save(lua_State *L) {
   for (int a = 1; a < nmeta; a++) /* insertion sort of the (key, value) pairs: metadata is small */
     for (int b = a; b > 0 && strcmp(mkeys[b - 1], mkeys[b]) > 0; b--) {
       char *tk = mkeys[b], *tv = mvals[b];
-      mkeys[b] = mkeys[b - 1]; mvals[b] = mvals[b - 1];
-      mkeys[b - 1] = tk; mvals[b - 1] = tv;
+      unsigned char tn = mnum[b];
+      mkeys[b] = mkeys[b - 1]; mvals[b] = mvals[b - 1]; mnum[b] = mnum[b - 1];
+      mkeys[b - 1] = tk; mvals[b - 1] = tv; mnum[b - 1] = tn;
     }
   flow_tensor **ts = lua_newuserdatauv(L, sizeof(flow_tensor *) * (size_t)(n + 1), 0);
   int rc = 0;
@@ -104,7 +109,7 @@ static int l_save(lua_State *L) {
     if (!ts[i]) { rc = -1; break; }
   }
   if (rc == 0) {
-    flow_io_file f = {n, names, ts, nmeta, mkeys, mvals};
+    flow_io_file f = {n, names, ts, nmeta, mkeys, mvals, mnum};
     rc = flow_io_save(path, &f);
   }
   for (int k = 0; k < i; k++) flow_tensor_decref(ts[k]);
@@ -112,8 +117,8 @@ static int l_save(lua_State *L) {
   return 0;
 }
 
-/* flow.load(path) -> table: tensors by name, plus the metadata entries (text that reads as a
- * Lua number comes back as that number, so a saved step count is a number again). */
+/* flow.load(path) -> table: tensors by name, plus the metadata entries: strings as they were
+ * ("1.10" stays "1.10"), and the entries flow.save wrote from numbers as those numbers again. */
 static int l_load(lua_State *L) {
   luaL_checkstring(L, 1);
   const char *path = check_cstring(L, 1, "load", "the path");
@@ -122,7 +127,14 @@ static int l_load(lua_State *L) {
   if (!lua_checkstack(L, 8)) { flow_io_file_free(&f); return luaL_error(L, "load: Lua stack overflow"); }
   lua_createtable(L, 0, f.n + f.nmeta);
   for (int i = 0; i < f.nmeta; i++) {
-    if (lua_stringtonumber(L, f.meta_values[i]) == 0) lua_pushstring(L, f.meta_values[i]);
+    if (!f.meta_number || !f.meta_number[i]) {
+      lua_pushstring(L, f.meta_values[i]);
+    } else if (lua_stringtonumber(L, f.meta_values[i]) == 0) {
+      lua_pushfstring(L, "load: '%s': metadata '%s' is listed as a number but holds '%s'", path, f.meta_keys[i],
+                      f.meta_values[i]);
+      flow_io_file_free(&f);
+      return lua_error(L);
+    }
     lua_setfield(L, -2, f.meta_keys[i]);
   }
   for (int i = 0; i < f.n; i++) {

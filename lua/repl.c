@@ -6,9 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
-#ifdef FLOW_HAVE_MPI
-#include <mpi.h>
-#endif
 #include <readline/history.h>
 #include <readline/readline.h>
 #include <signal.h>
@@ -20,6 +17,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "../core/comm.h"
 #include "bind.h"
 
 #define HISTORY_FILE ".flowlua_history"
@@ -27,7 +25,7 @@
 
 static lua_State *repl_L;               /* the state Ctrl-C interrupts, and completion reads */
 static volatile sig_atomic_t sigint_at_prompt;
-static int rank = 0, nranks = 1;        /* the MPI world, when MPI is running */
+static int rank = 0, nranks = 1;        /* the world (core/comm.h): MPI's under mpirun */
 
 void flow_repl_init(lua_State *L) {
   lua_pushglobaltable(L);
@@ -257,21 +255,21 @@ static int read_pipe(char **line) {
   return LINE_OK;
 }
 
-/* Rank 0 reads; under MPI the line (or EOF / cancel) goes to every rank: a length (-1 EOF,
- * -2 cancel), then the bytes. */
+/* Rank 0 reads; in a multi-rank world the line (or EOF / cancel) goes to every rank: a length
+ * (-1 EOF, -2 cancel), then the bytes. A failed broadcast ends the session like EOF. */
 static int next_line(int tty, const char *prompt, char **line) {
   int kind = LINE_OK;
   *line = NULL;
   if (rank == 0) kind = tty ? read_tty(prompt, line) : read_pipe(line);
   if (nranks == 1) return kind;
-#ifdef FLOW_HAVE_MPI
-  long len = kind == LINE_EOF ? -1 : kind == LINE_CANCEL ? -2 : rank == 0 ? (long)strlen(*line) : 0;
-  MPI_Bcast(&len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  long long len = kind == LINE_EOF ? -1 : kind == LINE_CANCEL ? -2 : rank == 0 ? (long long)strlen(*line) : 0;
+  if (flow_comm_broadcast_bytes(flow_comm_world(), line, &len, 0) != 0) {
+    fprintf(stderr, "flowlua: [rank %d] %s\n", rank, flow_error_get());
+    free(*line);
+    *line = NULL;
+    return LINE_EOF;
+  }
   if (len < 0) return len == -1 ? LINE_EOF : LINE_CANCEL;
-  if (rank != 0 && !(*line = malloc((size_t)len + 1))) abort();
-  MPI_Bcast(*line, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD);
-  (*line)[len] = 0;
-#endif
   return LINE_OK;
 }
 
@@ -302,13 +300,21 @@ static int compile(lua_State *L, const char *code) {
 }
 
 /* Turn the results above base into one tab-separated string (every rank does this: printing a
- * global tensor may need its peers). Leaves the string, or an error message, on top. */
+ * global tensor gathers its values from its peers, as print does). Leaves the string, or an error
+ * message, on top. */
 static int results_text(lua_State *L) {
   int n = lua_gettop(L);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   for (int i = 1; i <= n; i++) {
-    luaL_tolstring(L, i, NULL);
+    lua_getfield(L, LUA_REGISTRYINDEX, "flow.print_text");
+    if (lua_isfunction(L, -1)) {
+      lua_pushvalue(L, i);
+      lua_call(L, 1, 1);
+    } else {
+      lua_pop(L, 1);
+      luaL_tolstring(L, i, NULL);
+    }
     luaL_addvalue(&b);
     if (i < n) luaL_addchar(&b, '\t');
   }
@@ -316,25 +322,21 @@ static int results_text(lua_State *L) {
   return 1;
 }
 
-/* Print errors: alone, as "flowlua: msg"; under MPI, rank 0 prints every failing rank's message
- * as "[rank r,s] msg" (ranks with the same message share a line). */
+/* Print errors: alone, as "flowlua: msg"; in a multi-rank world, rank 0 prints every failing
+ * rank's message as "[rank r,s] msg" (ranks with the same message share a line). */
 static void report(lua_State *L, const char *msg) {
   if (nranks == 1) {
     if (msg) flow_repl_print_error(L, "flowlua", msg);
     return;
   }
-#ifdef FLOW_HAVE_MPI
-  int len = msg ? (int)strlen(msg) + 1 : 0;
-  int *lens = rank == 0 ? calloc((size_t)nranks, sizeof *lens) : NULL, *displs = NULL;
-  char *all = NULL;
-  MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  if (rank == 0) {
-    displs = calloc((size_t)nranks, sizeof *displs);
-    int total = 0;
-    for (int r = 0; r < nranks; r++) { displs[r] = total; total += lens[r]; }
-    all = malloc((size_t)total + 1);
+  char *all;
+  size_t *lens, *displs = calloc((size_t)nranks, sizeof *displs); /* a message's length counts its NUL */
+  if (!displs || flow_comm_allgather_bytes(flow_comm_world(), msg ? msg : "", msg ? strlen(msg) + 1 : 0, &all, &lens) != 0) {
+    fprintf(stderr, "flowlua: [rank %d] %s\n", rank, msg ? msg : displs ? flow_error_get() : "out of memory");
+    free(displs);
+    return;
   }
-  MPI_Gatherv(msg ? msg : "", len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, MPI_COMM_WORLD);
+  for (int r = 1; r < nranks; r++) displs[r] = displs[r - 1] + lens[r - 1];
   if (rank == 0) {
     fflush(stdout);
     for (int r = 0; r < nranks; r++) {
@@ -360,7 +362,6 @@ static void report(lua_State *L, const char *msg) {
   free(lens);
   free(displs);
   free(all);
-#endif
 }
 
 /* Run the compiled chunk on top; print its values (rank 0) or the error (see report). */
@@ -459,19 +460,20 @@ static int take_terminal(void) {
  * on to them: a line interrupted on rank 0 alone would leave the others running it, and rank 0
  * waiting for them. Ranks on other nodes are out of reach: they finish the line on their own. */
 static void find_peers(void) {
-#ifdef FLOW_HAVE_MPI
-  struct { char host[64]; long pid; } me, *all = NULL;
+  typedef struct { char host[64]; long pid; } whom;
+  whom me;
+  char *bytes;
+  size_t *lens;
   memset(&me, 0, sizeof me);
   gethostname(me.host, sizeof me.host - 1);
   me.pid = (long)getpid();
-  if (rank == 0 && !(all = calloc((size_t)nranks, sizeof *all))) return;
-  MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
-  if (rank != 0) return;
-  peers = calloc((size_t)nranks, sizeof *peers);
-  for (int r = 1; peers && r < nranks; r++)
-    if (strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
-  free(all);
-#endif
+  if (flow_comm_allgather_bytes(flow_comm_world(), &me, sizeof me, &bytes, &lens) != 0) return;
+  const whom *all = (const whom *)bytes; /* malloc'd: aligned for any type */
+  if (rank == 0 && (peers = calloc((size_t)nranks, sizeof *peers)))
+    for (int r = 1; r < nranks; r++)
+      if (strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
+  free(bytes);
+  free(lens);
 }
 
 /* The foreground back to mpirun's group, so the shell gets its terminal back when mpirun ends. */
@@ -484,15 +486,10 @@ static void give_terminal_back(void) {
 }
 
 void flow_repl_run(lua_State *L) {
-#ifdef FLOW_HAVE_MPI
-  int mpi_on = 0, mpi_done = 0;
-  MPI_Initialized(&mpi_on);
-  MPI_Finalized(&mpi_done);
-  if (mpi_on && !mpi_done) {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  if (flow_comm_world()) {
+    rank = flow_comm_rank();
+    nranks = flow_comm_size();
   }
-#endif
   repl_L = L;
   if (nranks > 1) {
     if (rank == 0 && !isatty(0)) take_terminal();

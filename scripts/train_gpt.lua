@@ -55,8 +55,9 @@ local sections = {
     {"grad_clip", 1.0, "clip the gradients' global norm to this (0: off)"}, {"seed", 1337, "RNG seed"},
     {"stop_at", 0, "stop after this step (0: at --steps); the schedule still spans --steps"}},
   {"Data, evaluation and logs",
-    {"data", "/usr/share/doc/jargon-text/jargon.txt.gz", "text file (bytes), .gz, or llm.c .bin token shard"},
-    {"val_fraction", 0.05, "share of a text file held out for validation"},
+    {"data", "/usr/share/doc/jargon-text/jargon.txt.gz", "text file (bytes), .gz, or llm.c .bin token shards (a glob: 'dir/train_*.bin')"},
+    {"val", "", "validation tokens: a file or a glob of shards (default: the last --val-fraction of --data)"},
+    {"val_fraction", 0.05, "share of --data held out for validation when there is no --val"},
     {"eval_every", false, "validation loss every this many steps, 0: off (default: 300)", integer},
     {"eval_iters", 10, "batches per validation loss"}, {"log_every", 50, "print a step line every this many steps"},
     {"log", "", "append one JSON object per step and per evaluation to this .jsonl file"},
@@ -171,7 +172,7 @@ if args.dim % args.heads ~= 0 then fail(("--dim %d must be divisible by --heads 
 -------------------------------------------------------------------------------- data and model
 
 flow.manual_seed(args.seed)
-local ok_data, ds = pcall(data.load, args.data, { val_fraction = args.val_fraction })
+local ok_data, ds = pcall(data.load, args.data, { val_fraction = args.val_fraction, val = args.val ~= "" and args.val or nil })
 if not ok_data then fail(ds) end
 
 local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim,

@@ -54,6 +54,27 @@ print(package.searchpath("flow.nn", package.path), flow.nn == nn, #m:parameters(
     assert.equal(("%s/lib/lua/5.4/flow.so\t1\t8.0\n%s/share/lua/5.4/flow/nn.lua\ttrue\t2\n"):format(prefix, prefix), o)
   end)
 
+  it("installs the CUDA plugin next to flow.so, where flowlua and lua5.4 find it", function()
+    if not cache_text:match("FLOW_CUDA:BOOL=ON") then return pending("this build has no CUDA support") end
+    if cache_text:match("FLOW_SANITIZE:BOOL=ON") then
+      return pending("an AddressSanitizer flow.so cannot load into an uninstrumented lua5.4")
+    end
+    -- the plugin's path as mapped after first use, and the GPU state (no GPU is fine: the plugin loaded)
+    local probe = "flow = flow or require 'flow' local avail = flow.cuda.is_available() "
+      .. "for l in io.lines('/proc/self/maps') do local p = l:match('(/%S*flow_cuda%.so)$') "
+      .. "if p then print(p, avail or flow.cuda.unavailable_reason()) break end end"
+    local plugin = prefix .. "/lib/lua/5.4/flow_cuda.so"
+    local want = "^" .. plugin:gsub("%p", "%%%0") .. "\t(.*)\n$"
+    for _, cmd in ipairs({ sh_quote(prefix .. "/bin/flowlua") .. " -e " .. sh_quote(probe),
+                           env .. "lua5.4 -e " .. sh_quote(probe) }) do
+      local o, e, c = run(cmd)
+      assert.equal(0, c, e)
+      local state = o:match(want)
+      assert.truthy(state, o)
+      assert.is_true(state == "true" or state:find("^no GPU found") ~= nil, state)
+    end
+  end)
+
   it("installs a pkg-config file whose flags compile a C extension op", function()
     if not has("pkg-config") or not has("cc") then return pending("pkg-config or cc is missing") end
     local pc = "PKG_CONFIG_PATH=" .. sh_quote(prefix .. "/" .. (cache_text:match("CMAKE_INSTALL_LIBDIR:PATH=([^\n]*)") or "lib") .. "/pkgconfig") .. " "

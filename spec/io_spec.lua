@@ -56,7 +56,8 @@ describe("flow.save / flow.load (safetensors)", function()
     local header = s:sub(9, 8 + n)
     assert.are.equal(0, n % 8)
     assert.matches('"w":{"dtype":"F32","shape":%[2%],"data_offsets":%[0,8%]}', header)
-    assert.matches('"__metadata__":{"step":"7"}', header)
+    -- values are strings (safetensors); the entries saved from numbers are listed as such
+    assert.matches('"__metadata__":{"step":"7","__flowlua_numbers__":"[\\"step\\"]"}', header, 1, true)
     local a, b = string.unpack("<ff", s, 9 + n)
     assert.are.same({ 1, 2 }, { a, b })
     os.remove(p)
@@ -74,6 +75,56 @@ describe("flow.save / flow.load (safetensors)", function()
     assert.are.equal("float", math.type(r.whole))
     assert.are.equal('a "quoted"\nline', r.note)
     os.remove(p)
+  end)
+
+  it("keeps strings that read as numbers as strings", function()
+    local p = path("strings.safetensors")
+    local meta = { version = "1.10", id = "007", hex = "0x10", inf = "inf", empty = "", n = 1.10, z = 7 }
+    flow.save(meta, p)
+    local r = flow.load(p)
+    assert.are.same(meta, r)
+    assert.are.equal("string", type(r.version))
+    assert.are.equal("float", math.type(r.n))
+    assert.is_nil(r.__flowlua_numbers__)
+    -- a file without the list (another tool's, or one with only strings) gives only strings
+    local q = path("foreign_numbers.safetensors")
+    write_all(q, raw_file('{"__metadata__":{"step":"7","lr":"0.5"}}'))
+    assert.are.same({ step = "7", lr = "0.5" }, flow.load(q))
+    os.remove(p)
+    os.remove(q)
+  end)
+
+  it("refuses a hostile list of number entries with a message naming it", function()
+    local q = path("hostile_numbers.safetensors")
+    local cases = {
+      { '{"__metadata__":{"a":"1","__flowlua_numbers__":"[\\"b\\"]"}}', "names 'b', which is not a metadata entry" },
+      { '{"__metadata__":{"a":"x1","__flowlua_numbers__":"[\\"a\\"]"}}', "metadata 'a' is listed as a number but holds 'x1'" },
+      { '{"__metadata__":{"a":"1","__flowlua_numbers__":"a"}}', "__flowlua_numbers__': bad header JSON at byte 0: expected '%['" },
+      { '{"__metadata__":{"a":"1","__flowlua_numbers__":"[\\"a\\"] x"}}', "trailing characters after the list of keys" },
+      { '{"__metadata__":{"a":"1","__flowlua_numbers__":"[1]"}}', "expected '\"'" },
+      { '{"__metadata__":{"a":"1","__flowlua_numbers__":"[]","__flowlua_numbers__":"[]"}}', "appears twice" },
+    }
+    for _, c in ipairs(cases) do
+      write_all(q, raw_file(c[1]))
+      local ok, err = pcall(flow.load, q)
+      assert.is_false(ok, c[1])
+      assert.matches(c[2], err)
+    end
+    -- many entries, every one listed: still quick (the keys are found by sorting)
+    local keys, list = {}, {}
+    for i = 1, 20000 do
+      keys[#keys + 1] = ('"k%d":"%d"'):format(i, i)
+      list[#list + 1] = ('\\"k%d\\"'):format(i)
+    end
+    write_all(q, raw_file('{"__metadata__":{' .. table.concat(keys, ",") .. ',"__flowlua_numbers__":"['
+      .. table.concat(list, ",") .. ']"}}'))
+    local t0 = os.clock()
+    local r = flow.load(q)
+    assert.are.equal(20000, r.k20000)
+    assert.is_true(os.clock() - t0 < 5)
+    assert.has_error(function() flow.save({ __flowlua_numbers__ = "x" }, q) end,
+      "save: the metadata key '__flowlua_numbers__' is reserved")
+    os.remove(q)
   end)
 
   it("saves non-contiguous tensors by their values", function()

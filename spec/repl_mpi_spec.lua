@@ -1,5 +1,6 @@
 -- The REPL under `mpirun -np 2 flowlua`: rank 0 reads, every rank runs the line, a line that fails
--- on one rank is reported with that rank and the session goes on with its state; EOF ends every
+-- on one rank is reported with that rank and the session goes on with its state, a global tensor
+-- shows its gathered values; EOF ends every
 -- rank with status 0. Driven through a pipe, and on a terminal under tmux (prompt, completion,
 -- Ctrl-C interrupting a line that runs on both ranks).
 local flow = require "flow"
@@ -31,6 +32,7 @@ local session = {
   "x:sum():to_local()",
   'if flow.rank() == 1 then error("boom") end',
   "(x * 2):sum():to_local()",
+  "x:sum(1)",
 }
 
 describe("the flowlua REPL under mpirun -np 2", function()
@@ -44,6 +46,9 @@ describe("the flowlua REPL under mpirun -np 2", function()
     assert.not_matches("%[rank 0[^%]]*%] stdin:1: boom", out)
     -- x survived the failed line: the next line still sees it
     assert.matches("tensor%(16%.0000, shape={}", out)
+    -- a global tensor shows its values, gathered from both ranks
+    assert.matches("tensor%(%[4%.0000, 4%.0000, 4%.0000, 4%.0000%], shape={4}, dtype=float32, "
+      .. "placement=cpu{0, 1}, sbp=S%(0%)%)\n  rank 0: %[0:2%]\n  rank 1: %[2:4%]", out)
   end)
 
   it("on a terminal: a prompt, completion, Ctrl-C interrupts a line on both ranks, Ctrl-D ends", function()

@@ -65,6 +65,39 @@ describe("flow.data", function()
     os.remove(p)
     os.remove(bin)
   end)
+
+  it("reads a glob of shards as one stream in name order, uint32 shards, and --val's own files", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local function shard(name, first, n, width)
+      local t = {}
+      for i = 1, n do t[i] = first + i - 1 end
+      data.write_shard(dir .. "/" .. name, t, width)
+    end
+    shard("train_001.bin", 100, 10)
+    shard("train_000.bin", 0, 10)
+    shard("val_000.bin", 500, 6)
+    local ds = data.load(dir .. "/train_*.bin", { val = dir .. "/val_*.bin" })
+    assert.are.equal(20, ds.train:len())
+    assert.are.same({ 8, 9, 100, 101 }, ds.train:slice(8, 4)) -- a window across the two shards
+    assert.are.same({ 500, 501, 502, 503, 504, 505 }, ds.val:slice(0, 6))
+    local x, y = ds:batch("train", 4, 5)
+    assert.are.same({ 4, 5 }, x:shape())
+    -- without --val the tail of the stream (here inside the last shard) is held out
+    ds = data.load(dir .. "/train_00?.bin", { val_fraction = 0.25 })
+    assert.are.same({ 15, 5 }, { ds.train:len(), ds.val:len() })
+    assert.are.same({ 105, 106, 107, 108, 109 }, ds.val:slice(0, 5))
+    -- uint32 tokens (version 2): ids past 65535, and a vocabulary to match
+    shard("big.bin", 70000, 8, 4)
+    ds = data.load(dir .. "/big.bin", { val_fraction = 0.25 })
+    assert.are.same({ 70000, 70001 }, ds.train:slice(0, 2))
+    assert.are.equal(128256, ds.vocab_size)
+    assert.has_error(function() data.load(dir .. "/nothing_*.bin") end, "data: no file matches '" .. dir .. "/nothing_*.bin'")
+    assert.has_error(function() data.load(dir .. "/*.bin") end,
+      "data: '" .. dir .. "/*.bin' mixes token widths or text and shards ('" .. dir .. "/train_000.bin')")
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
 end)
 
 describe("GPT training", function()

@@ -10,7 +10,7 @@
 
 extern "C" {
 #include "../../core/autocast.h"
-#include "../../core/cuda.h"
+#include "../../core/cuda/runtime.h"
 #include "../../core/error.h"
 #include "../../core/tensor.h"
 #include "../registry.h"

@@ -1,4 +1,5 @@
-/* flow_cuda_register_kernels: registers every CUDA kernel file's kernels in the kernel table, and
+/* The CUDA plugin's entry point (flow_cuda_plugin_open, see core/cuda.h), and
+ * flow_cuda_register_kernels: registers every CUDA kernel file's kernels in the kernel table, and
  * gives the ops that have no CUDA kernel of their own (arange, linspace, eye, randint) one that
  * runs their CPU kernel on host copies: slow, but the same numbers as on the CPU (randint
  * included: its draws are counter-based, so element i does not depend on the device). */
@@ -65,4 +66,16 @@ void flow_cuda_register_kernels(void) {
   flow_cuda_register_shape();
   flow_cuda_register_random();
   flow_cuda_register_conv();
+}
+
+/* The device runtime, every kernel (GPU or not: the kernel-list spec reads them) and NCCL. */
+extern "C" __attribute__((visibility("default"))) int flow_cuda_plugin_open(int abi, flow_cuda_backend *b) {
+  if (abi != FLOW_CUDA_PLUGIN_ABI)
+    return flow_error_set("built for interface %d, this flowlua has %d (a plugin of another build)",
+                          FLOW_CUDA_PLUGIN_ABI, abi);
+  if (flow_cuda_runtime_open(b) != 0) return -1;
+  flow_cuda_register_kernels();
+  b->bench_gemm = flow_cuda_bench_gemm;
+  b->nccl_comm = flow_cuda_nccl_comm;
+  return 0;
 }

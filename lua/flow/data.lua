@@ -1,15 +1,20 @@
 -- flow.data: token streams for language-model training, and IDX image/label files (MNIST's
 -- format: data.read_idx). Byte-level tokens from a text file (plain or gzip), or llm.c .bin
--- shards (a header of 256 int32: magic 20240520, version 1, token count; then uint16 tokens).
--- Batches are random windows drawn from flow's RNG, so they are fixed by flow.manual_seed and a
--- checkpoint of flow.get_rng_state() resumes them exactly.
+-- shards, one file or a glob of them (a header of 256 int32: magic, version, token count; then
+-- the tokens: magic 20240520 version 1 holds uint16 (GPT-2), version 2 uint32; llm.c's Llama 3
+-- shards, magic 20240801 version 7, uint32). Batches are random windows drawn from flow's RNG,
+-- so they are fixed by flow.manual_seed and a checkpoint of flow.get_rng_state() resumes them
+-- exactly.
 local flow = require "flow"
 
 local data = {}
 
 local SHARD_MAGIC, SHARD_HEADER = 20240520, 256 * 4
+-- token width in bytes, by magic and version
+local SHARD_WIDTH = { [SHARD_MAGIC] = { [1] = 2, [2] = 4 }, [20240801] = { [7] = 4 } }
 
--- A token sequence over a Lua string: 1 byte a token (text) or 2 little-endian bytes (shards).
+-- A token sequence over a Lua string: 1 byte a token (text), or 2 or 4 little-endian bytes
+-- (shards).
 local Tokens = {}
 Tokens.__index = Tokens
 
@@ -33,25 +38,99 @@ function Tokens:slice(start, len)
       k = k + n
     end
   else
-    local pos = self.first + 2 * start
+    local w = self.width
+    local fmt, pos = "<I" .. w, self.first + w * start
     for k = 1, len do
-      out[k] = string.unpack("<I2", self.bytes, pos)
-      pos = pos + 2
+      out[k] = string.unpack(fmt, self.bytes, pos)
+      pos = pos + w
     end
   end
   return out
 end
 
--- Check an llm.c shard held in s (the bytes of path); returns its token count.
+-- Several token sequences as one (the shards of a glob, in name order).
+local Concat = {}
+Concat.__index = Concat
+
+local function concat(parts)
+  if #parts == 1 then return parts[1] end
+  local n = 0
+  for _, p in ipairs(parts) do n = n + p.n end
+  return setmetatable({ parts = parts, n = n }, Concat)
+end
+
+function Concat:len() return self.n end
+
+function Concat:slice(start, len)
+  local out = {}
+  for _, p in ipairs(self.parts) do
+    if len == 0 then break end
+    if start < p.n then
+      local k = math.min(len, p.n - start)
+      table.move(p:slice(start, k), 1, k, #out + 1, out)
+      len = len - k
+      start = 0
+    else
+      start = start - p.n
+    end
+  end
+  return out
+end
+
+-- The last `count` tokens of t (a Tokens or a Concat), and the ones before.
+local function split_tail(t, count)
+  if getmetatable(t) == Tokens then
+    return tokens(t.bytes, t.width, t.first, t.n - count), tokens(t.bytes, t.width, t.first + t.width * (t.n - count), count)
+  end
+  local head, tail, left = {}, {}, t.n - count
+  for _, p in ipairs(t.parts) do
+    if left >= p.n then head[#head + 1] = p
+    elseif left <= 0 then tail[#tail + 1] = p
+    else
+      local a, b = split_tail(p, p.n - left)
+      head[#head + 1], tail[#tail + 1] = a, b
+    end
+    left = left - p.n
+  end
+  if #head == 0 then head[1] = tokens("", 1, 1, 0) end
+  if #tail == 0 then tail[1] = tokens("", 1, 1, 0) end
+  return concat(head), concat(tail)
+end
+
+-- Check an llm.c shard held in s (the bytes of path); returns its token count and width.
 local function check_shard(path, s)
   if #s < SHARD_HEADER then error(("data: '%s' is too short for an llm.c shard header (%d bytes)"):format(path, #s), 0) end
   local magic, version, count = string.unpack("<i4i4i4", s)
-  if magic ~= SHARD_MAGIC then error(("data: '%s' has magic %d, expected %d (an llm.c .bin shard)"):format(path, magic, SHARD_MAGIC), 0) end
-  if version ~= 1 then error(("data: '%s' has shard version %d, expected 1"):format(path, version), 0) end
-  if #s ~= SHARD_HEADER + 2 * count then
+  if not SHARD_WIDTH[magic] then error(("data: '%s' has magic %d, expected %d (an llm.c .bin shard)"):format(path, magic, SHARD_MAGIC), 0) end
+  local width = SHARD_WIDTH[magic][version]
+  if not width then
+    error(("data: '%s' has shard version %d, expected %s"):format(path, version, magic == SHARD_MAGIC and "1 (uint16) or 2 (uint32)" or "7"), 0)
+  end
+  if count < 0 or #s ~= SHARD_HEADER + width * count then
     error(("data: '%s' says %d tokens but holds %d bytes of tokens"):format(path, count, #s - SHARD_HEADER), 0)
   end
-  return count
+  return count, width
+end
+
+-- The files a pattern names, sorted: the pattern itself when it has no * ? or [ (it need not
+-- exist yet: reading it reports that), else the files of its folder whose names match (wildcards
+-- in the file name only, as the shell reads them).
+local function expand(pattern)
+  if not pattern:find("[%*%?%[]") then return { pattern } end
+  local dir, name = pattern:match("^(.*)/([^/]*)$")
+  if not dir then dir, name = ".", pattern end
+  if dir:find("[%*%?%[]") then error(("data: '%s': wildcards only in the file name, not in its folder"):format(pattern), 0) end
+  local lua_pat = "^" .. name:gsub("[%^%$%(%)%%%.%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".")
+    :gsub("%%%]", "]") .. "$"
+  local files = {}
+  local ls = io.popen("ls -1A -- '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
+  for f in ls:lines() do
+    if f:match(lua_pat) then files[#files + 1] = (dir == "." and pattern:sub(1, 2) ~= "./") and f or dir .. "/" .. f end
+  end
+  ls:close()
+  table.sort(files)
+  if #files == 0 then error(("data: no file matches '%s'"):format(pattern), 0) end
+  return files
 end
 
 -- Dataset: data.load(path, {val_fraction = 0.1}) splits one file into train (the first part) and
@@ -60,26 +139,42 @@ end
 local Dataset = {}
 Dataset.__index = Dataset
 
--- A file is a shard when it is named .bin or starts with the shard magic; else it is bytes.
-local function open_stream(path)
+-- A file is a shard when it is named .bin or starts with a shard magic; else it is bytes. The
+-- vocabulary: GPT-2's for uint16 shards, Llama 3's for uint32 ones, 256 for bytes.
+local function open_file(path)
   local s = flow.read_file(path)
-  if path:match("%.bin$") or (#s >= 4 and string.unpack("<i4", s) == SHARD_MAGIC) then
-    return tokens(s, 2, SHARD_HEADER + 1, check_shard(path, s)), 50257
+  if path:match("%.bin$") or (#s >= 4 and SHARD_WIDTH[string.unpack("<i4", s)]) then
+    local count, width = check_shard(path, s)
+    return tokens(s, width, SHARD_HEADER + 1, count), width == 2 and 50257 or 128256
   end
   return tokens(s, 1, 1, #s), 256
 end
 
+-- Every file a pattern names, as one stream (all shards, or one text file).
+local function open_stream(pattern)
+  local parts, vocab = {}, nil
+  for _, path in ipairs(expand(pattern)) do
+    local t, v = open_file(path)
+    if vocab and v ~= vocab then
+      error(("data: '%s' mixes token widths or text and shards ('%s')"):format(pattern, path), 0)
+    end
+    parts[#parts + 1], vocab = t, v
+  end
+  return concat(parts), vocab
+end
+
+-- data.load(path, {val_fraction =, val =, vocab_size =}): path and val may be globs of shards
+-- ("data/fineweb_train_*.bin"); without val the tail of path's tokens is held out.
 function data.load(path, opts)
   opts = opts or {}
   local all, vocab = open_stream(path)
   local self = setmetatable({ vocab_size = opts.vocab_size or vocab, path = path }, Dataset)
   if opts.val then
-    self.train, self.val = all, open_stream(opts.val)
+    local val, vval = open_stream(opts.val)
+    if vval ~= vocab then error(("data: --val '%s' and '%s' hold different kinds of tokens"):format(opts.val, path), 0) end
+    self.train, self.val = all, val
   else
-    local frac = opts.val_fraction or 0.1
-    local nval = math.floor(all.n * frac)
-    self.train = tokens(all.bytes, all.width, all.first, all.n - nval)
-    self.val = tokens(all.bytes, all.width, all.first + all.width * (all.n - nval), nval)
+    self.train, self.val = split_tail(all, math.floor(all.n * (opts.val_fraction or 0.1)))
   end
   return self
 end
@@ -146,10 +241,12 @@ function data.encode_bytes(s)
   return { s:byte(1, -1) }
 end
 
--- Write tokens (a Lua list of integers < 65536) as an llm.c shard: for tests and converters.
-function data.write_shard(path, toks)
-  local parts = { string.pack("<i4i4i4", SHARD_MAGIC, 1, #toks), string.rep("\0", SHARD_HEADER - 12) }
-  for i = 1, #toks do parts[#parts + 1] = string.pack("<I2", toks[i]) end
+-- Write tokens (a Lua list of integers) as an llm.c shard, uint16 (version 1) or with
+-- width = 4 uint32 (version 2): for tests and converters.
+function data.write_shard(path, toks, width)
+  width = width or 2
+  local parts = { string.pack("<i4i4i4", SHARD_MAGIC, width == 2 and 1 or 2, #toks), string.rep("\0", SHARD_HEADER - 12) }
+  for i = 1, #toks do parts[#parts + 1] = string.pack("<I" .. width, toks[i]) end
   local f = assert(io.open(path, "wb"))
   f:write(table.concat(parts))
   f:close()

@@ -75,21 +75,27 @@ local function layout(data, depth, ndim, indent, cell)
   return "[" .. table.concat(parts, sep) .. "]"
 end
 
-local function suffix(t, shape, grad_fn)
+local function suffix(t, shape, grad_fn, global)
   local s = { "shape={" .. table.concat(shape, ",") .. "}", "dtype=" .. t.dtype }
-  if t.device ~= "cpu" then s[#s + 1] = "device=" .. t.device end
+  if global then
+    s[#s + 1] = "placement=" .. global.placement
+    s[#s + 1] = "sbp=" .. global.sbp
+  elseif t.device ~= "cpu" then
+    s[#s + 1] = "device=" .. t.device
+  end
   if grad_fn then
     s[#s + 1] = "grad_fn=<" .. grad_fn .. ">"
-  elseif t.requires_grad then
+  elseif (global or t).requires_grad then
     s[#s + 1] = "requires_grad=true"
   end
   return table.concat(s, ", ")
 end
 
--- format(t, summarize, grad_fn): summarize(t, edgeitems, threshold) returns the shown values as
--- nested lists (a plain value for a 0-d tensor), with "..." standing for elided entries; grad_fn
--- names the op that made t (nil for a leaf).
-function M.format(t, summarize, grad_fn)
+-- format(t, summarize, grad_fn, global): summarize(t, edgeitems, threshold) returns the shown
+-- values as nested lists (a plain value for a 0-d tensor), with "..." standing for elided entries;
+-- grad_fn names the op that made t (nil for a leaf). For a global tensor, t holds its gathered
+-- values and global = {placement =, sbp =, requires_grad =} describes it.
+function M.format(t, summarize, grad_fn, global)
   local shape = t:shape()
   local head = "tensor("
   local numel = 1
@@ -109,7 +115,7 @@ function M.format(t, summarize, grad_fn)
     end
     body = layout(data, 0, #shape, #head, cell)
   end
-  return head .. body .. ", " .. suffix(t, shape, grad_fn) .. ")"
+  return head .. body .. ", " .. suffix(t, shape, grad_fn, global) .. ")"
 end
 
 return M
