@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,19 +62,25 @@ int flow_nccl_device(void) {
   return local_rank % n;
 }
 
-/* ---- the cache, keyed by the world ranks ------------------------------------------------------ */
+/* ---- the cache, keyed by the world ranks and the thread's channel (comm.h) ---------------------- */
 
 typedef struct entry {
-  int n;
+  int n, channel;
   int *ranks;
   flow_comm *comm;
   struct entry *next;
 } entry;
 static entry *cache;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER; /* the list only, never a creation */
 
 flow_comm *flow_nccl_for_ranks(const int *ranks, int n) {
-  for (entry *e = cache; e; e = e->next)
-    if (e->n == n && memcmp(e->ranks, ranks, (size_t)n * sizeof *ranks) == 0) return e->comm;
+  int channel = flow_comm_channel();
+  pthread_mutex_lock(&cache_lock);
+  entry *found = cache;
+  while (found && !(found->n == n && found->channel == channel && memcmp(found->ranks, ranks, (size_t)n * sizeof *ranks) == 0))
+    found = found->next;
+  pthread_mutex_unlock(&cache_lock);
+  if (found) return found->comm;
   int device = flow_nccl_device();
   if (device < 0) return NULL;
   flow_comm *boot = flow_comm_for_ranks(ranks, n);
@@ -90,8 +97,10 @@ flow_comm *flow_nccl_for_ranks(const int *ranks, int n) {
     return NULL;
   }
   memcpy(copy, ranks, (size_t)n * sizeof *copy);
-  *e = (entry){n, copy, c, cache};
+  pthread_mutex_lock(&cache_lock);
+  *e = (entry){n, channel, copy, c, cache};
   cache = e;
+  pthread_mutex_unlock(&cache_lock);
   return c;
 }
 

@@ -86,6 +86,8 @@ flow_comm *flow_placement_axis_data_comm(const flow_placement *p, int axis, flow
   if (dev == FLOW_CPU) return flow_placement_axis_comm(p, axis);
   flow_placement *mp = (flow_placement *)p;
   int members[1024];
+  if (flow_comm_channel() != 0) /* another thread's channel: nccl.c caches those */
+    return axis_members(p, axis, members, 1024) == 0 ? flow_nccl_for_ranks(members, p->shape[axis]) : NULL;
   if (!mp->axis_nccl[axis] && axis_members(p, axis, members, 1024) == 0)
     mp->axis_nccl[axis] = flow_nccl_for_ranks(members, p->shape[axis]);
   return mp->axis_nccl[axis];
