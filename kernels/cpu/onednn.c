@@ -61,7 +61,17 @@ bool flow_onednn_bf16_native(void) {
 }
 
 bool flow_onednn_bf16(void) {
-  if (flow_autocast_dtype() != FLOW_BF16) return false;
+  flow_dtype dt = flow_autocast_dtype();
+  if (dt == FLOW_F16) {
+    /* oneDNN 2.x has no float16 GEMM or convolution on the CPU; PyTorch's CPU autocast likewise
+     * warns and runs float32 */
+    static atomic_bool told_f16;
+    if (!atomic_exchange(&told_f16, true))
+      fprintf(stderr, "flowlua: float16 autocast on cpu runs in float32 (oneDNN has no float16 GEMM or "
+                      "convolution on the CPU; use bfloat16)\n");
+    return false;
+  }
+  if (dt != FLOW_BF16) return false;
   pthread_once(&once, init);
   static atomic_bool told;
   if (!bf16_native && !atomic_exchange(&told, true))

@@ -14,7 +14,8 @@ int flow_onednn_num_threads(void);
 
 /* Whether GEMMs and convolutions on float32 CPU tensors run in bf16 now: autocast asks for bf16
  * and the CPU has AVX512-BF16 or AMX (oneDNN's own cpuid check), and FLOW_NO_BF16 is not set.
- * When autocast asks and the CPU cannot, a message says so once and float32 runs instead. */
+ * When autocast asks and the CPU cannot, a message says so once and float32 runs instead; float16
+ * autocast always runs float32 on the CPU, with one message. */
 bool flow_onednn_bf16(void);
 /* Whether this CPU runs bf16 natively (and FLOW_NO_BF16 is unset), autocast or not. */
 bool flow_onednn_bf16_native(void);
