@@ -1,6 +1,7 @@
 -- One GPT training step (forward + backward + AdamW) in ms:
 --   FLOW_NUM_THREADS=1 flowlua scripts/bench/gpt_step.lua [--layers 4 --dim 256 --heads 8
---                                                          --seq 128 --batch 8 --steps 10 --amp bf16]
+--                                                          --seq 128 --batch 8 --steps 10 --amp bf16
+--                                                          --torch off]
 -- float32 (or bf16 autocast), vocab 256 (byte level), random tokens; the first steps are warm-up
 -- and not timed. Prints the FLOP floor (the step's FLOPs at oneDNN's own 1024^3 GEMM rate,
 -- measured in this run in the same precision) and the fraction of it reached, and PyTorch's time
@@ -11,7 +12,8 @@ local utils = require "flow.utils"
 local gpt = require "flow.gpt"
 
 local args = utils.parse_args(arg, { layers = 4, dim = 256, heads = 8, seq = 128, batch = 8, vocab = 256,
-                                     steps = 10, warmup = 2, device = "cpu", amp = "off" })
+                                     steps = 10, warmup = 2, device = "cpu", amp = "off",
+                                     torch = "on" })
 if args.amp ~= "off" and args.amp ~= "bf16" then error(("--amp %s: expected off or bf16"):format(args.amp), 0) end
 local function amp(fn)
   if args.amp == "bf16" then return flow.autocast("bfloat16", fn) end
@@ -80,6 +82,7 @@ local function torch_ms(prefix)
   if p then p:close() end
   return tonumber(out:match("torch_ms ([%d.]+)"))
 end
+if args.torch == "off" then return end -- our own figures only (comparing two builds)
 local configured = torch_ms("")
 local unset = torch_ms("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ")
 if configured or unset then
