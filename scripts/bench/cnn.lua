@@ -1,6 +1,7 @@
 -- One training step of train_cnn.lua's ResNet (forward + backward + SGD with Nesterov momentum) in
 -- images/s, against PyTorch on the same model, batch and optimizer in the same command:
---   FLOW_NUM_THREADS=1 flowlua scripts/bench/cnn.lua [--batch 128 --width 16 --steps 10 --amp bf16]
+--   FLOW_NUM_THREADS=1 flowlua scripts/bench/cnn.lua [--batch 128 --width 16 --steps 10 --amp bf16
+--                                                     --torch off]
 -- Random 28x28 one-channel images and labels; the first steps are warm-up and not timed. PyTorch
 -- runs twice: as configured, and with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset for that one
 -- command (its OpenBLAS then picks its own kernel); the faster is the anchor.
@@ -8,7 +9,7 @@ local flow = require "flow"
 local utils = require "flow.utils"
 local resnet = require "flow.resnet"
 
-local args = utils.parse_args(arg, { batch = 128, width = 16, steps = 10, warmup = 2, amp = "off" })
+local args = utils.parse_args(arg, { batch = 128, width = 16, steps = 10, warmup = 2, amp = "off", torch = "on" })
 if args.amp ~= "off" and args.amp ~= "bf16" then error(("--amp %s: expected off or bf16"):format(args.amp), 0) end
 local function amp(fn)
   if args.amp == "bf16" then return flow.autocast("bfloat16", fn) end
@@ -47,6 +48,8 @@ print(("cnn_step: ResNet width %d, batch %d, %s, %d thread(s)"):format(args.widt
   args.amp == "bf16" and "bf16 autocast" or "float32", threads))
 print(("ms/step: median %.1f  min %.1f  (%d steps) = %.0f images/s"):format(median, times[1], #times,
   args.batch / median * 1000))
+
+if args.torch == "off" then return end -- our own figures only (comparing two builds)
 
 -- The reference: the same model in PyTorch (Debian's python3-torch), same thread count, twice.
 local script = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/cnn_torch.py"
