@@ -8,6 +8,8 @@
 local flow = require "flow"
 local utils = require "flow.utils"
 local resnet = require "flow.resnet"
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local step_timer = require "step_timer"
 
 local args = utils.parse_args(arg, { batch = 128, width = 16, steps = 10, warmup = 2, amp = "off", torch = "on" })
 if args.amp ~= "off" and args.amp ~= "bf16" then error(("--amp %s: expected off or bf16"):format(args.amp), 0) end
@@ -34,15 +36,8 @@ local function step()
   return l
 end
 
-for _ = 1, args.warmup do step() end
-local times = {}
-for i = 1, args.steps do
-  local t0 = utils.now()
-  step()
-  times[i] = (utils.now() - t0) * 1000
-end
-table.sort(times)
-local median = times[(#times + 1) // 2]
+local times = step_timer.times(step, args.warmup, args.steps)
+local median = step_timer.median(times)
 local threads = flow._bench.onednn().threads
 print(("cnn_step: ResNet width %d, batch %d, %s, %d thread(s)"):format(args.width, args.batch,
   args.amp == "bf16" and "bf16 autocast" or "float32", threads))
@@ -52,17 +47,8 @@ print(("ms/step: median %.1f  min %.1f  (%d steps) = %.0f images/s"):format(medi
 if args.torch == "off" then return end -- our own figures only (comparing two builds)
 
 -- The reference: the same model in PyTorch (Debian's python3-torch), same thread count, twice.
-local script = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/cnn_torch.py"
-local function torch_ms(prefix)
-  local cmd = ("%sOMP_NUM_THREADS=%d /usr/bin/python3 %s %d %d %d %s 2>/dev/null"):format(
-    prefix, threads, script, args.batch, args.width, args.steps, args.amp)
-  local p = io.popen(cmd)
-  local out = p and p:read("a") or ""
-  if p then p:close() end
-  return tonumber(out:match("torch_ms ([%d.]+)"))
-end
-local configured = torch_ms("")
-local unset = torch_ms("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ")
+local configured, unset = step_timer.torch_ms("cnn_torch.py", ("%d %d %d %s"):format(args.batch, args.width,
+  args.steps, args.amp), threads)
 if configured or unset then
   local best = math.min(configured or math.huge, unset or math.huge)
   local function ips(ms) return ms and ("%.0f"):format(args.batch / ms * 1000) or "-" end

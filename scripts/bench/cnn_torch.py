@@ -3,18 +3,17 @@ blocks with batch norm, 16/32/64 wide, 1x1 strided shortcuts, global average poo
 layer) on random 28x28 one-channel images, float32, SGD with Nesterov momentum, one training step
 timed. Prints one line: `torch_ms <median> <min>`. Usage: python3 cnn_torch.py batch width steps [amp]
 with amp `bf16` for the forward and backward under torch.autocast("cpu", bfloat16)."""
-import os
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_step_timer import report, set_threads
 
 BATCH, WIDTH, STEPS = (int(a) for a in sys.argv[1:4])
 AMP = len(sys.argv) > 4 and sys.argv[4] == "bf16"
 torch.manual_seed(0)
-torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+set_threads()
 
 
 class BasicBlock(nn.Module):
@@ -61,12 +60,4 @@ def step():
     return loss.item()
 
 
-for _ in range(2):
-    step()
-times = []
-for _ in range(STEPS):
-    t0 = time.perf_counter()
-    step()
-    times.append((time.perf_counter() - t0) * 1000)
-times.sort()
-print("torch_ms %.3f %.3f" % (times[len(times) // 2], times[0]))
+report(step, STEPS)
