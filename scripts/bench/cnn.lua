@@ -13,28 +13,14 @@ local step_timer = require "step_timer"
 
 local args = utils.parse_args(arg, { batch = 128, width = 16, steps = 10, warmup = 2, amp = "off", torch = "on" })
 if args.amp ~= "off" and args.amp ~= "bf16" then error(("--amp %s: expected off or bf16"):format(args.amp), 0) end
-local function amp(fn)
-  if args.amp == "bf16" then return flow.autocast("bfloat16", fn) end
-  return fn()
-end
 flow.manual_seed(0)
 local model = resnet.ResNet(args.width)
 local opt = flow.optim.SGD(model:parameters(), { lr = 0.01, momentum = 0.9, nesterov = true, weight_decay = 5e-4 })
 local x = flow.randn({ args.batch, 1, 28, 28 })
 local y = flow.randint(0, 10, { args.batch })
 
-local function step()
-  local loss = amp(function()
-    local l = flow.nn.functional.cross_entropy(model(x), y)
-    l:backward()
-    return l
-  end)
-  opt:step()
-  opt:zero_grad()
-  local l = loss:item()
-  collectgarbage() -- free the step's tensors now, as train_cnn.lua does
-  return l
-end
+local step = step_timer.train_step(function() return flow.nn.functional.cross_entropy(model(x), y) end, opt,
+  args.amp)
 
 local times = step_timer.times(step, args.warmup, args.steps)
 local median = step_timer.median(times)

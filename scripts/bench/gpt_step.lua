@@ -27,18 +27,10 @@ local opt = model:configure_optimizer({ lr = 1e-4, weight_decay = 0.1 })
 local x = flow.randint(0, args.vocab, { args.batch, args.seq })
 local y = flow.randint(0, args.vocab, { args.batch, args.seq })
 
-local function step()
-  local loss = amp(function()
-    local _, l = model(x, y)
-    l:backward()
-    return l
-  end)
-  opt:step()
-  opt:zero_grad()
-  local l = loss:item()
-  collectgarbage() -- free the step's tensors now, as train_gpt.lua does
+local step = step_timer.train_step(function()
+  local _, l = model(x, y)
   return l
-end
+end, opt, args.amp)
 
 local times, cpu_ms = step_timer.times(step, args.warmup, args.steps)
 local sum = 0

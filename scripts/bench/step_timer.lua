@@ -2,9 +2,28 @@
 -- and running their PyTorch reference twice in the same command, as configured and with
 -- OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for that command (its OpenBLAS then picks its own
 -- kernel), so the ratio is against the faster.
+local flow = require "flow"
 local utils = require "flow.utils"
 
 local step_timer = {}
+
+-- One training step: loss_fn() and its backward under bf16 autocast when amp is "bf16", then the
+-- optimizer (outside autocast, in float32); returns the loss as a number.
+function step_timer.train_step(loss_fn, opt, amp)
+  local function forward_backward()
+    local l = loss_fn()
+    l:backward()
+    return l
+  end
+  return function()
+    local loss = amp == "bf16" and flow.autocast("bfloat16", forward_backward) or forward_backward()
+    opt:step()
+    opt:zero_grad()
+    local l = loss:item()
+    collectgarbage() -- free the step's tensors now, as the training scripts do
+    return l
+  end
+end
 
 -- ms of each of `steps` calls of step() after `warmup` untimed ones, sorted, and the process's CPU
 -- ms per step (all threads: above the wall time means threads, below it load from others).

@@ -2,6 +2,7 @@
 -- whole batch's (SyncBatchNorm), so a conv net trained on N ranks gives the 1-rank losses, running
 -- statistics and evaluation outputs.
 local flow = require "flow"
+local G = require "support.global"
 local nn = flow.nn
 local S, B = flow.sbp.split, flow.sbp.broadcast
 local ws = flow.world_size()
@@ -25,12 +26,6 @@ function Net:forward(x)
   return self.fc(flow.reshape(h, { h:shape()[1], -1 }))
 end
 
-local function ranks()
-  local r = {}
-  for i = 0, ws - 1 do r[#r + 1] = i end
-  return r
-end
-
 -- STEPS SGD steps on one batch of 8; returns the losses, the running statistics and the eval-mode
 -- logits, all as plain Lua numbers. place: nil for the 1-rank run.
 local function train(place)
@@ -41,8 +36,7 @@ local function train(place)
   flow.manual_seed(1)
   local x, y = flow.randn({ 8, 2, 6, 6 }) * 2 + 0.5, flow.randint(0, 5, { 8 })
   if place then
-    x = x:to_global(place, B):to_global(place, S(0))
-    y = y:to_global(place, B):to_global(place, S(0))
+    x, y = G.global(x, place, S(0)), G.global(y, place, S(0))
   end
   local losses = {}
   for step = 1, STEPS do
@@ -74,7 +68,7 @@ describe("batch_norm data parallel #mpi", function()
   end)
 
   it("batch S(0): the losses, running statistics and eval outputs of 1 rank", function()
-    local l, m, v, o = train(flow.placement("cpu", ranks()))
+    local l, m, v, o = train(flow.placement("cpu", G.all_ranks()))
     assert_near_lists(losses, l, 1e-5)
     assert_near_lists(rmean, m, 1e-5)
     assert_near_lists(rvar, v, 1e-5)
@@ -82,11 +76,11 @@ describe("batch_norm data parallel #mpi", function()
   end)
 
   it("keeps the batch split: a training output is S(0), so the conv net runs on shards", function()
-    local P = flow.placement("cpu", ranks())
+    local P = flow.placement("cpu", G.all_ranks())
     flow.manual_seed(0)
     local bn = nn.BatchNorm2d(3)
     bn:to_global(P, B)
-    local x = flow.randn({ 4 * ws, 3, 2, 2 }):to_global(P, B):to_global(P, S(0))
+    local x = G.global(flow.randn({ 4 * ws, 3, 2, 2 }), P, S(0))
     assert.are.equal("S(0)", tostring(bn(x).sbp))
     bn:eval()
     assert.are.equal("S(0)", tostring(bn(x).sbp))
