@@ -9,8 +9,6 @@
  *               scalar = momentum, eps = eps. */
 #include "conv.h"
 
-#include <string.h>
-
 #include "../kernels/cpu/conv.h"
 #include "../sbp/signature.h"
 #include "autograd.h"
@@ -375,29 +373,18 @@ static flow_tensor *global_batch_norm(flow_tensor *x, flow_tensor *weight, flow_
 
 flow_tensor *flow_batch_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *bias, flow_tensor *running_mean,
                              flow_tensor *running_var, bool training, double momentum, double eps) {
-  bool global = x->global || weight->global || bias->global || running_mean->global || running_var->global;
-  if (training && global) {
-    /* the op checks shapes and dtypes first (on metadata only, as the lowering's ops would not name
-     * batch_norm in their messages) */
-    flow_meta m[5], out;
-    flow_tensor *in[5] = {x, weight, bias, running_mean, running_var};
-    flow_attrs at;
-    flow_attrs_init(&at);
-    at.flags |= BN_TRAINING;
-    at.eps = eps;
-    for (int i = 0; i < 5; i++) {
-      flow_meta_from(&m[i], in[i]);
-      m[i].ndim = flow_tensor_lndim(in[i]);
-      memcpy(m[i].shape, flow_tensor_lshape(in[i]), sizeof(int64_t) * (size_t)m[i].ndim);
-    }
-    if (infer_batch_norm(&flow_op_batch_norm, m, 5, &at, &out) != 0) return NULL;
-    return global_batch_norm(x, weight, bias, running_mean, running_var, momentum, eps);
-  }
   flow_attrs at;
   flow_attrs_init(&at);
   if (training) at.flags |= BN_TRAINING;
   at.scalar = momentum;
   at.eps = eps;
   flow_tensor *in[5] = {x, weight, bias, running_mean, running_var};
-  return flow_op_call1(&flow_op_batch_norm, in, 5, &at);
+  bool global = false;
+  for (int i = 0; i < 5; i++) global |= in[i]->global != NULL;
+  if (!training || !global) return flow_op_call1(&flow_op_batch_norm, in, 5, &at);
+  /* the op's own checks first, on the logical metadata: the lowering's ops would not name batch_norm */
+  flow_meta m[5], out;
+  for (int i = 0; i < 5; i++) flow_meta_from(&m[i], in[i]);
+  if (infer_batch_norm(&flow_op_batch_norm, m, 5, &at, &out) != 0) return NULL;
+  return global_batch_norm(x, weight, bias, running_mean, running_var, momentum, eps);
 }
