@@ -10,6 +10,11 @@
 #include "conv.h"
 
 #include "../kernels/cpu/conv.h"
+#include "../sbp/signature.h"
+#include "autograd.h"
+#include "elementwise.h"
+#include "reduce.h"
+#include "shape.h"
 
 enum {
   CONV_BIAS = 1 << 16,
@@ -274,10 +279,14 @@ static int grad_batch_norm(const flow_grad_ctx *c, flow_tensor **gin) {
   return run_backward(c, &flow_op_batch_norm_grad, in, 5, (const int[]){0, 1, 2}, gin);
 }
 
-FLOW_OP(batch_norm) {.nin = 5, .nout = 1, .infer = infer_batch_norm, .grad = grad_batch_norm, .save_in = 0x1b,
-                     .nondiff_in = 0x18};
+/* On shards, the kernels see only their rows: evaluation (running statistics) splits like an
+ * elementwise op; training statistics are the whole batch's, so global training is lowered to ops
+ * by flow_batch_norm below and the fused op runs whole. */
+FLOW_OP(batch_norm) {.nin = 5, .nout = 1, .sbp = FLOW_SBP_RULE_UNLESS(batch_norm, 0, BN_TRAINING),
+                     .infer = infer_batch_norm, .grad = grad_batch_norm, .save_in = 0x1b, .nondiff_in = 0x18};
 FLOW_KERNEL_REGISTER(FLOW_CPU, batch_norm, cpu_batch_norm)
-FLOW_OP(batch_norm_grad) {.nin = 5, .nout = 3, .infer = infer_batch_norm_grad};
+FLOW_OP(batch_norm_grad) {.nin = 5, .nout = 3, .sbp = FLOW_SBP_RULE_UNLESS(batch_norm, FLOW_SBP_BACKWARD, BN_TRAINING),
+                          .infer = infer_batch_norm_grad};
 FLOW_KERNEL_REGISTER(FLOW_CPU, batch_norm_grad, cpu_batch_norm_grad)
 
 /* ---- C entry points ------------------------------------------------------------------------ */
@@ -314,6 +323,54 @@ flow_tensor *flow_avg_pool2d(flow_tensor *x, const int64_t kernel[2], const int6
   return pool_call(&flow_op_avg_pool2d, x, kernel, stride, padding);
 }
 
+/* Training on global tensors (SyncBatchNorm): the statistics of the logical batch, from ops whose
+ * rules make them global. With x split on the batch, the per-channel sums are partial sums,
+ * all-reduced where the next op needs them whole; autograd derives the backward, whose sums over
+ * the batch are all-reduced the same way. Two passes (mean, then the squares about it) as the
+ * kernel does, so the result matches a one-rank run to rounding:
+ *   mean = sum(x) / n,  var = sum((x - mean)^2) / n,  y = (x - mean) * weight / sqrt(var + eps) + bias
+ *   running_mean += momentum (mean - running_mean),  running_var likewise with var n / (n - 1). */
+static flow_tensor *global_batch_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *bias, flow_tensor *running_mean,
+                                      flow_tensor *running_var, double momentum, double eps) {
+  int nd = flow_tensor_lndim(x);
+  const int64_t *xs = flow_tensor_lshape(x);
+  int64_t axes[FLOW_MAX_DIMS], cshape[FLOW_MAX_DIMS], naxes = 0;
+  for (int d = 0; d < nd; d++) {
+    if (d != 1) axes[naxes++] = d;
+    cshape[d] = d == 1 ? xs[1] : 1;
+  }
+  double n = (double)(flow_shape_numel(nd, xs) / (xs[1] ? xs[1] : 1));
+  flow_tensor *sum = flow_sum(x, (int)naxes, axes, true);
+  flow_tensor *mean = sum ? flow_mul_scalar(sum, 1 / n) : NULL;
+  flow_tensor *xc = mean ? flow_sub(x, mean) : NULL;
+  flow_tensor *sq = xc ? flow_mul(xc, xc) : NULL;
+  flow_tensor *ssq = sq ? flow_sum(sq, (int)naxes, axes, true) : NULL;
+  flow_tensor *var = ssq ? flow_mul_scalar(ssq, 1 / n) : NULL;
+  flow_tensor *ve = var ? flow_add_scalar(var, eps) : NULL;
+  flow_tensor *rstd = ve ? flow_rsqrt(ve) : NULL;
+  flow_tensor *w = rstd ? flow_reshape(weight, nd, cshape) : NULL;
+  flow_tensor *scale = w ? flow_mul(w, rstd) : NULL;
+  flow_tensor *xs_ = scale ? flow_mul(xc, scale) : NULL;
+  flow_tensor *b = xs_ ? flow_reshape(bias, nd, cshape) : NULL;
+  flow_tensor *y = b ? flow_add(xs_, b) : NULL;
+  if (y) {
+    bool prev = flow_grad_set_enabled(false);
+    flow_tensor *stat[2] = {mean, var}, *run[2] = {running_mean, running_var};
+    for (int i = 0; i < 2 && y; i++) {
+      double unbias = i == 1 && n > 1 ? n / (n - 1) : 1;
+      flow_tensor *s = flow_reshape(stat[i], 1, &xs[1]);
+      flow_tensor *ms = s ? flow_mul_scalar(s, momentum * unbias) : NULL;
+      flow_tensor *keep = ms ? flow_mul_scalar(run[i], 1 - momentum) : NULL;
+      flow_tensor *upd = keep ? flow_add(keep, ms) : NULL;
+      if (!upd || flow_copy_inplace(run[i], upd) != 0) { flow_tensor_decref(y); y = NULL; }
+      flow_decref_all((flow_tensor *[]){s, ms, keep, upd}, 4);
+    }
+    flow_grad_set_enabled(prev);
+  }
+  flow_decref_all((flow_tensor *[]){sum, mean, xc, sq, ssq, var, ve, rstd, w, scale, xs_, b}, 12);
+  return y;
+}
+
 flow_tensor *flow_batch_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *bias, flow_tensor *running_mean,
                              flow_tensor *running_var, bool training, double momentum, double eps) {
   flow_attrs at;
@@ -322,5 +379,12 @@ flow_tensor *flow_batch_norm(flow_tensor *x, flow_tensor *weight, flow_tensor *b
   at.scalar = momentum;
   at.eps = eps;
   flow_tensor *in[5] = {x, weight, bias, running_mean, running_var};
-  return flow_op_call1(&flow_op_batch_norm, in, 5, &at);
+  bool global = false;
+  for (int i = 0; i < 5; i++) global |= in[i]->global != NULL;
+  if (!training || !global) return flow_op_call1(&flow_op_batch_norm, in, 5, &at);
+  /* the op's own checks first, on the logical metadata: the lowering's ops would not name batch_norm */
+  flow_meta m[5], out;
+  for (int i = 0; i < 5; i++) flow_meta_from(&m[i], in[i]);
+  if (infer_batch_norm(&flow_op_batch_norm, m, 5, &at, &out) != 0) return NULL;
+  return global_batch_norm(x, weight, bias, running_mean, running_var, momentum, eps);
 }

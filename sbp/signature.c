@@ -278,6 +278,22 @@ void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_s
   }
 }
 
+/* batch_norm (x [N, C, ...] then per-channel weight, bias, running mean and variance) on running
+ * statistics: x split on any axis but the channels' keeps the parameters whole; split on the
+ * channels, the parameters split with it. batch_norm_grad (FLOW_SBP_BACKWARD: dy, x, then the
+ * parameters) gives dx split like x and the weight and bias gradients as partial sums over the
+ * rows (or split with the channels). */
+void flow_sbp_rule_batch_norm(const flow_sig_query *q, unsigned flags, flow_sig_list *l) {
+  bool grad = flags & FLOW_SBP_BACKWARD;
+  int rows = grad ? 2 : 1;
+  for (int i = 0; i < q->in_ndim[0]; i++) {
+    flow_sbp_sig *s = add(l);
+    if (!s) return;
+    for (int k = 0; k < q->nin; k++) s->in[k] = k < rows ? S(i) : i == 1 ? S(0) : B;
+    for (int o = 0; o < q->nout; o++) s->out[o] = o == 0 ? S(i) : i == 1 ? S(0) : P;
+  }
+}
+
 /* ---- candidates -------------------------------------------------------------------------------- */
 
 bool flow_sbp_candidates(const flow_sbp_rule *rule, const flow_sig_query *q, flow_sig_list *out) {

@@ -74,6 +74,7 @@ void flow_sbp_rule_embedding(const flow_sig_query *q, unsigned flags, flow_sig_l
 void flow_sbp_rule_index_select(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_scatter_add(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 void flow_sbp_rule_cross_entropy(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
+void flow_sbp_rule_batch_norm(const flow_sig_query *q, unsigned flags, flow_sig_list *l);
 
 /* Fill the candidates (the all-broadcast one always comes first; it is the only one when the attrs
  * carry one of the rule's whole_when bits). Returns false when the op has no rule (NULL): it then

@@ -383,6 +383,24 @@ describe("scaled_dot_product_attention", function()
     assert.is_true(gc.gradcheck(f, {randt({2, 1, 2, 3}), randt({2, 1, 4, 3}), randt({2, 1, 4, 2})}) < 1e-7)
   end)
 
+  it("computes float32 outputs and gradients like float64 over many heads, blocks and views", function()
+    -- [B, T, H, D] views as the model makes them: every (batch, head) pair in one batched product
+    for _, causal in ipairs({false, true}) do
+      local q, k, v = randt({3, 70, 4, 5}), randt({3, 70, 4, 5}), randt({3, 70, 4, 3})
+      local w = randt({3, 4, 70, 3})
+      local function run(dtype)
+        local xs = {}
+        for i, t in ipairs({q, k, v}) do xs[i] = flow.tensor(t, {dtype = dtype}):requires_grad_(true) end
+        local o = flow.scaled_dot_product_attention(xs[1]:transpose(1, 2), xs[2]:transpose(1, 2),
+          xs[3]:transpose(1, 2), {causal = causal})
+        ;(o * w:cast(dtype)):sum():backward()
+        return {o:totable(), xs[1].grad:totable(), xs[2].grad:totable(), xs[3].grad:totable()}
+      end
+      local want, got = run("float64"), run("float32")
+      for i = 1, 4 do assert_close(want[i], got[i], 2e-5, ("causal %s, output %d"):format(causal, i)) end
+    end
+  end)
+
   it("has correct gradients across query blocks", function()
     local f = function(q, k, v) return flow.scaled_dot_product_attention(q, k, v, {causal = true}) end
     local err = spot_gradcheck(f, {randt({1, 1, 67, 2}), randt({1, 1, 67, 2}), randt({1, 1, 67, 2})}, 6)

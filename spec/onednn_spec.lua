@@ -207,27 +207,45 @@ describe("bf16 autocast on the CPU", function()
     assert.is_true(rel_err(hx, gx) < 3e-2 and rel_err(hw, gw) < 3e-2)
   end)
 
-  it("falls back to float32 with one message when FLOW_NO_BF16 is set", function()
+  -- Output of a fresh flowlua running autocast(dtype) matmuls and a conv, then printing whether
+  -- bf16 is native and the largest difference from float32 (stderr included).
+  local function run_autocast(env, dtype)
     local bin = os.getenv("FLOW_BIN")
-    if not bin then return pending("FLOW_BIN is not set") end
+    if not bin then return nil end
     local script = os.tmpname()
     local f = assert(io.open(script, "w"))
-    f:write([[
+    f:write(([[
 local flow = require "flow"
 flow.manual_seed(1)
 local a, b = flow.randn({ 33, 47 }), flow.randn({ 47, 21 })
-local y = flow.matmul(a, b)
-local h = flow.autocast("bfloat16", function() flow.matmul(a, b); return flow.matmul(a, b) end)
-print(flow._bench.onednn().bf16, (y - h):abs():max():item())
-]])
+local img, k = flow.randn({ 2, 3, 9, 9 }), flow.randn({ 4, 3, 3, 3 })
+local y, c = flow.matmul(a, b), flow.conv2d(img, k)
+local h, hc = flow.autocast("%s", function() flow.matmul(a, b); return flow.matmul(a, b), flow.conv2d(img, k) end)
+print(flow._bench.onednn().bf16, h.dtype, math.max((y - h):abs():max():item(), (c - hc):abs():max():item()))
+]]):format(dtype))
     f:close()
-    local p = io.popen("FLOW_NO_BF16=1 " .. bin .. " " .. script .. " 2>&1")
+    local p = io.popen(env .. bin .. " " .. script .. " 2>&1")
     local out = p:read("a")
     p:close()
     os.remove(script)
+    return out
+  end
+
+  it("falls back to float32 with one message when FLOW_NO_BF16 is set", function()
+    local out = run_autocast("FLOW_NO_BF16=1 ", "bfloat16")
+    if not out then return pending("FLOW_BIN is not set") end
     assert.matches("bf16 autocast on cpu runs in float32 here %(FLOW_NO_BF16 is set%)", out)
     local _, count = out:gsub("bf16 autocast on cpu", "")
     assert.are.equal(1, count)
-    assert.matches("false\t0%.0", out)
+    assert.matches("false\tfloat32\t0%.0", out)
+  end)
+
+  it("runs float16 autocast in float32, saying so once (oneDNN has no float16 on the CPU)", function()
+    local out = run_autocast("", "float16")
+    if not out then return pending("FLOW_BIN is not set") end
+    assert.matches("float16 autocast on cpu runs in float32 %(oneDNN has no float16 GEMM or convolution on the CPU; use bfloat16%)", out)
+    local _, count = out:gsub("float16 autocast on cpu", "")
+    assert.are.equal(1, count)
+    assert.matches("\tfloat32\t0%.0", out)
   end)
 end)

@@ -1,61 +1,86 @@
-/* Scaled dot-product attention, fused forward and backward, float32 and float64. One (batch, head)
- * at a time, a block of query rows at a time: the scores live only in a [rows x Tk] scratch, the
- * [T, T] mask is never built (causal rows just stop at the diagonal), and the backward recomputes
- * the probabilities from q, k and the saved log-sum-exp. The per-head products go to GEMM.
+/* Scaled dot-product attention, fused forward and backward, float32 and float64. A block of query
+ * rows at a time, for many (batch, head) pairs at once: the scores live only in a [heads, rows, Tk]
+ * scratch, the [T, T] mask is never built (causal rows just stop at the diagonal), and the backward
+ * recomputes the probabilities from q, k and the saved log-sum-exp. Each product is one batched
+ * GEMM over the heads of a group of batch items (on oneDNN for float32, bf16 under autocast): a
+ * step makes a few large calls instead of one small GEMM per head and block.
  * The kernels after `#else` are written once against `real`; this file includes itself once per
  * dtype (Torch7's THGenerate pattern). */
 #ifndef real
 
-#include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
 
+#include "cpu.h"
 #include "nn.h"
+#include "onednn.h"
 
-/* Query rows per block: the scratch is BLOCK x Tk, and a causal block needs keys up to its last row. */
+/* Query rows per block: the scratch is heads x BLOCK x Tk, and a causal block needs keys up to its
+ * last row. */
 #define BLOCK 64
+/* Bytes of score scratch per batched call at most: batch items are grouped to fit. */
+#define SCRATCH_BYTES ((int64_t)8 << 20)
 
-/* One head's [rows, cols] matrix inside a [B, H, rows, cols] tensor: row-major with leading
- * dimension ld, starting `off` elements into the data; per (b, h) add b * sb + h * sh. */
-typedef struct head {
-  const flow_tensor *t;
-  flow_tensor *tmp;   /* dense copy when the last axis is not unit-stride */
+/* The [rows, cols] matrices of every (b, h) of a [B, H, rows, cols] operand: row-major with leading
+ * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. */
+typedef struct heads {
   char *data;
   int64_t sb, sh, ld;
-} head;
+  size_t es;
+} heads;
 
-static int head_init(head *m, const flow_tensor *t) {
-  m->t = t;
-  m->tmp = NULL;
+/* The view of tensor t, or of a dense copy (*tmp) when its last axis is not unit-stride. */
+static int heads_of(heads *m, const flow_tensor *t, flow_tensor **tmp) {
+  *tmp = NULL;
   int64_t rows = t->shape[2], cols = t->shape[3];
   bool ok = (t->stride[3] == 1 || cols == 1) && (rows == 1 || t->stride[2] >= cols);
   if (!ok) {
-    if (!flow_cpu_dense(t, &m->tmp)) return -1;
-    t = m->tmp;
+    if (!flow_cpu_dense(t, tmp)) return -1;
+    t = *tmp;
   }
-  m->data = flow_tensor_data(t);
-  m->sb = t->stride[0];
-  m->sh = t->stride[1];
-  m->ld = rows == 1 ? (cols > 1 ? cols : 1) : t->stride[2];
-  if (m->ld < 1) m->ld = 1;
+  int64_t ld = rows == 1 ? (cols > 1 ? cols : 1) : t->stride[2];
+  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype)};
   return 0;
 }
 
-static void *head_at(const head *m, int64_t b, int64_t h) {
-  return m->data + (b * m->sb + h * m->sh) * (int64_t)flow_dtype_size(m->t->dtype);
+/* A dense [B, H, rows, cols] buffer as heads. */
+static heads dense_heads(void *data, int64_t H, int64_t rows, int64_t cols, size_t es) {
+  return (heads){data, H * rows * cols, rows * cols, cols, es};
 }
 
-static void heads_free(head *m, int n) {
-  for (int i = 0; i < n; i++) flow_tensor_decref(m[i].tmp);
+/* The same heads from batch item b0 and row r0 on. */
+static heads heads_at(heads m, int64_t b0, int64_t r0) {
+  m.data += (b0 * m.sb + r0 * m.ld) * (int64_t)m.es;
+  return m;
+}
+
+/* C[b, h] = alpha op(A[b, h]) op(B[b, h]) + beta C[b, h] for b < nb, h < H: C [M, N], op(A) [M, K],
+ * op(B) [K, N], op transposing when ta / tb. float32: one batched oneDNN matmul. */
+static int heads_gemm_f32(int64_t nb, int64_t H, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const heads *A, const heads *B, float beta, const heads *C) {
+  flow_onednn_mat a = {4, {nb, H, M, K}, {A->sb, A->sh, ta ? 1 : A->ld, ta ? A->ld : 1}, (const float *)A->data};
+  flow_onednn_mat b = {4, {nb, H, K, N}, {B->sb, B->sh, tb ? 1 : B->ld, tb ? B->ld : 1}, (const float *)B->data};
+  flow_onednn_mat c = {4, {nb, H, M, N}, {C->sb, C->sh, C->ld, 1}, (const float *)C->data};
+  return flow_onednn_gemm("scaled_dot_product_attention", &a, &b, &c, NULL, alpha, beta);
+}
+
+/* float64 (gradchecks): a GEMM per head on OpenBLAS. */
+static int heads_gemm_f64(int64_t nb, int64_t H, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                          const heads *A, const heads *B, double beta, const heads *C) {
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t h = 0; h < H; h++) {
+      const double *pa = (const double *)A->data + b * A->sb + h * A->sh;
+      const double *pb = (const double *)B->data + b * B->sb + h * B->sh;
+      double *pc = (double *)C->data + b * C->sb + h * C->sh;
+      if (flow_cpu_gemm_f64("scaled_dot_product_attention", ta, tb, M, N, K, alpha, pa, A->ld, pb, B->ld, beta, pc,
+                            C->ld))
+        return -1;
+    }
+  return 0;
 }
 
 /* Keys visible to the block of query rows [r0, r0 + br): all of them, or up to the block's last row. */
 static int64_t keys_for(int64_t r0, int64_t br, int64_t Tk, bool causal) { return causal ? r0 + br : Tk; }
-
-static const char OP[] = "scaled_dot_product_attention";
-
-#define FLOW_GENERIC_FILE "attention.c"
-#include "generic.h"
 
 /* Sizes of one call, from q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv]. */
 typedef struct dims { int64_t B, H, Tq, Tk, D, Dv; } dims;
@@ -64,33 +89,48 @@ static dims dims_of(const flow_tensor *q, const flow_tensor *v) {
   return (dims){q->shape[0], q->shape[1], q->shape[2], v->shape[2], q->shape[3], v->shape[3]};
 }
 
+/* Batch items per group, so that `mats` score matrices [H, BLOCK, Tk] per item fit the scratch. */
+static int64_t group_of(const dims *d, int mats, size_t es) {
+  int64_t per = d->H * BLOCK * (d->Tk > 0 ? d->Tk : 1) * mats * (int64_t)es, g = SCRATCH_BYTES / (per > 0 ? per : 1);
+  return g < 1 ? 1 : g > d->B ? d->B : g;
+}
+
+/* n elements of score scratch like q, from the tensor allocator: its cache hands back memory already
+ * touched, where a fresh malloc of megabytes would page-fault inside every GEMM writing it. */
+static flow_tensor *scratch_new(const flow_tensor *q, int64_t n) {
+  n = n > 0 ? n : 1;
+  flow_tensor *t = flow_tensor_new(q->dtype, q->device, 1, &n);
+  if (!t) flow_error_set("scaled_dot_product_attention: out of memory for the score scratch");
+  return t;
+}
+
+#define FLOW_GENERIC_FILE "attention.c"
+#include "generic.h"
+
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                const flow_tensor *v, double scale, bool causal) {
-  head m[3];
-  int n = 0;
+  heads m[3];
+  flow_tensor *tmp[3] = {NULL};
   const flow_tensor *in[3] = {q, k, v};
-  for (; n < 3; n++)
-    if (head_init(&m[n], in[n]) != 0) { heads_free(m, n); return -1; }
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(q->dtype);
-  void *scratch = malloc((size_t)(BLOCK * d.Tk) * es);
-  int rc = scratch ? 0 : flow_error_set("scaled_dot_product_attention: out of memory for the score scratch");
-  for (int64_t b = 0; rc == 0 && b < d.B; b++)
-    for (int64_t h = 0; rc == 0 && h < d.H; h++) {
-      int64_t bh = b * d.H + h;
-      char *op = (char *)flow_tensor_data(o) + bh * d.Tq * d.Dv * (int64_t)es;
-      char *lp = (char *)flow_tensor_data(lse) + bh * d.Tq * (int64_t)es;
-      if (q->dtype == FLOW_F32)
-        rc = attention_forward_f32((float *)op, (float *)lp, head_at(&m[0], b, h), m[0].ld, head_at(&m[1], b, h),
-                              m[1].ld, head_at(&m[2], b, h), m[2].ld, scratch, d.Tq, d.Tk, d.D, d.Dv,
-                              (float)scale, causal);
-      else
-        rc = attention_forward_f64((double *)op, (double *)lp, head_at(&m[0], b, h), m[0].ld, head_at(&m[1], b, h),
-                              m[1].ld, head_at(&m[2], b, h), m[2].ld, scratch, d.Tq, d.Tk, d.D, d.Dv, scale,
-                              causal);
-    }
-  free(scratch);
-  heads_free(m, 3);
+  int64_t G = group_of(&d, 1, es);
+  flow_tensor *st = scratch_new(q, G * d.H * BLOCK * d.Tk);
+  void *scratch = st ? flow_tensor_data(st) : NULL;
+  int rc = st ? 0 : -1;
+  for (int n = 0; rc == 0 && n < 3; n++) rc = heads_of(&m[n], in[n], &tmp[n]);
+  heads ho = dense_heads(flow_tensor_data(o), d.H, d.Tq, d.Dv, es), hl = dense_heads(flow_tensor_data(lse), d.H, d.Tq, 1, es);
+  for (int64_t b0 = 0; rc == 0 && b0 < d.B; b0 += G) {
+    int64_t nb = d.B - b0 < G ? d.B - b0 : G;
+    heads hq = heads_at(m[0], b0, 0), hk = heads_at(m[1], b0, 0), hv = heads_at(m[2], b0, 0);
+    heads go = heads_at(ho, b0, 0), gl = heads_at(hl, b0, 0);
+    if (q->dtype == FLOW_F32)
+      rc = attention_forward_f32(&go, &gl, &hq, &hk, &hv, scratch, nb, &d, (float)scale, causal);
+    else
+      rc = attention_forward_f64(&go, &gl, &hq, &hk, &hv, scratch, nb, &d, scale, causal);
+  }
+  flow_tensor_decref(st);
+  for (int n = 0; n < 3; n++) flow_tensor_decref(tmp[n]);
   return rc;
 }
 
@@ -98,105 +138,109 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal) {
-  head m[5];
-  int n = 0;
+  heads m[5];
+  flow_tensor *tmp[7] = {NULL};
   const flow_tensor *in[5] = {q, k, v, o, dout};
-  for (; n < 5; n++)
-    if (head_init(&m[n], in[n]) != 0) { heads_free(m, n); return -1; }
-  flow_tensor *tl, *tdl = NULL;
-  const char *lp = flow_cpu_dense(lse, &tl), *dlp = lp ? flow_cpu_dense(dlse, &tdl) : NULL;
-  if (!dlp) { flow_tensor_decref(tl); heads_free(m, 5); return -1; }
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(q->dtype);
-  void *scratch = malloc((size_t)(2 * BLOCK * d.Tk) * es);
-  int rc = scratch ? 0 : flow_error_set("scaled_dot_product_attention: out of memory for the score scratch");
-  for (int64_t b = 0; rc == 0 && b < d.B; b++)
-    for (int64_t h = 0; rc == 0 && h < d.H; h++) {
-      int64_t bh = b * d.H + h;
-      char *pq = (char *)flow_tensor_data(dq) + bh * d.Tq * d.D * (int64_t)es;
-      char *pk = (char *)flow_tensor_data(dk) + bh * d.Tk * d.D * (int64_t)es;
-      char *pv = (char *)flow_tensor_data(dv) + bh * d.Tk * d.Dv * (int64_t)es;
-      const char *pl = lp + bh * d.Tq * (int64_t)es, *pdl = dlp + bh * d.Tq * (int64_t)es;
-      if (q->dtype == FLOW_F32)
-        rc = attention_backward_f32((float *)pq, (float *)pk, (float *)pv, head_at(&m[0], b, h), m[0].ld,
-                               head_at(&m[1], b, h), m[1].ld, head_at(&m[2], b, h), m[2].ld, head_at(&m[3], b, h),
-                               m[3].ld, (const float *)pl, head_at(&m[4], b, h), m[4].ld, (const float *)pdl,
-                               scratch, d.Tq, d.Tk, d.D, d.Dv, (float)scale, causal);
-      else
-        rc = attention_backward_f64((double *)pq, (double *)pk, (double *)pv, head_at(&m[0], b, h), m[0].ld,
-                               head_at(&m[1], b, h), m[1].ld, head_at(&m[2], b, h), m[2].ld, head_at(&m[3], b, h),
-                               m[3].ld, (const double *)pl, head_at(&m[4], b, h), m[4].ld, (const double *)pdl,
-                               scratch, d.Tq, d.Tk, d.D, d.Dv, scale, causal);
-    }
-  free(scratch);
-  flow_tensor_decref(tl);
-  flow_tensor_decref(tdl);
-  heads_free(m, 5);
+  int64_t G = group_of(&d, 2, es);
+  flow_tensor *st = scratch_new(q, 2 * G * d.H * BLOCK * d.Tk);
+  void *scratch = st ? flow_tensor_data(st) : NULL;
+  int rc = st ? 0 : -1;
+  for (int n = 0; rc == 0 && n < 5; n++) rc = heads_of(&m[n], in[n], &tmp[n]);
+  const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
+  if (rc == 0 && !dlp) rc = -1;
+  heads hdq = dense_heads(flow_tensor_data(dq), d.H, d.Tq, d.D, es), hdk = dense_heads(flow_tensor_data(dk), d.H, d.Tk, d.D, es);
+  heads hdv = dense_heads(flow_tensor_data(dv), d.H, d.Tk, d.Dv, es);
+  heads hl = dense_heads((void *)lp, d.H, d.Tq, 1, es), hdl = dense_heads((void *)dlp, d.H, d.Tq, 1, es);
+  for (int64_t b0 = 0; rc == 0 && b0 < d.B; b0 += G) {
+    int64_t nb = d.B - b0 < G ? d.B - b0 : G;
+    heads g[10] = {heads_at(hdq, b0, 0), heads_at(hdk, b0, 0), heads_at(hdv, b0, 0), heads_at(m[0], b0, 0),
+                   heads_at(m[1], b0, 0), heads_at(m[2], b0, 0), heads_at(m[3], b0, 0), heads_at(hl, b0, 0),
+                   heads_at(m[4], b0, 0), heads_at(hdl, b0, 0)};
+    if (q->dtype == FLOW_F32) rc = attention_backward_f32(g, scratch, nb, &d, (float)scale, causal);
+    else rc = attention_backward_f64(g, scratch, nb, &d, scale, causal);
+  }
+  flow_tensor_decref(st);
+  for (int n = 0; n < 7; n++) flow_tensor_decref(tmp[n]);
   return rc;
 }
 
 #else
 
-/* One head: for each block of query rows,
+/* Row i of head (b, h) of m. */
+static real *GEN(row)(const heads *m, int64_t b, int64_t h, int64_t i) {
+  return (real *)m->data + b * m->sb + h * m->sh + i * m->ld;
+}
+
+/* nb batch items of every head: for each block of query rows,
  *   S = scale * Q K^T,  row i sees keys j < lim(i) (lim = i + 1 when causal, else Tk),
  *   lse_i = log sum_j exp S_ij,  P = exp(S - lse) (0 beyond lim),  O = P V.
- * o [Tq, Dv] and lse [Tq] dense; q, k, v row-major with leading dimensions lq, lk, lv.
- * Tk >= 1 and D >= 1 (the op checks), so every row sees at least one key. */
-static int GEN(attention_forward)(real *o, real *lse, const real *q, int64_t lq, const real *k, int64_t lk,
-                                  const real *v, int64_t lv, real *S, int64_t Tq, int64_t Tk, int64_t D,
-                                  int64_t Dv, real scale, bool causal) {
-  for (int64_t r0 = 0; r0 < Tq; r0 += BLOCK) {
-    int64_t br = Tq - r0 < BLOCK ? Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
-    if (GEN(flow_cpu_gemm)(OP, false, true, br, nk, D, scale, q + r0 * lq, lq, k, lk, 0, S, nk)) return -1;
-    for (int64_t i = 0; i < br; i++) {
-      real *s = S + i * nk;
-      int64_t lim = causal ? r0 + i + 1 : nk;
-      real m = GEN(flow_cpu_row_max)(s, lim), sum = GEN(flow_cpu_exp_shift)(s, s, lim, m);
-      for (int64_t j = lim; j < nk; j++) s[j] = 0;
-      real r = 1 / sum;
-      for (int64_t j = 0; j < lim; j++) s[j] *= r;
-      lse[r0 + i] = m + log(sum);
-    }
-    if (Dv > 0 && GEN(flow_cpu_gemm)(OP, false, false, br, Dv, nk, 1, S, nk, v, lv, 0, o + r0 * Dv, Dv)) return -1;
+ * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch. Tk >= 1 and D >= 1 (the op checks), so
+ * every row sees at least one key. */
+static int GEN(attention_forward)(const heads *o, const heads *lse, const heads *q, const heads *k, const heads *v,
+                                  real *S, int64_t nb, const dims *d, real scale, bool causal) {
+  int64_t H = d->H;
+  for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
+    int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, d->Tk, causal);
+    heads hs = dense_heads(S, H, br, nk, sizeof(real)), qb = heads_at(*q, 0, r0);
+    if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &hs)) return -1;
+    for (int64_t b = 0; b < nb; b++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < br; i++) {
+          real *s = GEN(row)(&hs, b, h, i);
+          int64_t lim = causal ? r0 + i + 1 : nk;
+          real m = GEN(flow_cpu_row_max)(s, lim), sum = GEN(flow_cpu_exp_shift)(s, s, lim, m);
+          for (int64_t j = lim; j < nk; j++) s[j] = 0;
+          real r = 1 / sum;
+          for (int64_t j = 0; j < lim; j++) s[j] *= r;
+          *GEN(row)(lse, b, h, r0 + i) = m + log(sum);
+        }
+    heads ob = heads_at(*o, 0, r0);
+    if (d->Dv > 0 && GEN(heads_gemm)(nb, H, false, false, br, d->Dv, nk, 1, &hs, v, 0, &ob)) return -1;
   }
   return 0;
 }
 
-/* One head, with P recomputed per block from q, k and lse, Di = sum_d dO_id O_id, and dlse the
- * gradient of lse (d lse_i / d S_ij = P_ij):
+/* nb batch items of every head, with P recomputed per block from q, k and lse, Di = sum_d dO_id O_id,
+ * and dlse the gradient of lse (d lse_i / d S_ij = P_ij):
  *   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Di + dlse_i),  dQ = scale * dS K,  dK += scale * dS^T Q.
- * dq [Tq, D], dk [Tk, D], dv [Tk, Dv] dense; S holds two [BLOCK, Tk] scratch matrices. */
-static int GEN(attention_backward)(real *dq, real *dk, real *dv, const real *q, int64_t lq, const real *k,
-                                   int64_t lk, const real *v, int64_t lv, const real *o, int64_t lo,
-                                   const real *lse, const real *dout, int64_t ld, const real *dlse, real *S,
-                                   int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, real scale, bool causal) {
-  real *P = S, *dP = S + BLOCK * Tk;
-  memset(dk, 0, (size_t)(Tk * D) * sizeof(real));
-  memset(dv, 0, (size_t)(Tk * Dv) * sizeof(real));
-  for (int64_t r0 = 0; r0 < Tq; r0 += BLOCK) {
-    int64_t br = Tq - r0 < BLOCK ? Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
-    const real *qb = q + r0 * lq, *db = dout + r0 * ld;
-    if (GEN(flow_cpu_gemm)(OP, false, true, br, nk, D, scale, qb, lq, k, lk, 0, P, nk)) return -1;
-    for (int64_t i = 0; i < br; i++) {
-      real *p = P + i * nk;
-      int64_t lim = causal ? r0 + i + 1 : nk;
-      GEN(flow_cpu_exp_shift)(p, p, lim, lse[r0 + i]);
-      for (int64_t j = lim; j < nk; j++) p[j] = 0;
-    }
-    if (Dv > 0) {
-      if (GEN(flow_cpu_gemm)(OP, true, false, nk, Dv, br, 1, P, nk, db, ld, 1, dv, Dv)) return -1;
-      if (GEN(flow_cpu_gemm)(OP, false, true, br, nk, Dv, 1, db, ld, v, lv, 0, dP, nk)) return -1;
+ * g: dq, dk, dv (dense), q, k, v, o, lse, dout, dlse. S holds two [nb, H, BLOCK, Tk] scratches. */
+static int GEN(attention_backward)(const heads *g, real *S, int64_t nb, const dims *d, real scale, bool causal) {
+  const heads *dq = &g[0], *dk = &g[1], *dv = &g[2], *q = &g[3], *k = &g[4], *v = &g[5], *o = &g[6], *lse = &g[7],
+              *dout = &g[8], *dlse = &g[9];
+  int64_t H = d->H, Tk = d->Tk;
+  memset(dk->data, 0, (size_t)(nb * H * Tk * d->D) * sizeof(real));
+  memset(dv->data, 0, (size_t)(nb * H * Tk * d->Dv) * sizeof(real));
+  for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
+    int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
+    heads P = dense_heads(S, H, br, nk, sizeof(real)), dP = dense_heads(S + nb * H * br * nk, H, br, nk, sizeof(real));
+    heads qb = heads_at(*q, 0, r0), db = heads_at(*dout, 0, r0), dqb = heads_at(*dq, 0, r0);
+    if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &P)) return -1;
+    for (int64_t b = 0; b < nb; b++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < br; i++) {
+          real *p = GEN(row)(&P, b, h, i);
+          int64_t lim = causal ? r0 + i + 1 : nk;
+          GEN(flow_cpu_exp_shift)(p, p, lim, *GEN(row)(lse, b, h, r0 + i));
+          for (int64_t j = lim; j < nk; j++) p[j] = 0;
+        }
+    if (d->Dv > 0) {
+      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, 1, dv)) return -1;
+      if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->Dv, 1, &db, v, 0, &dP)) return -1;
     } else {
-      memset(dP, 0, (size_t)(br * nk) * sizeof(real));
+      memset(dP.data, 0, (size_t)(nb * H * br * nk) * sizeof(real));
     }
-    for (int64_t i = 0; i < br; i++) {
-      const real *oi = o + (r0 + i) * lo, *gi = db + i * ld;
-      real Di = -dlse[r0 + i], *p = P + i * nk, *dp = dP + i * nk;
-      for (int64_t c = 0; c < Dv; c++) Di += gi[c] * oi[c];
-      for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di);
-    }
-    if (GEN(flow_cpu_gemm)(OP, false, false, br, D, nk, scale, dP, nk, k, lk, 0, dq + r0 * D, D)) return -1;
-    if (GEN(flow_cpu_gemm)(OP, true, false, nk, D, br, scale, dP, nk, qb, lq, 1, dk, D)) return -1;
+    for (int64_t b = 0; b < nb; b++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < br; i++) {
+          const real *oi = GEN(row)(o, b, h, r0 + i), *gi = GEN(row)(&db, b, h, i);
+          real Di = -*GEN(row)(dlse, b, h, r0 + i), *p = GEN(row)(&P, b, h, i), *dp = GEN(row)(&dP, b, h, i);
+          for (int64_t c = 0; c < d->Dv; c++) Di += gi[c] * oi[c];
+          for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di);
+        }
+    if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
+    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, 1, dk)) return -1;
   }
   return 0;
 }

@@ -13,6 +13,8 @@
 #include "nn.h"
 
 static const char OP[] = "conv2d";
+/* Independent partial sums in the batch-norm moments (8 doubles: one AVX-512 register). */
+#define BN_LANES 8
 
 #define FLOW_GENERIC_FILE "conv.c"
 #include "generic.h"
@@ -289,17 +291,27 @@ static void GEN(pool_backward)(real *dx, const real *dy, const real *x, const fl
 
 /* Batch mean and biased variance of channel c over N x S (two passes). */
 void GEN(flow_cpu_bn_moments)(const real *x, int64_t N, int64_t C, int64_t S, int64_t c, double *mean, double *var) {
-  double s = 0, q = 0;
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t k = 0; k < S; k++) s += x[(n * C + c) * S + k];
-  double m = s / (double)(N * S);
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t k = 0; k < S; k++) {
-      double d = x[(n * C + c) * S + k] - m;
-      q += d * d;
-    }
+  /* BN_LANES independent double sums per pass, so the adds vectorize instead of waiting on one another */
+  double s[BN_LANES] = {0}, q[BN_LANES] = {0}, st = 0, qt = 0;
+  for (int64_t n = 0; n < N; n++) {
+    const real *p = x + (n * C + c) * S;
+    int64_t k = 0;
+    for (; k + BN_LANES <= S; k += BN_LANES)
+      for (int l = 0; l < BN_LANES; l++) s[l] += p[k + l];
+    for (; k < S; k++) st += p[k];
+  }
+  for (int l = 0; l < BN_LANES; l++) st += s[l];
+  double m = st / (double)(N * S);
+  for (int64_t n = 0; n < N; n++) {
+    const real *p = x + (n * C + c) * S;
+    int64_t k = 0;
+    for (; k + BN_LANES <= S; k += BN_LANES)
+      for (int l = 0; l < BN_LANES; l++) q[l] += (p[k + l] - m) * (p[k + l] - m);
+    for (; k < S; k++) qt += (p[k] - m) * (p[k] - m);
+  }
+  for (int l = 0; l < BN_LANES; l++) qt += q[l];
   *mean = m;
-  *var = q / (double)(N * S);
+  *var = qt / (double)(N * S);
 }
 
 static void GEN(bn_forward)(real *y, const real *x, const real *w, const real *b, real *rm, int64_t rms, real *rv,

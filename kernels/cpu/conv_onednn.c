@@ -28,6 +28,20 @@ static dnnl_status_t md4(dnnl_memory_desc_t *md, int64_t a, int64_t b, int64_t c
   return dnnl_memory_desc_init_by_tag(md, 4, dims, dt, dnnl_nchw);
 }
 
+/* Convolution operands as the tensors hold them (float32 NCHW images, goihw weights), or with the
+ * layout left to oneDNN (`any`): its direct convolutions want blocked layouts (nChw16c, ...), and
+ * on the plain ones it falls back to im2col + GEMM, 5-10x slower on small images. */
+static dnnl_status_t conv_mds(const flow_conv_geom *g, dnnl_data_type_t dx, dnnl_data_type_t dw, dnnl_data_type_t dy,
+                              bool any, dnnl_memory_desc_t *x, dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
+  dnnl_dims_t xd = {g->N, g->C, g->H, g->W}, yd = {g->N, g->O, g->OH, g->OW};
+  dnnl_dims_t wd = {g->groups, g->O / g->groups, g->C / g->groups, g->kh, g->kw};
+  dnnl_status_t s;
+  if ((s = dnnl_memory_desc_init_by_tag(x, 4, xd, dx, any ? dnnl_format_tag_any : dnnl_nchw)) ||
+      (s = dnnl_memory_desc_init_by_tag(y, 4, yd, dy, any ? dnnl_format_tag_any : dnnl_nchw)))
+    return s;
+  return dnnl_memory_desc_init_by_tag(w, 5, wd, dw, any ? dnnl_format_tag_any : dnnl_goihw);
+}
+
 /* oneDNN's right padding: the output size fixes it, (OH - 1) sh + (kh - 1) dh + 1 = H + ph + pr. */
 static void pads(const flow_conv_geom *g, dnnl_dims_t l, dnnl_dims_t r) {
   l[0] = g->ph;
@@ -39,12 +53,10 @@ static void pads(const flow_conv_geom *g, dnnl_dims_t l, dnnl_dims_t r) {
 static dnnl_status_t conv_fwd_pd(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const desc *d) {
   const flow_conv_geom *g = d->g;
   dnnl_memory_desc_t x, w, b, y;
-  dnnl_dims_t wd = {g->groups, g->O / g->groups, g->C / g->groups, g->kh, g->kw}, bd = {g->O};
-  dnnl_dims_t st = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl, pr;
+  dnnl_dims_t bd = {g->O}, st = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl, pr;
   pads(g, pl, pr);
   dnnl_status_t s;
-  if ((s = md4(&x, g->N, g->C, g->H, g->W, d->dt)) || (s = md4(&y, g->N, g->O, g->OH, g->OW, dnnl_f32)) ||
-      (s = dnnl_memory_desc_init_by_tag(&w, 5, wd, d->dt, dnnl_goihw)) ||
+  if ((s = conv_mds(g, d->dt, d->dt, dnnl_f32, true, &x, &w, &y)) ||
       (s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_a)))
     return s;
   dnnl_convolution_desc_t cd;
@@ -60,14 +72,11 @@ static dnnl_status_t conv_bwd_pd(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, c
   dnnl_status_t s = conv_fwd_pd(&hint, eng, d);
   if (s) return s;
   dnnl_memory_desc_t x, w, b, y;
-  dnnl_dims_t wd = {g->groups, g->O / g->groups, g->C / g->groups, g->kh, g->kw}, bd = {g->O};
-  dnnl_dims_t st = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl, pr;
+  dnnl_dims_t bd = {g->O}, st = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl, pr;
   pads(g, pl, pr);
   bool data = d->kind == CONV_BWD_DATA;
   /* backward data: dx f32 from bf16 w, dy; backward weights: dw, db f32 from bf16 x, dy */
-  if (!(s = md4(&x, g->N, g->C, g->H, g->W, data ? dnnl_f32 : d->dt)) &&
-      !(s = md4(&y, g->N, g->O, g->OH, g->OW, d->dt)) &&
-      !(s = dnnl_memory_desc_init_by_tag(&w, 5, wd, data ? d->dt : dnnl_f32, dnnl_goihw)) &&
+  if (!(s = conv_mds(g, data ? dnnl_f32 : d->dt, data ? d->dt : dnnl_f32, d->dt, true, &x, &w, &y)) &&
       !(s = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_a))) {
     dnnl_convolution_desc_t cd;
     s = data ? dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &x, &w, &y, st, dil,
@@ -154,13 +163,56 @@ static int run(const char *op, const desc *d, int nargs, const flow_onednn_arg *
 /* Whether the oneDNN path takes this call: float32, and the reference not asked for. */
 static bool takes(const flow_tensor *x) { return x->dtype == FLOW_F32 && !flow_cpu_conv_reference; }
 
-/* bf16 copy of n dense floats (a 1-d tensor), or NULL with the error set. */
-static flow_tensor *to_bf16(const char *op, const float *p, int64_t n) {
-  flow_onednn_mat m = {1, {n}, {1}, p}, out;
-  return flow_onednn_to_bf16(op, &m, &out);
+/* ---- convolution ----------------------------------------------------------------------------- */
+
+/* One operand of the convolution d: `plain` says how the tensor holds it (float32, NCHW or goihw),
+ * the primitive's own descriptor how it wants it. Where they differ the data goes through tmp, a
+ * buffer from the tensor allocator, reordered (and rounded to bf16 under autocast) on the way in,
+ * or back to the tensor after the run for an output. */
+typedef struct operand {
+  int arg;
+  dnnl_memory_desc_t plain, want;
+  void *data;         /* the tensor's */
+  flow_tensor *tmp;   /* NULL when the layouts agree */
+} operand;
+
+/* Point o at data; make its buffer when the primitive wants another layout; reorder an input in. */
+static int operand_in(const desc *d, operand *o, const void *data, bool input) {
+  flow_onednn_key k = key_of(d);
+  o->data = (void *)data;
+  o->tmp = NULL;
+  if (flow_onednn_arg_md("conv2d", &k, build, d, o->arg, &o->want) != 0) return -1;
+  if (dnnl_memory_desc_equal(&o->plain, &o->want)) return 0;
+  int64_t n = (int64_t)((dnnl_memory_desc_get_size(&o->want) + sizeof(float) - 1) / sizeof(float));
+  if (!(o->tmp = flow_tensor_new(FLOW_F32, FLOW_DEVICE_CPU, 1, &n))) return -1;
+  if (!input) return 0;
+  flow_onednn_key_add(&k, 'I');
+  flow_onednn_key_add(&k, o->arg);
+  return flow_onednn_reorder("conv2d", &k, &o->plain, data, &o->want, flow_tensor_data(o->tmp));
 }
 
-/* ---- convolution ----------------------------------------------------------------------------- */
+/* The pointer the primitive runs on. */
+static const void *operand_data(const operand *o) { return o->tmp ? flow_tensor_data(o->tmp) : o->data; }
+
+/* An output computed into the buffer goes back to the tensor. */
+static int operand_out(const desc *d, const operand *o) {
+  if (!o->tmp) return 0;
+  flow_onednn_key k = key_of(d);
+  flow_onednn_key_add(&k, 'O');
+  flow_onednn_key_add(&k, o->arg);
+  return flow_onednn_reorder("conv2d", &k, &o->want, flow_tensor_data(o->tmp), &o->plain, o->data);
+}
+
+static void operands_free(operand *o, int n) {
+  for (int i = 0; i < n; i++) flow_tensor_decref(o[i].tmp);
+}
+
+/* The plain descriptors of x, w and y (as the tensors hold them). */
+static int plain_mds(const flow_conv_geom *g, operand *x, operand *w, operand *y) {
+  if (conv_mds(g, dnnl_f32, dnnl_f32, dnnl_f32, false, &x->plain, &w->plain, &y->plain) != dnnl_success)
+    return flow_error_set("conv2d: oneDNN cannot describe this convolution");
+  return 0;
+}
 
 int flow_cpu_conv2d_forward(flow_tensor *y, const flow_tensor *x, const flow_tensor *w, const flow_tensor *bias,
                             const flow_conv_geom *g) {
@@ -168,58 +220,66 @@ int flow_cpu_conv2d_forward(flow_tensor *y, const flow_tensor *x, const flow_ten
   flow_tensor *tx, *tw = NULL, *tb = NULL;
   const float *px = flow_cpu_dense(x, &tx), *pw = px ? flow_cpu_dense(w, &tw) : NULL;
   const float *pb = pw && bias ? flow_cpu_dense(bias, &tb) : NULL;
+  operand o[3] = {{.arg = DNNL_ARG_SRC}, {.arg = DNNL_ARG_WEIGHTS}, {.arg = DNNL_ARG_DST}};
   int rc = -1;
   if (pw && (!bias || pb)) {
-    bool half = flow_onednn_bf16();
-    flow_tensor *hx = half ? to_bf16("conv2d", px, flow_tensor_numel(x)) : NULL;
-    flow_tensor *hw = hx ? to_bf16("conv2d", pw, flow_tensor_numel(w)) : NULL;
-    if (!half || hw) {
-      desc d = {CONV_FWD, g, half ? dnnl_bf16 : dnnl_f32, bias != NULL, false, false, 0, 0};
-      flow_onednn_arg args[4] = {{DNNL_ARG_SRC, half ? flow_tensor_data(hx) : px},
-                                 {DNNL_ARG_WEIGHTS, half ? flow_tensor_data(hw) : pw},
-                                 {DNNL_ARG_DST, flow_tensor_data(y)},
-                                 {DNNL_ARG_BIAS, pb}};
+    desc d = {CONV_FWD, g, flow_onednn_bf16() ? dnnl_bf16 : dnnl_f32, bias != NULL, false, false, 0, 0};
+    rc = plain_mds(g, &o[0], &o[1], &o[2]);
+    if (rc == 0) rc = operand_in(&d, &o[0], px, true);
+    if (rc == 0) rc = operand_in(&d, &o[1], pw, true);
+    if (rc == 0) rc = operand_in(&d, &o[2], flow_tensor_data(y), false);
+    if (rc == 0) {
+      flow_onednn_arg args[4] = {{DNNL_ARG_SRC, operand_data(&o[0])}, {DNNL_ARG_WEIGHTS, operand_data(&o[1])},
+                                 {DNNL_ARG_DST, operand_data(&o[2])}, {DNNL_ARG_BIAS, pb}};
       rc = run("conv2d", &d, bias ? 4 : 3, args);
     }
-    flow_tensor_decref(hx);
-    flow_tensor_decref(hw);
+    if (rc == 0) rc = operand_out(&d, &o[2]);
   }
+  operands_free(o, 3);
   flow_tensor_decref(tx);
   flow_tensor_decref(tw);
   flow_tensor_decref(tb);
   return rc;
 }
 
+/* backward data: dx from dy and w; backward weights: dw and db from dy and x. */
 int flow_cpu_conv2d_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
                              const flow_tensor *x, const flow_tensor *w, const flow_conv_geom *g) {
   if (!takes(x)) return flow_cpu_conv2d_backward_reference(dx, dw, db, dy, x, w, g);
   flow_tensor *ty, *tx = NULL, *tw = NULL;
   const float *py = flow_cpu_dense(dy, &ty), *px = py ? flow_cpu_dense(x, &tx) : NULL;
   const float *pw = px ? flow_cpu_dense(w, &tw) : NULL;
+  /* bwd data: dy, w -> dx; bwd weights: dy, x -> dw */
+  operand od[3] = {{.arg = DNNL_ARG_DIFF_DST}, {.arg = DNNL_ARG_WEIGHTS}, {.arg = DNNL_ARG_DIFF_SRC}};
+  operand ow[3] = {{.arg = DNNL_ARG_DIFF_DST}, {.arg = DNNL_ARG_SRC}, {.arg = DNNL_ARG_DIFF_WEIGHTS}};
   int rc = -1;
   if (pw) {
-    bool half = flow_onednn_bf16();
-    flow_tensor *hy = half ? to_bf16("conv2d", py, flow_tensor_numel(dy)) : NULL;
-    flow_tensor *hx = hy ? to_bf16("conv2d", px, flow_tensor_numel(x)) : NULL;
-    flow_tensor *hw = hx ? to_bf16("conv2d", pw, flow_tensor_numel(w)) : NULL;
-    if (!half || hw) {
-      dnnl_data_type_t dt = half ? dnnl_bf16 : dnnl_f32;
-      const void *vy = half ? flow_tensor_data(hy) : py, *vx = half ? flow_tensor_data(hx) : px;
-      const void *vw = half ? flow_tensor_data(hw) : pw;
-      desc dd = {CONV_BWD_DATA, g, dt, true, false, false, 0, 0};
-      desc dwd = {CONV_BWD_WEIGHTS, g, dt, true, false, false, 0, 0};
-      flow_onednn_arg a1[3] = {{DNNL_ARG_DIFF_DST, vy}, {DNNL_ARG_WEIGHTS, vw},
-                               {DNNL_ARG_DIFF_SRC, flow_tensor_data(dx)}};
-      flow_onednn_arg a2[4] = {{DNNL_ARG_DIFF_DST, vy}, {DNNL_ARG_SRC, vx},
-                               {DNNL_ARG_DIFF_WEIGHTS, flow_tensor_data(dw)},
-                               {DNNL_ARG_DIFF_BIAS, flow_tensor_data(db)}};
-      rc = run("conv2d", &dd, 3, a1);
-      if (rc == 0) rc = run("conv2d", &dwd, 4, a2);
+    dnnl_data_type_t dt = flow_onednn_bf16() ? dnnl_bf16 : dnnl_f32;
+    desc dd = {CONV_BWD_DATA, g, dt, true, false, false, 0, 0};
+    desc dwd = {CONV_BWD_WEIGHTS, g, dt, true, false, false, 0, 0};
+    rc = plain_mds(g, &od[2], &od[1], &od[0]);
+    if (rc == 0) rc = plain_mds(g, &ow[1], &ow[2], &ow[0]);
+    if (rc == 0) rc = operand_in(&dd, &od[0], py, true);
+    if (rc == 0) rc = operand_in(&dd, &od[1], pw, true);
+    if (rc == 0) rc = operand_in(&dd, &od[2], flow_tensor_data(dx), false);
+    if (rc == 0) {
+      flow_onednn_arg a[3] = {{DNNL_ARG_DIFF_DST, operand_data(&od[0])}, {DNNL_ARG_WEIGHTS, operand_data(&od[1])},
+                              {DNNL_ARG_DIFF_SRC, operand_data(&od[2])}};
+      rc = run("conv2d", &dd, 3, a);
     }
-    flow_tensor_decref(hy);
-    flow_tensor_decref(hx);
-    flow_tensor_decref(hw);
+    if (rc == 0) rc = operand_out(&dd, &od[2]);
+    if (rc == 0) rc = operand_in(&dwd, &ow[0], py, true);
+    if (rc == 0) rc = operand_in(&dwd, &ow[1], px, true);
+    if (rc == 0) rc = operand_in(&dwd, &ow[2], flow_tensor_data(dw), false);
+    if (rc == 0) {
+      flow_onednn_arg a[4] = {{DNNL_ARG_DIFF_DST, operand_data(&ow[0])}, {DNNL_ARG_SRC, operand_data(&ow[1])},
+                              {DNNL_ARG_DIFF_WEIGHTS, operand_data(&ow[2])}, {DNNL_ARG_DIFF_BIAS, flow_tensor_data(db)}};
+      rc = run("conv2d", &dwd, 4, a);
+    }
+    if (rc == 0) rc = operand_out(&dwd, &ow[2]);
   }
+  operands_free(od, 3);
+  operands_free(ow, 3);
   flow_tensor_decref(ty);
   flow_tensor_decref(tx);
   flow_tensor_decref(tw);

@@ -61,7 +61,17 @@ bool flow_onednn_bf16_native(void) {
 }
 
 bool flow_onednn_bf16(void) {
-  if (flow_autocast_dtype() != FLOW_BF16) return false;
+  flow_dtype dt = flow_autocast_dtype();
+  if (dt == FLOW_F16) {
+    /* oneDNN 2.x has no float16 GEMM or convolution on the CPU; PyTorch's CPU autocast likewise
+     * warns and runs float32 */
+    static atomic_bool told_f16;
+    if (!atomic_exchange(&told_f16, true))
+      fprintf(stderr, "flowlua: float16 autocast on cpu runs in float32 (oneDNN has no float16 GEMM or "
+                      "convolution on the CPU; use bfloat16)\n");
+    return false;
+  }
+  if (dt != FLOW_BF16) return false;
   pthread_once(&once, init);
   static atomic_bool told;
   if (!bf16_native && !atomic_exchange(&told, true))
@@ -181,14 +191,36 @@ int flow_onednn_run(const char *op, const flow_onednn_key *key, flow_onednn_buil
   return rc;
 }
 
-int flow_onednn_workspace_size(const char *op, const flow_onednn_key *key, flow_onednn_build build,
-                               const void *ctx, size_t *bytes) {
+int flow_onednn_arg_md(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx, int arg,
+                       dnnl_memory_desc_t *md) {
   if (ready(op) != 0) return -1;
   pthread_mutex_lock(&mu);
   entry *e = lookup(op, key, build, ctx);
-  if (e) *bytes = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(e->pd, dnnl_query_workspace_md, 0));
+  if (e) *md = *dnnl_primitive_desc_query_md(e->pd, dnnl_query_exec_arg_md, arg);
   pthread_mutex_unlock(&mu);
   return e ? 0 : -1;
+}
+
+int flow_onednn_workspace_size(const char *op, const flow_onednn_key *key, flow_onednn_build build,
+                               const void *ctx, size_t *bytes) {
+  dnnl_memory_desc_t md;
+  if (flow_onednn_arg_md(op, key, build, ctx, DNNL_ARG_WORKSPACE, &md) != 0) return -1;
+  *bytes = dnnl_memory_desc_get_size(&md);
+  return 0;
+}
+
+typedef struct md_pair { const dnnl_memory_desc_t *from, *to; } md_pair;
+
+static dnnl_status_t build_md_reorder(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const void *ctx) {
+  const md_pair *p = ctx;
+  return dnnl_reorder_primitive_desc_create(pd, p->from, eng, p->to, eng, NULL);
+}
+
+int flow_onednn_reorder(const char *op, const flow_onednn_key *key, const dnnl_memory_desc_t *from, const void *src,
+                        const dnnl_memory_desc_t *to, void *dst) {
+  md_pair p = {from, to};
+  flow_onednn_arg args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+  return flow_onednn_run(op, key, build_md_reorder, &p, 2, args);
 }
 
 int64_t flow_onednn_primitives_built(void) {

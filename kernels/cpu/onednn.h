@@ -14,7 +14,8 @@ int flow_onednn_num_threads(void);
 
 /* Whether GEMMs and convolutions on float32 CPU tensors run in bf16 now: autocast asks for bf16
  * and the CPU has AVX512-BF16 or AMX (oneDNN's own cpuid check), and FLOW_NO_BF16 is not set.
- * When autocast asks and the CPU cannot, a message says so once and float32 runs instead. */
+ * When autocast asks and the CPU cannot, a message says so once and float32 runs instead; float16
+ * autocast always runs float32 on the CPU, with one message. */
 bool flow_onednn_bf16(void);
 /* Whether this CPU runs bf16 natively (and FLOW_NO_BF16 is unset), autocast or not. */
 bool flow_onednn_bf16_native(void);
@@ -45,6 +46,14 @@ int flow_onednn_run(const char *op, const flow_onednn_key *key, flow_onednn_buil
 /* Bytes of the workspace (max pooling's argmax) the primitive under key needs: built if missing. */
 int flow_onednn_workspace_size(const char *op, const flow_onednn_key *key, flow_onednn_build build,
                                const void *ctx, size_t *bytes);
+/* The memory descriptor the primitive under key (built if missing) takes for argument arg (a DNNL_ARG_*):
+ * the layout it chose where it was built with "any". */
+int flow_onednn_arg_md(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx, int arg,
+                       dnnl_memory_desc_t *md);
+/* dst (laid out as `to`) = src (laid out as `from`), converting the data type too; the reorder is cached
+ * under key, which the caller makes unique to the pair of layouts. */
+int flow_onednn_reorder(const char *op, const flow_onednn_key *key, const dnnl_memory_desc_t *from, const void *src,
+                        const dnnl_memory_desc_t *to, void *dst);
 /* Primitives built so far (a step that builds none leaves it unchanged). */
 int64_t flow_onednn_primitives_built(void);
 

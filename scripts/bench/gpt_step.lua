@@ -1,6 +1,7 @@
 -- One GPT training step (forward + backward + AdamW) in ms:
 --   FLOW_NUM_THREADS=1 flowlua scripts/bench/gpt_step.lua [--layers 4 --dim 256 --heads 8
---                                                          --seq 128 --batch 8 --steps 10 --amp bf16]
+--                                                          --seq 128 --batch 8 --steps 10 --amp bf16
+--                                                          --torch off]
 -- float32 (or bf16 autocast), vocab 256 (byte level), random tokens; the first steps are warm-up
 -- and not timed. Prints the FLOP floor (the step's FLOPs at oneDNN's own 1024^3 GEMM rate,
 -- measured in this run in the same precision) and the fraction of it reached, and PyTorch's time
@@ -9,9 +10,12 @@
 local flow = require "flow"
 local utils = require "flow.utils"
 local gpt = require "flow.gpt"
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local step_timer = require "step_timer"
 
 local args = utils.parse_args(arg, { layers = 4, dim = 256, heads = 8, seq = 128, batch = 8, vocab = 256,
-                                     steps = 10, warmup = 2, device = "cpu", amp = "off" })
+                                     steps = 10, warmup = 2, device = "cpu", amp = "off",
+                                     torch = "on" })
 if args.amp ~= "off" and args.amp ~= "bf16" then error(("--amp %s: expected off or bf16"):format(args.amp), 0) end
 local function amp(fn)
   if args.amp == "bf16" then return flow.autocast("bfloat16", fn) end
@@ -23,29 +27,12 @@ local opt = model:configure_optimizer({ lr = 1e-4, weight_decay = 0.1 })
 local x = flow.randint(0, args.vocab, { args.batch, args.seq })
 local y = flow.randint(0, args.vocab, { args.batch, args.seq })
 
-local function step()
-  local loss = amp(function()
-    local _, l = model(x, y)
-    l:backward()
-    return l
-  end)
-  opt:step()
-  opt:zero_grad()
-  local l = loss:item()
-  collectgarbage() -- free the step's tensors now, as train_gpt.lua does
+local step = step_timer.train_step(function()
+  local _, l = model(x, y)
   return l
-end
+end, opt, args.amp)
 
-for _ = 1, args.warmup do step() end
-local times = {}
-local cpu0 = os.clock()
-for i = 1, args.steps do
-  local t0 = utils.now()
-  step()
-  times[i] = (utils.now() - t0) * 1000
-end
-local cpu_ms = (os.clock() - cpu0) * 1000 / args.steps -- CPU time of all threads: shows load from others
-table.sort(times)
+local times, cpu_ms = step_timer.times(step, args.warmup, args.steps)
 local sum = 0
 for _, t in ipairs(times) do sum = sum + t end
 local tokens = args.batch * args.seq
@@ -53,7 +40,7 @@ local threads = flow._bench.onednn().threads
 print(("gpt_step: L=%d D=%d H=%d T=%d B=%d vocab=%d, %.2fM params, %s, %d thread(s)"):format(
   args.layers, args.dim, args.heads, args.seq, args.batch, args.vocab, model:num_parameters() / 1e6,
   args.amp == "bf16" and "bf16 autocast" or "float32", threads))
-local median = times[(#times + 1) // 2]
+local median = step_timer.median(times)
 print(("ms/step: mean %.1f  median %.1f  min %.1f  (%d steps; %.0f tokens/s; process CPU %.1f ms/step)"):format(
   sum / #times, median, times[1], #times, tokens / (sum / #times / 1000), cpu_ms))
 
@@ -69,19 +56,11 @@ local floor_ms = flops / peak * 1000
 print(("FLOP floor: %.1f GFLOP/step at oneDNN's %.0f GFLOP/s (1024^3) = %.1f ms; median reaches %.0f%% of it"):format(
   flops / 1e9, peak / 1e9, floor_ms, 100 * floor_ms / median))
 
--- The reference: the same model in PyTorch (Debian's python3-torch) in the same command, with the
--- same thread count (torch reads OMP_NUM_THREADS), twice.
-local script = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/gpt_step_torch.py"
-local function torch_ms(prefix)
-  local cmd = ("%sOMP_NUM_THREADS=%d /usr/bin/python3 %s %d %d %d %d %d %d %d %s 2>/dev/null"):format(
-    prefix, threads, script, args.layers, args.dim, args.heads, args.seq, args.batch, args.vocab, args.steps, args.amp)
-  local p = io.popen(cmd)
-  local out = p and p:read("a") or ""
-  if p then p:close() end
-  return tonumber(out:match("torch_ms ([%d.]+)"))
-end
-local configured = torch_ms("")
-local unset = torch_ms("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ")
+if args.torch == "off" then return end -- our own figures only (comparing two builds)
+
+-- The reference: the same model in PyTorch (Debian's python3-torch), same thread count, twice.
+local configured, unset = step_timer.torch_ms("gpt_step_torch.py", ("%d %d %d %d %d %d %d %s"):format(args.layers,
+  args.dim, args.heads, args.seq, args.batch, args.vocab, args.steps, args.amp), threads)
 if configured or unset then
   local best = math.min(configured or math.huge, unset or math.huge)
   print(("PyTorch same model%s: median %s ms/step as configured, %s ms with OPENBLAS_CORETYPE/L2_SIZE unset"):format(

@@ -5,16 +5,16 @@ Prints one line: `torch_ms <median> <min>`. Usage: python3 gpt_step_torch.py L D
 with amp `bf16` for the forward and backward under torch.autocast("cpu", bfloat16)."""
 import math
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_step_timer import report, set_threads
 
 L, D, H, T, B, V, STEPS = (int(a) for a in sys.argv[1:8])
 AMP = len(sys.argv) > 8 and sys.argv[8] == "bf16"
 torch.manual_seed(0)
-torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+set_threads()
 
 
 class Block(nn.Module):
@@ -65,12 +65,4 @@ def step():
     return loss.item()
 
 
-for _ in range(2):
-    step()
-times = []
-for _ in range(STEPS):
-    t0 = time.perf_counter()
-    step()
-    times.append((time.perf_counter() - t0) * 1000)
-times.sort()
-print("torch_ms %.3f %.3f" % (times[len(times) // 2], times[0]))
+report(step, STEPS)
