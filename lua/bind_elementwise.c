@@ -158,6 +158,17 @@ static int l_clamp(lua_State *L) {
   return flow_lua_push(L, flow_clamp(t, has_lo, lo, has_hi, hi));
 }
 
+/* clamp_min(t, min) = clamp(t, min); clamp_max(t, max) = clamp(t, nil, max) */
+static int clamp_one(lua_State *L, const char *fn, bool is_min) {
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  if (lua_type(L, 2) != LUA_TNUMBER)
+    return luaL_error(L, "%s: %s must be a number (got %s)", fn, is_min ? "min" : "max", luaL_typename(L, 2));
+  double v = lua_tonumber(L, 2);
+  return flow_lua_push(L, flow_clamp(t, is_min, v, !is_min, v));
+}
+static int l_clamp_min(lua_State *L) { return clamp_one(L, "clamp_min", true); }
+static int l_clamp_max(lua_State *L) { return clamp_one(L, "clamp_max", false); }
+
 /* where(cond, a, b): a or b may be a Lua number; the dtype is torch's result type of the two */
 static int l_where(lua_State *L) {
   flow_tensor *cond = flow_lua_check(L, 1, "where");
@@ -247,6 +258,7 @@ void flow_lua_open_elementwise(lua_State *L) {
   BOTH(add), BOTH(sub), BOTH(mul), BOTH(div), BOTH(pow), BOTH(maximum), BOTH(minimum), BOTH(eq),  \
   BOTH(ne), BOTH(lt), BOTH(le), BOTH(gt), BOTH(ge), BOTH(neg), BOTH(abs), BOTH(exp), BOTH(log),   \
   BOTH(sqrt), BOTH(rsqrt), BOTH(tanh), BOTH(sigmoid), BOTH(relu), BOTH(gelu), BOTH(clamp),        \
+  BOTH(clamp_min), BOTH(clamp_max),        \
   BOTH(silu), BOTH(sin), BOTH(cos), BOTH(erf), BOTH(log1p), BOTH(expm1), BOTH(softplus),          \
   BOTH(sign), BOTH(floor), BOTH(ceil), BOTH(round), BOTH(trunc), BOTH(remainder), BOTH(fmod),     \
   BOTH(floor_divide), BOTH(masked_fill), BOTH(cast)

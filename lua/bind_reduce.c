@@ -112,6 +112,19 @@ static int l_topk(lua_State *L) {
   return 2;
 }
 
+/* amax(t, axes, keepdim | {keepdim}) / t:amax(...): the largest value over axes (nil or {}: all),
+ * as torch.amax; likewise amin */
+static int amaxmin(lua_State *L, bool is_max) {
+  const char *fn = is_max ? "amax" : "amin";
+  flow_tensor *t = flow_lua_check(L, 1, fn);
+  int64_t axes[FLOW_MAX_DIMS];
+  int n = flow_lua_axes(L, 2, axes, fn);
+  bool keepdim = flag_or_opts(L, 3, fn, "keepdim", (const char *const[]){"keepdim", NULL}, false);
+  return flow_lua_push(L, flow_amaxmin(t, is_max, n, axes, keepdim));
+}
+static int l_amax(lua_State *L) { return amaxmin(L, true); }
+static int l_amin(lua_State *L) { return amaxmin(L, false); }
+
 static int l_max(lua_State *L) { return maxmin(L, true); }
 static int l_min(lua_State *L) { return maxmin(L, false); }
 
@@ -131,6 +144,7 @@ void flow_lua_open_reduce(lua_State *L) {
   static const luaL_Reg fns[] = {{"sum", l_sum}, {"mean", l_mean}, {"var", l_var}, {"max", l_max},
                                  {"min", l_min}, {"argmax", l_argmax}, {"argmin", l_argmin},
                                  {"cumsum", l_cumsum}, {"prod", l_prod}, {"sort", l_sort},
-                                 {"argsort", l_argsort}, {"topk", l_topk}, {NULL, NULL}};
+                                 {"argsort", l_argsort}, {"topk", l_topk}, {"amax", l_amax},
+                                 {"amin", l_amin}, {NULL, NULL}};
   flow_lua_register(L, fns, fns);
 }

@@ -10,16 +10,39 @@
 
 /* ---- binary with broadcasting ------------------------------------------------------------ */
 
-static int infer_binary(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
-                        flow_meta *out) {
+/* Same dtype in and out, bool included: for add, mul, maximum and minimum, whose kernels keep
+ * {0, 1} closed as torch's bool results are (add is or, mul and, maximum or, minimum and). */
+static int infer_binary_bool(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                             flow_meta *out) {
   (void)nin; (void)a;
   if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
-  if (in[0].dtype == FLOW_BOOL)
-    return flow_error_set("%s: no arithmetic on bool tensors (cast to an integer or float dtype first)", op->name);
   out->dtype = in[0].dtype;
   out->device = in[0].device;
   return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
                               &out->ndim, out->shape);
+}
+
+/* The other arithmetic: no bool, as torch ("not implemented for 'Bool'"). */
+static int infer_binary(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                        flow_meta *out) {
+  if (in[0].dtype == FLOW_BOOL && in[1].dtype == FLOW_BOOL)
+    return flow_error_set("%s: not implemented for bool tensors, as in torch (cast to an integer or float dtype first)",
+                          op->name);
+  return infer_binary_bool(op, in, nin, a, out);
+}
+
+/* torch refuses `-` with a bool operand, even one another operand would promote. */
+static int bool_sub_error(const flow_op *op, flow_dtype a, flow_dtype b) {
+  if (a == FLOW_BOOL && b == FLOW_BOOL)
+    return flow_error_set("%s: subtraction, the `-` operator, with two bool tensors is not supported, as in torch; "
+                          "for a logical xor use ne(a, b)", op->name);
+  return flow_error_set("%s: subtraction, the `-` operator, with a bool tensor is not supported, as in torch; "
+                        "to invert a mask use eq(mask, false)", op->name);
+}
+
+static int infer_sub(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a, flow_meta *out) {
+  if (in[0].dtype == FLOW_BOOL || in[1].dtype == FLOW_BOOL) return bool_sub_error(op, in[0].dtype, in[1].dtype);
+  return infer_binary(op, in, nin, a, out);
 }
 
 /* Comparisons: any (same) dtype in, bool out. */
@@ -179,14 +202,14 @@ static int grad_mod(const flow_grad_ctx *c, flow_tensor **gin) {
 }
 
 FLOW_OP(add) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-              .infer = infer_binary, .grad = grad_add};
+              .infer = infer_binary_bool, .grad = grad_add};
 FLOW_KERNEL_REGISTER(FLOW_CPU, add, cpu_add)
 FLOW_OP(sub) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
-              .infer = infer_binary, .grad = grad_sub};
+              .infer = infer_sub, .grad = grad_sub};
 FLOW_KERNEL_REGISTER(FLOW_CPU, sub, cpu_sub)
 FLOW_OP(mul) {.nin = 2, .nout = 1,
               .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST | FLOW_SBP_P_SECOND),
-              .infer = infer_binary, .grad = grad_mul, .save_in = 3};
+              .infer = infer_binary_bool, .grad = grad_mul, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, mul, cpu_mul)
 FLOW_OP(div) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
               .infer = infer_binary, .grad = grad_div, .save_in = 3};
@@ -195,10 +218,10 @@ FLOW_OP(pow) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer 
               .save_in = 3, .save_out = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, pow, cpu_pow)
 FLOW_OP(maximum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                  .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
+                  .infer = infer_binary_bool, .grad = grad_maxmin, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, maximum, cpu_maximum)
 FLOW_OP(minimum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
-                  .infer = infer_binary, .grad = grad_maxmin, .save_in = 3};
+                  .infer = infer_binary_bool, .grad = grad_maxmin, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, minimum, cpu_minimum)
 FLOW_OP(remainder) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
                     .infer = infer_binary, .grad = grad_mod, .save_in = 3};
@@ -286,6 +309,10 @@ flow_dtype flow_binary_dtype(const flow_op *op, const flow_dtype *dtype, const i
 
 flow_tensor *flow_binary(const flow_op *op, flow_tensor *a, flow_tensor *b) {
   flow_tensor *in[2] = {a, b};
+  if (op == &flow_op_sub && (a->dtype == FLOW_BOOL || b->dtype == FLOW_BOOL)) { /* before promotion */
+    bool_sub_error(op, a->dtype, b->dtype);
+    return NULL;
+  }
   flow_dtype d = flow_binary_dtype(op, (flow_dtype[]){a->dtype, b->dtype},
                                    (int[]){flow_tensor_lndim(a), flow_tensor_lndim(b)}, NULL);
   if (a->dtype == d && b->dtype == d) return flow_op_call1(op, in, 2, flow_attrs_default());
@@ -433,6 +460,9 @@ static int infer_unary_signed(const flow_op *op, const flow_meta *in, int nin, c
   (void)nin; (void)a;
   flow_dtype d = in[0].dtype;
   if (flow_check_computable(op, &in[0]) != 0) return -1;
+  if (d == FLOW_BOOL && op == &flow_op_neg)
+    return flow_error_set("%s: negation, the `-` operator, on a bool tensor is not supported, as in torch; "
+                          "to invert a mask use eq(mask, false)", op->name);
   if (d != FLOW_F32 && d != FLOW_F64 && d != FLOW_I64 && d != FLOW_I32)
     return flow_error_set("%s: expected a float32, float64, int64 or int32 tensor (got %s)", op->name,
                           flow_dtype_name(d));

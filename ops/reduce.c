@@ -216,6 +216,72 @@ flow_tensor *flow_prod(flow_tensor *t, bool has_axis, int64_t axis, bool keepdim
   return reduce(&flow_op_prod, t, has_axis ? 1 : 0, &axis, keepdim, 0);
 }
 
+/* ---- amax / amin ------------------------------------------------------------------------------ */
+
+/* amax(x, axes, keepdim): the largest value over any set of axes (none: all), same dtype, NaN if
+ * the slice holds one; amin likewise. A reduced axis must not be empty, as in torch. */
+static int infer_amaxmin(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
+                         flow_meta *out) {
+  (void)nin;
+  bool mask[FLOW_MAX_DIMS];
+  if (flow_reduce_mask(op, a, in[0].ndim, mask) != 0) return -1;
+  if (flow_check_computable(op, &in[0]) != 0) return -1;
+  for (int d = 0; d < in[0].ndim; d++)
+    if (mask[d] && in[0].shape[d] == 0) {
+      char s[128];
+      return flow_error_set("%s: cannot reduce axis %d of size 0 (shape %s)", op->name, d,
+                            flow_shape_str(in[0].ndim, in[0].shape, s, sizeof s));
+    }
+  flow_reduce_meta(&in[0], mask, a->keepdim, out);
+  return 0;
+}
+
+static FLOW_KERNEL(cpu_amax) {
+  (void)nin; (void)nout;
+  bool mask[FLOW_MAX_DIMS];
+  kernel_mask(a, in[0]->ndim, mask);
+  return flow_cpu_amaxmin(out[0], in[0], mask, true);
+}
+static FLOW_KERNEL(cpu_amin) {
+  (void)nin; (void)nout;
+  bool mask[FLOW_MAX_DIMS];
+  kernel_mask(a, in[0]->ndim, mask);
+  return flow_cpu_amaxmin(out[0], in[0], mask, false);
+}
+
+/* As torch: the gradient is split evenly among the elements equal to the result,
+ * dx = m g / sum(m) with m = (x == y) over each slice; a slice whose result is NaN has no such
+ * element, so its gradient is 0/0 = NaN throughout. */
+static int grad_amaxmin(const flow_grad_ctx *c, flow_tensor **gin) {
+  if (!c->gout[0] || !c->need[0]) return 0;
+  const flow_meta *im = &c->in_meta[0];
+  int64_t kshape[FLOW_MAX_DIMS];
+  bool mask[FLOW_MAX_DIMS];
+  if (flow_reduce_mask(c->op, c->attrs, im->ndim, mask) != 0) return -1;
+  for (int d = 0; d < im->ndim; d++) kshape[d] = mask[d] ? 1 : im->shape[d];
+  flow_tensor *x = c->in[0];
+  flow_tensor *y = flow_reshape(c->out[0], im->ndim, kshape);
+  flow_tensor *g = y ? flow_reshape(c->gout[0], im->ndim, kshape) : NULL;
+  flow_tensor *m = g ? flow_eq(x, y) : NULL;
+  flow_tensor *mf = m ? flow_cast(m, g->dtype) : NULL;
+  flow_tensor *n = mf ? flow_sum(mf, c->attrs->naxes, c->attrs->axes, true) : NULL;
+  flow_tensor *share = n ? flow_div(g, n) : NULL;
+  gin[0] = share ? flow_mul(mf, share) : NULL;
+  flow_decref_all((flow_tensor *[]){y, g, m, mf, n, share}, 6);
+  return gin[0] ? 0 : -1;
+}
+
+FLOW_OP(amax) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+               .infer = infer_amaxmin, .grad = grad_amaxmin, .save_in = 1, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, amax, cpu_amax)
+FLOW_OP(amin) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+               .infer = infer_amaxmin, .grad = grad_amaxmin, .save_in = 1, .save_out = 1};
+FLOW_KERNEL_REGISTER(FLOW_CPU, amin, cpu_amin)
+
+flow_tensor *flow_amaxmin(flow_tensor *t, bool is_max, int naxes, const int64_t *axes, bool keepdim) {
+  return reduce(is_max ? &flow_op_amax : &flow_op_amin, t, naxes, axes, keepdim, 0);
+}
+
 /* ---- cumsum ------------------------------------------------------------------------------------ */
 
 /* cumsum(x, axis): y[.., k, ..] = sum_{j <= k} x[.., j, ..]; with FLOW_ATTR_REVERSE the sum runs

@@ -5,7 +5,7 @@
 #include "op.h"
 
 extern flow_op flow_op_sum, flow_op_mean, flow_op_var, flow_op_max, flow_op_min, flow_op_argmax,
-    flow_op_argmin, flow_op_argreduce_backward, flow_op_cumsum, flow_op_prod;
+    flow_op_argmin, flow_op_argreduce_backward, flow_op_cumsum, flow_op_prod, flow_op_amax, flow_op_amin;
 
 /* Sum over axes (naxes == 0: all axes). */
 flow_tensor *flow_sum(flow_tensor *t, int naxes, const int64_t *axes, bool keepdim);
@@ -21,6 +21,9 @@ flow_tensor *flow_cumsum(flow_tensor *t, int64_t axis, bool reverse);
  * *values and *indices (int64; may be NULL if not wanted) receive new references. 0 or -1. */
 int flow_maxmin(flow_tensor *t, bool is_max, bool has_axis, int64_t axis, bool keepdim,
                 flow_tensor **values, flow_tensor **indices);
+/* amax (is_max) or amin over axes (naxes == 0: all axes): values only, the input's dtype, NaN
+ * propagating. */
+flow_tensor *flow_amaxmin(flow_tensor *t, bool is_max, int naxes, const int64_t *axes, bool keepdim);
 /* The int64 index of the max (min) along axis, or the flat index over everything. */
 flow_tensor *flow_argmaxmin(flow_tensor *t, bool is_max, bool has_axis, int64_t axis, bool keepdim);
 /* Sum a broadcast result back to `shape` (the autograd rule of broadcasting). */

@@ -1,7 +1,7 @@
 -- flow against PyTorch, op by op: values, dtypes and the gradient of sum(out) for the cases in
 -- spec/reference/conformance_ref.py (same names), in float64 and float32, with NaN/inf,
 -- broadcasting, a transposed input, 0-d and size-0 tensors, a negative axis with keepdim, and the
--- type promotion and division rules.
+-- type promotion and division rules; where torch raises, flow must raise an error naming the op.
 local flow = require "flow"
 local F = flow.nn.functional
 
@@ -29,6 +29,7 @@ local unary = {relu = flow.relu, gelu = F.gelu, silu = F.silu, sin = flow.sin, c
   round = flow.round, trunc = flow.trunc, sigmoid = flow.sigmoid, tanh = flow.tanh, exp = flow.exp, abs = flow.abs}
 local cases, order = {}, {}
 local function case(name, fn, grad) cases[name] = {fn = fn, grad = grad}; order[#order + 1] = name end
+local function raises(name, op, fn) cases[name] = {fn = fn, raises = op}; order[#order + 1] = name end
 for _, dt in ipairs({"float64", "float32"}) do
   local names = {}
   for n in pairs(unary) do names[#names + 1] = n end
@@ -168,7 +169,75 @@ for _, dt in ipairs({"float64", "float32"}) do
   case("where 0-d operands " .. dt, function() return flow.where(flow.tensor({true, false}), t(1.5, dt, true), t(-2.0, dt)) end, true)
   case("any axis 1 " .. dt, function() return flow.any(t({{0.0, nan}, {0.0, 0.0}}, dt), 1) end)
   case("all " .. dt, function() return flow.all(t({{1.0, inf}, {-2.0, 0.0}}, dt)) end)
+  local TT = {{{1.0, -2.0}, {3.0, -2.0}}, {{-2.0, 0.5}, {3.0, 3.0}}}
+  case("amax axis 1 nan/ties " .. dt, function() return flow.amax(t({{1.0, 5.0, 5.0}, {nan, 2.0, nan}}, dt, true), 1) end, true)
+  case("amin axes 0,-1 keepdim ties " .. dt, function() return flow.amin(t(TT, dt, true), {0, -1}, true) end, true)
+  case("amax all ties " .. dt, function() return flow.amax(t(TT, dt, true)) end, true)
+  case("amax method transposed " .. dt, function() return t(TT, dt, true):transpose(0, 2):amax(0) end, true)
+  case("amin inf " .. dt, function() return flow.amin(t({{inf, -inf, 1.0}, {inf, inf, inf}}, dt, true), 1) end, true)
+  case("amax method axis -1 keepdim " .. dt, function() return t({{0.5, 0.5}, {-1.0, 2.0}}, dt, true):amax(-1, {keepdim = true}) end, true)
+  case("amax 0-d " .. dt, function() return flow.amax(t(2.5, dt, true), 0) end, true)
+  case("amin 0-d all " .. dt, function() return flow.amin(t(-1.5, dt, true)) end, true)
+  case("amax size-0 kept axis " .. dt, function() return flow.amax(flow.zeros({0, 3}, {dtype = dt}), 1) end)
+  -- gradients away from NaN: there torch's is 0 or 1 by the element's position (README)
+  local HX, XB = {-1.5, -1.0, -0.5, 0.0, 1.0, 1.5, inf, -inf}, {-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, 3.0, inf, -inf}
+  case("hardtanh bounds inf " .. dt, function() return F.hardtanh(t(HX, dt, true)) end, true)
+  case("hardtanh nan " .. dt, function() return F.hardtanh(t(X, dt)) end)
+  case("hardtanh min_val max_val " .. dt, function() return F.hardtanh(t(XB, dt, true), -0.5, 2.5) end, true)
+  case("hardtanh options max_val " .. dt, function() return F.hardtanh(t(XB, dt, true), {max_val = 0.25}) end, true)
+  case("hardtanh min>max " .. dt, function() return F.hardtanh(t(XB, dt, true), 2.0, 1.0) end, true)
+  case("hardtanh 0-d at bound " .. dt, function() return F.hardtanh(t(1.0, dt, true)) end, true)
+  case("relu6 bounds inf " .. dt, function() return F.relu6(t({-1.0, 0.0, 3.0, 6.0, 7.0, inf, -inf}, dt, true)) end, true)
+  case("relu6 nan " .. dt, function() return F.relu6(t(X, dt)) end)
+  case("relu6 transposed " .. dt, function() return F.relu6(t({{0.0, 6.5, -2.0}, {6.0, 2.5, 7.0}}, dt, true):transpose(0, 1)) end, true)
+  case("relu6 size-0 " .. dt, function() return F.relu6(flow.zeros({0, 2}, {dtype = dt})) end)
+  case("nn.Hardtanh " .. dt, function() return flow.nn.Hardtanh(-0.5, 0.5)(t(XB, dt, true)) end, true)
+  case("nn.ReLU6 " .. dt, function() return flow.nn.ReLU6()(t(XB, dt, true)) end, true)
+  case("clamp_min nan " .. dt, function() return flow.clamp_min(t(X, dt, true), 0.25) end, true)
+  case("clamp_max method " .. dt, function() return t(X, dt, true):clamp_max(0.5) end, true)
+  case("bool * float nan gradient " .. dt, function() return flow.tensor({true, false}) * t({1.5, nan}, dt, true) end, true)
 end
+case("amax int64 axes", function() return flow.amax(flow.tensor({{{1, 7}, {3, -4}}, {{9, 2}, {0, 5}}}), {0, 2}) end)
+case("amin int32 keepdim", function() return flow.amin(flow.tensor({{1, 7}, {3, -4}}, {dtype = "int32"}), 1, true) end)
+case("amax bool", function() return flow.amax(flow.tensor({{true, false}, {false, false}}), 1) end)
+case("amin bool all", function() return flow.tensor({{true, false}, {true, true}}):amin() end)
+case("hardtanh int64", function() return F.hardtanh(flow.tensor({-3, -1, 0, 1, 3})) end)
+case("relu6 int64", function() return F.relu6(flow.tensor({-3, 0, 6, 7})) end)
+local BA, BB = {true, false, true, false}, {true, true, false, false}
+local function ba() return flow.tensor(BA) end
+local function bb() return flow.tensor(BB) end
+case("bool + bool", function() return ba() + bb() end)
+case("bool * bool", function() return ba() * bb() end)
+case("maximum bool", function() return flow.maximum(ba(), bb()) end)
+case("minimum bool", function() return flow.minimum(ba(), bb()) end)
+case("bool / bool", function() return ba() / bb() end)
+case("bool + bool 0-d broadcast", function() return flow.tensor({{true}, {false}}) + flow.tensor(true) end)
+case("bool + true", function() return ba() + true end)
+case("bool * false", function() return ba() * false end)
+case("bool + 1", function() return ba() + 1 end)
+case("bool + 1.5", function() return ba() + 1.5 end)
+case("bool * 2", function() return ba() * 2 end)
+case("bool * int32", function() return ba() * flow.tensor({1, 2, 3, 4}, {dtype = "int32"}) end)
+case("bool + float64 0-d", function() return ba() + flow.tensor(0.5, {dtype = "float64"}) end)
+case("bool % 2", function() return ba() % 2 end)
+case("bool // 2", function() return ba() // 2 end)
+case("bool ^ 2", function() return ba() ^ 2 end)
+case("bool + bool size-0", function() return flow.zeros({0}, {dtype = "bool"}) + flow.zeros({0}, {dtype = "bool"}) end)
+-- where torch raises, flow raises naming the op
+raises("bool - bool raises", "sub", function() return ba() - bb() end)
+raises("bool - true raises", "sub", function() return ba() - true end)
+raises("bool - 1 raises", "sub", function() return ba() - 1 end)
+raises("1 - bool raises", "sub", function() return 1 - ba() end)
+raises("bool - float32 raises", "sub", function() return ba() - flow.tensor({1.0, 2.0, 3.0, 4.0}) end)
+raises("-bool raises", "neg", function() return -ba() end)
+raises("bool // bool raises", "floor_divide", function() return ba() // bb() end)
+raises("bool % bool raises", "remainder", function() return ba() % bb() end)
+raises("bool ^ bool raises", "pow", function() return ba() ^ bb() end)
+raises("amax empty axis raises", "amax", function() return flow.amax(flow.zeros({0, 3}), 0) end)
+raises("amin all of empty raises", "amin", function() return flow.amin(flow.zeros({2, 0})) end)
+raises("amax axis twice raises", "amax", function() return flow.amax(flow.zeros({2, 3}), {1, -1}) end)
+raises("hardtanh bool raises", "hardtanh", function() return F.hardtanh(ba()) end)
+raises("relu6 bool raises", "relu6", function() return F.relu6(ba()) end)
 case("one_hot", function() return F.one_hot(flow.tensor({{0, 2}, {1, 0}})) end)
 case("one_hot num_classes 4", function() return F.one_hot(flow.tensor({3, 1}), 4) end)
 case("cumsum int32", function() return flow.cumsum(flow.tensor({{1, 2}, {3, 4}}, {dtype = "int32"}), 0) end)
@@ -254,7 +323,7 @@ describe("conformance with PyTorch", function()
   local want = {}
   for line in p:lines() do
     local name, dtype, values, grad = line:match("^(.-)|(.-)|(.-)|(.*)$")
-    want[name] = {dtype = dtype, values = parse(values), grad = parse(grad)}
+    want[name] = {dtype = dtype, values = parse(values), grad = parse(grad), message = values}
   end
   p:close()
   for _, name in ipairs(order) do
@@ -262,6 +331,14 @@ describe("conformance with PyTorch", function()
       leaves = {}
       local c, w = cases[name], want[name]
       assert(w, "no torch result for " .. name)
+      if c.raises or w.dtype == "error" then
+        assert(w.dtype == "error", "torch computes this, flow expected to raise")
+        assert(c.raises, "torch raises (" .. tostring(w.message) .. "), flow expected to compute")
+        local ok, err = pcall(c.fn)
+        assert(not ok, "flow computes where torch raises: " .. w.message)
+        assert(tostring(err):sub(1, #c.raises + 1) == c.raises .. ":", "the error should name " .. c.raises .. ": " .. tostring(err))
+        return
+      end
       local outs = table.pack(c.fn()) -- several (sort's values and indices): dtypes and values in turn
       local out, dtypes, values = outs[1], {}, {}
       for i = 1, outs.n do

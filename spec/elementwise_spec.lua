@@ -360,7 +360,11 @@ describe("elementwise errors", function()
     assert.matches("masked_fill: the mask must be a bool tensor %(got int64;",
       err_of(function() return f:masked_fill(flow.tensor({1, 0, 1}), 0) end))
     assert.matches("add: float16 tensors are storage%-only", err_of(function() return f:half() + f:half() end))
-    assert.matches("add: no arithmetic on bool tensors", err_of(function() return f:bool() + f:bool() end))
+    assert.matches("sub: subtraction, the `%-` operator, with two bool tensors is not supported",
+      err_of(function() return f:bool() - f:bool() end))
+    assert.matches("pow: not implemented for bool tensors", err_of(function() return f:bool() ^ f:bool() end))
+    assert.matches("clamp_min: min must be a number %(got no value%)", err_of(function() return f:clamp_min() end))
+    assert.matches("clamp_max: max must be a number %(got string%)", err_of(function() return flow.clamp_max(f, "a") end))
     assert.matches("unknown dtype 'float8'", err_of(function() return f:cast("float8") end))
   end)
 

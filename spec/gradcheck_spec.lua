@@ -321,6 +321,12 @@ cases.prod = {
   {label = "axis 1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {1}, keepdim = true}},
   {label = "axis -1, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {-1}}},
 }
+cases.amax = {
+  {label = "all", inputs = {{2, 3}}},
+  {label = "axes 0, -1 keepdim", inputs = {{2, 3, 2}}, attrs = {axes = {0, -1}, keepdim = true}},
+  {label = "axis 1, transposed", inputs = {transposed({3, 4})}, attrs = {axes = {1}}},
+}
+cases.amin = cases.amax
 cases.sort = {
   {label = "axis -1", inputs = {{3, 4}}, attrs = {axis = -1}},
   {label = "axis 0 descending, transposed", inputs = {transposed({3, 4})}, attrs = {axis = 0, descending = true}},

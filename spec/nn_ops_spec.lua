@@ -501,3 +501,32 @@ describe("adamw_", function()
     flow.no_grad(function() flow.adamw_(z(4):requires_grad_(true), z(4), z(4), z(4), {step = 1}) end)
   end)
 end)
+
+describe("F.hardtanh and F.relu6 (composed of clamp and where)", function()
+  local F = flow.nn.functional
+  local function err_of(f) local ok, e = pcall(f) assert.is_false(ok) return e end
+
+  it("clamp, with a zero gradient at and beyond the bounds and at NaN", function()
+    local x = flow.tensor({-2.0, -1.0, 0.5, 1.0, 3.0, 0 / 0}, {dtype = "float64", requires_grad = true})
+    local y = F.hardtanh(x)
+    assert_close({-1, -1, 0.5, 1, 1}, {table.unpack(y:totable(), 1, 5)}, 0)
+    assert(y:totable()[6] ~= y:totable()[6])
+    flow.sum(y):backward()
+    assert.same({0, 0, 1, 0, 0, 0}, x.grad:totable())
+    assert.same({0, 3, 6}, F.relu6(flow.tensor({-1, 3, 9})):totable())
+  end)
+
+  it("come as modules too", function()
+    assert.same({-0.5, 0.25, 0.5}, flow.nn.Hardtanh(-0.5, 0.5)(flow.tensor({-2.0, 0.25, 2.0}, {dtype = "float64"})):totable())
+    assert.same({0, 6}, flow.nn.ReLU6()(flow.tensor({-2.0, 7.0})):totable())
+  end)
+
+  it("name themselves, bad bounds and unknown options", function()
+    local x = flow.ones({2})
+    assert.matches("hardtanh: unknown option 'min' %(expected min_val, max_val%)", err_of(function() return F.hardtanh(x, {min = 0}) end))
+    assert.matches("hardtanh: max_val must be a number %(got string%)", err_of(function() return F.hardtanh(x, 0, "1") end))
+    assert.matches("hardtanh: bool inputs are not supported", err_of(function() return F.hardtanh(x:bool()) end))
+    assert.matches("relu6: takes only the input", err_of(function() return F.relu6(x, {inplace = true}) end))
+    assert.matches("relu6: expected a tensor %(got nil%)", err_of(function() return F.relu6() end))
+  end)
+end)

@@ -1,5 +1,5 @@
 -- Reductions: sum, mean, var over any axes (keepdim, negative axes, strided inputs), max/min with
--- indices, argmax/argmin; values against plain Lua loops, float32 accuracy, gradients against
+-- indices, argmax/argmin, amax/amin; values against plain Lua loops, float32 accuracy, gradients against
 -- central finite differences, and the error messages.
 local flow = require "flow"
 local G = require "support.gradcheck"
@@ -238,5 +238,36 @@ describe("reduction errors", function()
     assert.matches("topk: unknown option 'dim'", err_of(function() return t:topk(1, 0, {dim = 1}) end))
     assert.matches("topk: sorted must be a boolean %(got string%)", err_of(function() return t:topk(1, 0, true, "yes") end))
     assert.matches("sort: float16 tensors are storage%-only", err_of(function() return t:half():sort() end))
+  end)
+
+  it("amax and amin name themselves, the axis and unknown options", function()
+    assert.matches("amax: axis 2 out of range", err_of(function() return t:amax(2) end))
+    assert.matches("amin: axis %-1 given twice", err_of(function() return t:amin({1, -1}) end))
+    assert.matches("amax: unknown option 'dim' %(expected keepdim%)", err_of(function() return t:amax(0, {dim = 1}) end))
+    assert.matches("amin: options must be a table %(got number%)", err_of(function() return t:amin(0, 1) end))
+    assert.matches("amax: cannot reduce axis 1 of size 0 %(shape {2,0}%)", err_of(function() return flow.zeros({2, 0}):amax() end))
+    assert.matches("amax: argument 1 must be a tensor %(got nil%)", err_of(function() return flow.amax(nil) end))
+  end)
+end)
+
+describe("amax and amin", function()
+  it("reduce several axes at once, keeping the input's dtype", function()
+    local x = flow.tensor({{{1, 7}, {3, -4}}, {{9, 2}, {0, 5}}}, {dtype = "int32"})
+    assert.same({9, 5}, x:amax({0, 2}):totable())
+    assert.same({{{1}, {-4}}}, flow.amin(x, {0, -1}, true):totable())
+    assert.are.equal("int32", x:amax().dtype)
+  end)
+
+  it("split the gradient evenly among ties; a NaN slice gets NaN", function()
+    local x = flow.tensor({{2.0, 2.0, 1.0}, {0 / 0, 1.0, 3.0}}, {dtype = "float64", requires_grad = true})
+    flow.sum(x:amax(1)):backward()
+    local g = x.grad:totable()
+    assert.same({0.5, 0.5, 0.0}, g[1])
+    for _, v in ipairs(g[2]) do assert(v ~= v) end
+  end)
+
+  it("have gradients matching finite differences", function()
+    gradcheck(function(x) return flow.amax(x, {0, 2}) end, {randt({2, 3, 2})})
+    gradcheck(function(x) return x:amin(-1, true) end, {randt({3, 4})})
   end)
 end)

@@ -138,6 +138,10 @@ DEF_CMP(le, OP_LE)
 DEF_CMP(gt, OP_GT)
 DEF_CMP(ge, OP_GE)
 
+/* bool + bool is or, as torch: a uint8 add would store 2 */
+#define OP_OR(x, y) ((x) | (y))
+DEF_LOOP(or_bool, uint8_t, uint8_t, OP_OR)
+
 /* [op][dtype]: f32 f64 i64 i32 u8/bool; NULL where not supported */
 #define ROW(NAME) {NAME##_f32, NAME##_f64, NAME##_i64, NAME##_i32, NAME##_u8}
 static const flow_iter_fn table[FLOW_NBINARY][5] = {
@@ -189,6 +193,6 @@ int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *
   flow_iter it;
   flow_tensor *ops[3] = {out, (flow_tensor *)x, (flow_tensor *)y};
   flow_iter_init(&it, ops, 3);
-  flow_iter_run(&it, table[code][slot], NULL);
+  flow_iter_run(&it, code == FLOW_BIN_ADD && x->dtype == FLOW_BOOL ? or_bool : table[code][slot], NULL);
   return 0;
 }

@@ -53,6 +53,9 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
 /* max/min along one axis (axis < 0: over all elements, flat index): values (may be NULL) and
  * int64 indices (may be NULL) of the first extreme element; NaN counts as the extreme. */
 int flow_cpu_argreduce(flow_tensor *values, flow_tensor *indices, const flow_tensor *in, int axis, bool is_max);
+/* The largest (is_max) or smallest value over masked axes (none of them empty), NaN if the slice
+ * holds one; out has in's dtype. */
+int flow_cpu_amaxmin(flow_tensor *out, const flow_tensor *in, const bool *mask, bool is_max);
 /* Product over masked axes (the empty product is 1): floats multiply in double, bool/uint8/int32/
  * int64 in int64 (out int64). */
 int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask);

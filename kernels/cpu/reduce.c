@@ -187,6 +187,19 @@ int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask) {
   return 0;
 }
 
+/* ---- amax / amin ------------------------------------------------------------------------------ */
+
+/* acc = x when x beats acc (BETTER below: larger or smaller, a NaN beating any number), acc
+ * viewed with the input's shape; once a slice's acc is NaN it stays NaN. */
+#define DEF_BEST(fname, T, BETTER)                                                          \
+  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                     \
+    (void)ctx;                                                                              \
+    char *o = p[0];                                                                         \
+    const char *x = p[1];                                                                   \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1])                                   \
+      if (BETTER(*(const T *)x, *(T *)o)) *(T *)o = *(const T *)x;                          \
+  }
+
 /* ---- max / min with indices ----------------------------------------------------------------- */
 
 /* Over x as [outer, K, inner] (contiguous): best value and its first index along K for each
@@ -223,6 +236,39 @@ int flow_cpu_prod(flow_tensor *out, const flow_tensor *in, const bool *mask) {
 /* a replaces the best b when strictly better, or when a is the first NaN */
 #define GT(a, b) ((a) > (b) || ((a) != (a) && (b) == (b)))
 #define LT(a, b) ((a) < (b) || ((a) != (a) && (b) == (b)))
+#define DEF_BEST2(T, NAME) DEF_BEST(amax_##NAME, T, GT) DEF_BEST(amin_##NAME, T, LT)
+DEF_BEST2(float, f32)
+DEF_BEST2(double, f64)
+DEF_BEST2(int64_t, i64)
+DEF_BEST2(int32_t, i32)
+DEF_BEST2(uint8_t, u8)
+
+/* out starts at the first element of each slice (in viewed at index 0 of every reduced axis). */
+int flow_cpu_amaxmin(flow_tensor *out, const flow_tensor *in, const bool *mask, bool is_max) {
+  static const flow_iter_fn fns[2][FLOW_NDTYPES] = {
+    {[FLOW_F32] = amin_f32, [FLOW_F64] = amin_f64, [FLOW_I64] = amin_i64, [FLOW_I32] = amin_i32,
+     [FLOW_U8] = amin_u8, [FLOW_BOOL] = amin_u8},
+    {[FLOW_F32] = amax_f32, [FLOW_F64] = amax_f64, [FLOW_I64] = amax_i64, [FLOW_I32] = amax_i32,
+     [FLOW_U8] = amax_u8, [FLOW_BOOL] = amax_u8}};
+  flow_iter_fn fn = fns[is_max][in->dtype];
+  if (!fn) return flow_error_set("%s: no CPU kernel for dtype %s", is_max ? "amax" : "amin", flow_dtype_name(in->dtype));
+  if (flow_tensor_numel(out) == 0) return 0;
+  flow_tensor first;
+  memset(&first, 0, sizeof first);
+  first.dtype = in->dtype;
+  first.device = in->device;
+  first.storage = in->storage;
+  first.offset = in->offset;
+  first.ndim = out->ndim;
+  for (int d = 0, k = 0; d < in->ndim; d++) {
+    if (!mask[d]) { first.shape[k] = in->shape[d]; first.stride[k++] = in->stride[d]; }
+    else if (out->ndim == in->ndim) { first.shape[k] = 1; first.stride[k++] = 0; }
+  }
+  flow_cpu_copy(out, &first);
+  accumulate(out, in, NULL, mask, fn);
+  return 0;
+}
+
 typedef void (*arg_fn)(void *, int64_t *, const void *, int64_t, int64_t, int64_t);
 #define DEF_ARG2(T, NAME) DEF_ARG(max_##NAME, T, GT) DEF_ARG(min_##NAME, T, LT)
 DEF_ARG2(float, f32)

@@ -1,5 +1,6 @@
 /* Reductions on CUDA: sum, mean, var over any set of axes, prod over one axis or all, cumsum along
- * one, and max/min/argmax/argmin along one axis (or over everything) with its gradient scatter. Float sums accumulate in double, as on the CPU;
+ * one, max/min/argmax/argmin along one axis (or over everything) with its gradient scatter, and
+ * amax/amin over any set of axes. Float sums accumulate in double, as on the CPU;
  * bool/uint8/int32/int64 sum into int64. */
 #include "common.h"
 
@@ -179,9 +180,10 @@ __global__ void argreduce_kernel(Split s, int64_t Onum, int64_t R, T *vals, int6
   }
 }
 
-static int cuda_argreduce(flow_tensor *values, flow_tensor *indices, const flow_tensor *x, int axis, bool is_max) {
-  bool mask[FLOW_MAX_DIMS];
-  for (int d = 0; d < x->ndim; d++) mask[d] = axis < 0 || d == axis;
+/* values and/or indices of the extreme element over the masked axes (amax/amin: several axes,
+ * values only; max/min/argmax/argmin: one axis or all, flat index then). */
+static int cuda_argreduce_mask(flow_tensor *values, flow_tensor *indices, const flow_tensor *x, const bool *mask,
+                               bool is_max) {
   Split s;
   int64_t Onum, R;
   split_init(&s, x, mask, &Onum, &R);
@@ -195,6 +197,12 @@ static int cuda_argreduce(flow_tensor *values, flow_tensor *indices, const flow_
   return launch_check("argreduce_kernel");
 }
 
+static int cuda_argreduce(flow_tensor *values, flow_tensor *indices, const flow_tensor *x, int axis, bool is_max) {
+  bool mask[FLOW_MAX_DIMS];
+  for (int d = 0; d < x->ndim; d++) mask[d] = axis < 0 || d == axis;
+  return cuda_argreduce_mask(values, indices, x, mask, is_max);
+}
+
 static int axis_of(const flow_attrs *a, const flow_tensor *t) {
   if (a->naxes == 0 || t->ndim == 0) return -1;
   return (int)(a->axes[0] < 0 ? a->axes[0] + t->ndim : a->axes[0]);
@@ -204,6 +212,17 @@ static FLOW_KERNEL(k_max) { return cuda_argreduce(out[0], out[1], in[0], axis_of
 static FLOW_KERNEL(k_min) { return cuda_argreduce(out[0], out[1], in[0], axis_of(a, in[0]), false); }
 static FLOW_KERNEL(k_argmax) { return cuda_argreduce(NULL, out[0], in[0], axis_of(a, in[0]), true); }
 static FLOW_KERNEL(k_argmin) { return cuda_argreduce(NULL, out[0], in[0], axis_of(a, in[0]), false); }
+
+static FLOW_KERNEL(k_amax) {
+  bool mask[FLOW_MAX_DIMS];
+  mask_of(a, in[0]->ndim, mask);
+  return cuda_argreduce_mask(out[0], NULL, in[0], mask, true);
+}
+static FLOW_KERNEL(k_amin) {
+  bool mask[FLOW_MAX_DIMS];
+  mask_of(a, in[0]->ndim, mask);
+  return cuda_argreduce_mask(out[0], NULL, in[0], mask, false);
+}
 
 /* out (contiguous, zeroed here) gets g[j] at index idx[j] along axis, j running over the other
  * axes in order (axis < 0: idx is a flat index). */
@@ -331,6 +350,8 @@ void flow_cuda_register_reduce(void) {
   FLOW_KERNEL_ADD(FLOW_CUDA, min, k_min);
   FLOW_KERNEL_ADD(FLOW_CUDA, argmax, k_argmax);
   FLOW_KERNEL_ADD(FLOW_CUDA, argmin, k_argmin);
+  FLOW_KERNEL_ADD(FLOW_CUDA, amax, k_amax);
+  FLOW_KERNEL_ADD(FLOW_CUDA, amin, k_amin);
   FLOW_KERNEL_ADD(FLOW_CUDA, argreduce_backward, k_arg_backward);
   FLOW_KERNEL_ADD(FLOW_CUDA, cumsum, k_cumsum);
   FLOW_KERNEL_ADD(FLOW_CUDA, prod, k_prod);

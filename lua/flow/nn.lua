@@ -35,6 +35,33 @@ end
 function F.gelu(x, opts) return flow.gelu(x, opts) end
 function F.relu(x) return flow.relu(x) end
 function F.silu(x) return flow.silu(x) end
+-- hardtanh(x, min_val = -1, max_val = 1 | {min_val, max_val}) = clamp(x, min_val, max_val) (max_val
+-- everywhere if min_val > max_val, NaN at NaN), with torch's gradient: 1 strictly between the
+-- bounds, 0 at and beyond them (clamp's is 1 at the bounds) and at NaN. Values from clamp, the
+-- gradient from the where that picks x strictly inside. relu6(x) = hardtanh(x, 0, 6).
+local function hardtanh(x, lo, hi)
+  if not flow.is_tensor(x) then error(("expected a tensor (got %s)"):format(type(x)), 0) end
+  if x.dtype == "bool" then error("bool inputs are not supported, as in torch", 0) end
+  for what, v in pairs({ min_val = lo, max_val = hi }) do
+    if type(v) ~= "number" then error(("%s must be a number (got %s)"):format(what, type(v)), 0) end
+  end
+  local c = flow.clamp(x, lo, hi):detach()
+  return flow.where(flow.gt(x, lo), flow.where(flow.lt(x, hi), x, c), c)
+end
+F.hardtanh = flow._named("hardtanh", function(x, min_val, max_val)
+  if type(min_val) == "table" then
+    if max_val ~= nil then error("give the bounds as numbers or as one options table, not both", 0) end
+    flow._check_opts("hardtanh", min_val, { "min_val", "max_val" })
+    min_val, max_val = min_val.min_val, min_val.max_val
+  end
+  if min_val == nil then min_val = -1 end
+  if max_val == nil then max_val = 1 end
+  return hardtanh(x, min_val, max_val)
+end)
+F.relu6 = flow._named("relu6", function(x, ...)
+  if select("#", ...) > 0 then error("takes only the input (got more arguments)", 0) end
+  return hardtanh(x, 0, 6)
+end)
 function F.softplus(x, opts) return flow.softplus(x, opts) end
 function F.softmax(x, axis) return flow.softmax(x, axis or -1) end
 function F.log_softmax(x, axis) return flow.log_softmax(x, axis or -1) end
@@ -532,6 +559,19 @@ function GELU:forward(x) return F.gelu(x, { approximate = self.approximate }) en
 local ReLU = nn.class("ReLU", Module)
 nn.ReLU = ReLU
 function ReLU:forward(x) return F.relu(x) end
+
+local Hardtanh = nn.class("Hardtanh", Module)
+nn.Hardtanh = Hardtanh
+-- Hardtanh(min_val = -1, max_val = 1)
+function Hardtanh:__init(min_val, max_val)
+  self.min_val, self.max_val = min_val or -1, max_val or 1
+end
+function Hardtanh:forward(x) return F.hardtanh(x, self.min_val, self.max_val) end
+function Hardtanh:__repr() return ("Hardtanh(min_val=%g, max_val=%g)"):format(self.min_val, self.max_val) end
+
+local ReLU6 = nn.class("ReLU6", Module)
+nn.ReLU6 = ReLU6
+function ReLU6:forward(x) return F.relu6(x) end
 
 local Dropout = nn.class("Dropout", Module)
 nn.Dropout = Dropout

@@ -160,6 +160,9 @@ cases.permute = one({{5, 3, 2}}, {axes = {2, 0, 1}})
 cases.cumsum = one({{5, 3, 4}}, {axis = 1})
 cases.flip = one({{5, 3, 4}}, {axes = {1}})
 cases.prod = {{label = "all", inputs = {{5, 3}}}, {label = "axis 1 keepdim", inputs = {{3, 5, 2}}, attrs = {axes = {1}, keepdim = true}}}
+cases.amax = {{label = "axes 0, -1", inputs = {{5, 3, 4}}, attrs = {axes = {0, -1}}},
+              {label = "all keepdim", inputs = {{5, 3}}, attrs = {keepdim = true}}}
+cases.amin = cases.amax
 cases.sort = one({{5, 3, 4}}, {axis = 1})
 cases.topk = one({{5, 3, 4}}, {axis = -1, k = 2, descending = true})
 cases.narrow = one({{5, 3}}, {axis = 0, start = 1, length = 3})

@@ -1,6 +1,7 @@
 # PyTorch side of spec/conformance_spec.lua: for each case, one line
 #   name|dtype|values|grad   (values and the gradient of sum(out) as space-separated numbers; an op
-#   with several outputs gives their dtypes comma-separated and their values in turn)
+#   with several outputs gives their dtypes comma-separated and their values in turn);
+#   name|error|message| where torch raises
 import math, sys, torch
 nan, inf = math.nan, math.inf
 X = [-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, nan, inf, -inf]
@@ -145,6 +146,70 @@ for dn, dt in (("float64", torch.float64), ("float32", torch.float32)):
     cases[f"where 0-d operands {dn}"] = (lambda dt=dt: torch.where(torch.tensor([True, False]), t(1.5, dt, True), t(-2.0, dt)), True)
     cases[f"any axis 1 {dn}"] = (lambda dt=dt: torch.any(t([[0.0, nan], [0.0, 0.0]], dt), 1), False)
     cases[f"all {dn}"] = (lambda dt=dt: torch.all(t([[1.0, inf], [-2.0, 0.0]], dt)), False)
+    TT = [[[1.0, -2.0], [3.0, -2.0]], [[-2.0, 0.5], [3.0, 3.0]]]
+    cases[f"amax axis 1 nan/ties {dn}"] = (lambda dt=dt: torch.amax(t([[1.0, 5.0, 5.0], [nan, 2.0, nan]], dt, True), 1), True)
+    cases[f"amin axes 0,-1 keepdim ties {dn}"] = (lambda dt=dt: torch.amin(t(TT, dt, True), (0, -1), keepdim=True), True)
+    cases[f"amax all ties {dn}"] = (lambda dt=dt: torch.amax(t(TT, dt, True)), True)
+    cases[f"amax method transposed {dn}"] = (lambda dt=dt: t(TT, dt, True).transpose(0, 2).amax(0), True)
+    cases[f"amin inf {dn}"] = (lambda dt=dt: torch.amin(t([[inf, -inf, 1.0], [inf, inf, inf]], dt, True), 1), True)
+    cases[f"amax method axis -1 keepdim {dn}"] = (lambda dt=dt: t([[0.5, 0.5], [-1.0, 2.0]], dt, True).amax(-1, keepdim=True), True)
+    cases[f"amax 0-d {dn}"] = (lambda dt=dt: torch.amax(t(2.5, dt, True), 0), True)
+    cases[f"amin 0-d all {dn}"] = (lambda dt=dt: torch.amin(t(-1.5, dt, True)), True)
+    cases[f"amax size-0 kept axis {dn}"] = (lambda dt=dt: torch.amax(torch.zeros(0, 3, dtype=dt), 1), False)
+    HX, XB = [-1.5, -1.0, -0.5, 0.0, 1.0, 1.5, inf, -inf], [-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, 3.0, inf, -inf]
+    cases[f"hardtanh bounds inf {dn}"] = (lambda dt=dt: F.hardtanh(t(HX, dt, True)), True)
+    cases[f"hardtanh nan {dn}"] = (lambda dt=dt: F.hardtanh(t(X, dt)), False)
+    cases[f"hardtanh min_val max_val {dn}"] = (lambda dt=dt: F.hardtanh(t(XB, dt, True), -0.5, 2.5), True)
+    cases[f"hardtanh options max_val {dn}"] = (lambda dt=dt: F.hardtanh(t(XB, dt, True), max_val=0.25), True)
+    cases[f"hardtanh min>max {dn}"] = (lambda dt=dt: F.hardtanh(t(XB, dt, True), 2.0, 1.0), True)
+    cases[f"hardtanh 0-d at bound {dn}"] = (lambda dt=dt: F.hardtanh(t(1.0, dt, True)), True)
+    cases[f"relu6 bounds inf {dn}"] = (lambda dt=dt: F.relu6(t([-1.0, 0.0, 3.0, 6.0, 7.0, inf, -inf], dt, True)), True)
+    cases[f"relu6 nan {dn}"] = (lambda dt=dt: F.relu6(t(X, dt)), False)
+    cases[f"relu6 transposed {dn}"] = (lambda dt=dt: F.relu6(t([[0.0, 6.5, -2.0], [6.0, 2.5, 7.0]], dt, True).t()), True)
+    cases[f"relu6 size-0 {dn}"] = (lambda dt=dt: F.relu6(torch.zeros(0, 2, dtype=dt)), False)
+    cases[f"nn.Hardtanh {dn}"] = (lambda dt=dt: torch.nn.Hardtanh(-0.5, 0.5)(t(XB, dt, True)), True)
+    cases[f"nn.ReLU6 {dn}"] = (lambda dt=dt: torch.nn.ReLU6()(t(XB, dt, True)), True)
+    cases[f"clamp_min nan {dn}"] = (lambda dt=dt: torch.clamp_min(t(X, dt, True), 0.25), True)
+    cases[f"clamp_max method {dn}"] = (lambda dt=dt: t(X, dt, True).clamp_max(0.5), True)
+    cases[f"bool * float nan gradient {dn}"] = (lambda dt=dt: torch.tensor([True, False]) * t([1.5, nan], dt, True), True)
+cases["amax int64 axes"] = (lambda: torch.amax(torch.tensor([[[1, 7], [3, -4]], [[9, 2], [0, 5]]]), (0, 2)), False)
+cases["amin int32 keepdim"] = (lambda: torch.amin(torch.tensor([[1, 7], [3, -4]], dtype=torch.int32), 1, keepdim=True), False)
+cases["amax bool"] = (lambda: torch.amax(torch.tensor([[True, False], [False, False]]), 1), False)
+cases["amin bool all"] = (lambda: torch.amin(torch.tensor([[True, False], [True, True]])), False)
+cases["hardtanh int64"] = (lambda: torch.nn.functional.hardtanh(torch.tensor([-3, -1, 0, 1, 3])), False)
+cases["relu6 int64"] = (lambda: torch.nn.functional.relu6(torch.tensor([-3, 0, 6, 7])), False)
+BA, BB = [True, False, True, False], [True, True, False, False]
+cases["bool + bool"] = (lambda: torch.tensor(BA) + torch.tensor(BB), False)
+cases["bool * bool"] = (lambda: torch.tensor(BA) * torch.tensor(BB), False)
+cases["maximum bool"] = (lambda: torch.maximum(torch.tensor(BA), torch.tensor(BB)), False)
+cases["minimum bool"] = (lambda: torch.minimum(torch.tensor(BA), torch.tensor(BB)), False)
+cases["bool / bool"] = (lambda: torch.tensor(BA) / torch.tensor(BB), False)
+cases["bool + bool 0-d broadcast"] = (lambda: torch.tensor([[True], [False]]) + torch.tensor(True), False)
+cases["bool + true"] = (lambda: torch.tensor(BA) + True, False)
+cases["bool * false"] = (lambda: torch.tensor(BA) * False, False)
+cases["bool + 1"] = (lambda: torch.tensor(BA) + 1, False)
+cases["bool + 1.5"] = (lambda: torch.tensor(BA) + 1.5, False)
+cases["bool * 2"] = (lambda: torch.tensor(BA) * 2, False)
+cases["bool * int32"] = (lambda: torch.tensor(BA) * torch.tensor([1, 2, 3, 4], dtype=torch.int32), False)
+cases["bool + float64 0-d"] = (lambda: torch.tensor(BA) + torch.tensor(0.5, dtype=torch.float64), False)
+cases["bool % 2"] = (lambda: torch.tensor(BA) % 2, False)
+cases["bool // 2"] = (lambda: torch.tensor(BA) // 2, False)
+cases["bool ^ 2"] = (lambda: torch.tensor(BA) ** 2, False)
+cases["bool + bool size-0"] = (lambda: torch.zeros(0, dtype=torch.bool) + torch.zeros(0, dtype=torch.bool), False)
+cases["bool - bool raises"] = (lambda: torch.tensor(BA) - torch.tensor(BB), False)
+cases["bool - true raises"] = (lambda: torch.tensor(BA) - True, False)
+cases["bool - 1 raises"] = (lambda: torch.tensor(BA) - 1, False)
+cases["1 - bool raises"] = (lambda: 1 - torch.tensor(BA), False)
+cases["bool - float32 raises"] = (lambda: torch.tensor(BA) - torch.tensor([1.0, 2.0, 3.0, 4.0]), False)
+cases["-bool raises"] = (lambda: -torch.tensor(BA), False)
+cases["bool // bool raises"] = (lambda: torch.tensor(BA) // torch.tensor(BB), False)
+cases["bool % bool raises"] = (lambda: torch.tensor(BA) % torch.tensor(BB), False)
+cases["bool ^ bool raises"] = (lambda: torch.tensor(BA) ** torch.tensor(BB), False)
+cases["amax empty axis raises"] = (lambda: torch.amax(torch.zeros(0, 3), 0), False)
+cases["amin all of empty raises"] = (lambda: torch.amin(torch.zeros(2, 0)), False)
+cases["amax axis twice raises"] = (lambda: torch.amax(torch.zeros(2, 3), (1, -1)), False)
+cases["hardtanh bool raises"] = (lambda: torch.nn.functional.hardtanh(torch.tensor(BA)), False)
+cases["relu6 bool raises"] = (lambda: torch.nn.functional.relu6(torch.tensor(BA)), False)
 cases["one_hot"] = (lambda: torch.nn.functional.one_hot(torch.tensor([[0, 2], [1, 0]])), False)
 cases["one_hot num_classes 4"] = (lambda: torch.nn.functional.one_hot(torch.tensor([3, 1]), 4), False)
 cases["cumsum int32"] = (lambda: torch.cumsum(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32), 0), False)
@@ -204,7 +269,11 @@ def fmt(v): return " ".join(repr(float(x)) for x in v.detach().reshape(-1).tolis
 for name in sys.argv[1:]:
     fn, grad = cases[name]
     LEAVES.clear()
-    outs = fn()
+    try:
+        outs = fn()
+    except (RuntimeError, IndexError) as e:  # flow must raise too, naming the op
+        print(f"{name}|error|{str(e).splitlines()[0]}|")
+        continue
     outs = tuple(outs) if isinstance(outs, tuple) else (outs,)  # sort's values and indices: in turn
     g = ""
     if grad:
