@@ -3,7 +3,10 @@
 #include "comm.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +72,20 @@ static bool we_started;
 
 /* ---- MPI backend ------------------------------------------------------------------------------ */
 
-static MPI_Comm mpi(flow_comm *c) { return *(MPI_Comm *)c->impl; }
+/* A communicator's MPI state. Handshakes go over a duplicate of the data communicator, so their
+ * small messages never meet data messages. */
+typedef struct record record;
+typedef struct mpi_impl {
+  MPI_Comm comm, ctl;
+  unsigned long long seq; /* handshakes made on it so far: the same count on every rank */
+  record *out;            /* this rank's last record, read by MPI until its sends complete */
+  record *cancel;         /* a peer gave up at a handshake this rank has not reached yet (NULL: none) */
+  int cancel_from;
+  MPI_Request *sends;     /* one per rank (MPI_REQUEST_NULL for itself) */
+} mpi_impl;
+
+static mpi_impl *impl_of(flow_comm *c) { return c->impl; }
+static MPI_Comm mpi(flow_comm *c) { return impl_of(c)->comm; }
 
 static MPI_Datatype mpi_type(flow_dtype dt) {
   switch (dt) {
@@ -89,7 +105,77 @@ static int mpi_fail(const char *what, int rc) {
   return flow_error_set("[rank %d] %s failed: %s", flow_comm_rank(), what, msg);
 }
 
-#define CHECK(what, call) do { int rc_ = (call); if (rc_ != MPI_SUCCESS) return mpi_fail(what, rc_); } while (0)
+/* ---- watchdog ------------------------------------------------------------------------------------
+ * Data collectives run blocking, at the speed of MPI's tuned algorithms (its non-blocking ones are
+ * slower), after a handshake saw every rank arrive. A peer that dies or stops between the two would
+ * leave the others inside the collective for good: each thread marks when it entered one, and a
+ * watchdog thread ends the job when a mark is older than FLOW_TIMEOUT + 10 s. The marks cost a
+ * clock read per collective. */
+
+#define WATCH_SLOTS 64
+static struct watch {
+  _Atomic long long since_ns; /* 0: not in a collective */
+  const char *_Atomic what;
+} watch[WATCH_SLOTS];
+static atomic_int watch_used;
+static _Thread_local int watch_slot = -1;
+static pthread_once_t watch_once = PTHREAD_ONCE_INIT;
+
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void *watchdog(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct timespec nap = {0, 250000000};
+    nanosleep(&nap, NULL);
+    long long now = now_ns(), limit = (long long)((flow_comm_timeout() + 10) * 1e9);
+    int used = atomic_load(&watch_used);
+    for (int i = 0; i < used && i < WATCH_SLOTS; i++) {
+      long long since = atomic_load(&watch[i].since_ns);
+      if (since == 0 || now - since <= limit) continue;
+      fprintf(stderr, "[rank %d] %s: no progress for %.0f s (FLOW_TIMEOUT %.0f s + 10 s): a peer rank died or "
+              "stopped inside this collective, or never called it; ending the job\n", flow_comm_rank(),
+              atomic_load(&watch[i].what), (double)(now - since) * 1e-9, flow_comm_timeout());
+      fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+    }
+  }
+  return NULL;
+}
+
+static void watchdog_start(void) {
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  lsan_off();
+  pthread_create(&t, &a, watchdog, NULL);
+  lsan_on();
+  pthread_attr_destroy(&a);
+}
+
+static void watch_enter(const char *what) {
+  if (watch_slot < 0) {
+    if (flow_comm_size() < 2) return;
+    pthread_once(&watch_once, watchdog_start);
+    watch_slot = atomic_fetch_add(&watch_used, 1);
+  }
+  if (watch_slot >= WATCH_SLOTS) return; /* more threads than slots: this one goes unwatched */
+  atomic_store(&watch[watch_slot].what, what);
+  atomic_store(&watch[watch_slot].since_ns, now_ns());
+}
+
+static void watch_leave(void) {
+  if (watch_slot >= 0 && watch_slot < WATCH_SLOTS) atomic_store(&watch[watch_slot].since_ns, 0);
+}
+
+/* A blocking MPI call, watched; its failure is an error naming `what`. */
+#define CHECK(what, call) do { watch_enter(what); int rc_ = (call); watch_leave(); \
+                               if (rc_ != MPI_SUCCESS) return mpi_fail(what, rc_); } while (0)
 
 /* MPI counts are ints: convert, refusing what does not fit. */
 static int to_ints(const char *what, const size_t *v, int n, int *out) {
@@ -132,7 +218,9 @@ static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
   if (!ic) return flow_error_set("all-gather: out of memory");
   int rc = to_ints("all-gather", counts, c->size, ic) || to_ints("all-gather", displs, c->size, ic + c->size);
   if (rc == 0) {
+    watch_enter("all-gather");
     int e = MPI_Allgatherv(send, (int)count, t, recv, ic, ic + c->size, t, mpi(c));
+    watch_leave();
     if (e != MPI_SUCCESS) rc = mpi_fail("all-gather", e);
   }
   free(ic);
@@ -202,7 +290,9 @@ static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, co
   int rc = to_ints("all-to-all", scounts, n, ic) || to_ints("all-to-all", sdispls, n, ic + n) ||
            to_ints("all-to-all", rcounts, n, ic + 2 * n) || to_ints("all-to-all", rdispls, n, ic + 3 * n);
   if (rc == 0) {
+    watch_enter("all-to-all");
     int e = MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, mpi(c));
+    watch_leave();
     if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
   }
   free(ic);
@@ -232,7 +322,9 @@ static int m_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_blo
     ints[2 * n + k] = (int)(b->offset * es);            /* byte displacements */
   }
   if (rc == 0) {
+    watch_enter("all-to-all");
     int e = MPI_Alltoallw(send, ints, ints + 2 * n, types, recv, ints + n, ints + 3 * n, types + n, mpi(c));
+    watch_leave();
     if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
   }
   for (int k = 0; k < made; k++) MPI_Type_free(&types[k]);
@@ -259,29 +351,64 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
   return 0;
 }
 
-/* Wait for the requests, giving the core away while nothing arrives: a rank that waits on a peer
- * (a pipeline stage waiting for the previous one's activations) would otherwise spin on a core
- * its own compute thread needs. Spins briefly first, so quick exchanges keep their latency.
- * A wait longer than FLOW_TIMEOUT seconds (default 300) is an error naming the peers' op. */
+/* Polling with back-off, for waits on peers: spin briefly first, so quick exchanges keep their
+ * latency, then nap (doubling up to 200 us) to give the core away while nothing arrives: a rank
+ * that waits on a peer (a pipeline stage waiting for the previous one's activations) would
+ * otherwise spin on a core its own compute thread needs. */
+typedef struct backoff {
+  struct timespec t0, nap;
+  long spins;
+} backoff;
+
+static void backoff_start(backoff *b) {
+  clock_gettime(CLOCK_MONOTONIC, &b->t0);
+  b->nap = (struct timespec){0, 0};
+  b->spins = 0;
+}
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)(now.tv_sec - t0->tv_sec) + 1e-9 * (double)(now.tv_nsec - t0->tv_nsec);
+}
+
+/* One pause between two polls; returns the seconds waited since backoff_start. */
+static double backoff_pause(backoff *b) {
+  if (b->spins++ < 2000) return 0;
+  b->nap.tv_nsec = b->nap.tv_nsec ? (b->nap.tv_nsec * 2 > 200000 ? 200000 : b->nap.tv_nsec * 2) : 5000;
+  nanosleep(&b->nap, NULL);
+  return seconds_since(&b->t0);
+}
+
+/* Receives still pending are cancelled (a late message then stays in MPI's queue, where the next
+ * receive with the same tag discards or takes it); sends complete in the background. */
+static void drop_requests(int n, MPI_Request *req, bool *arrived) {
+  for (int i = 0; i < n; i++) {
+    if (req[i] == MPI_REQUEST_NULL) continue;
+    MPI_Status st;
+    int done = 0, cancelled = 1;
+    MPI_Cancel(&req[i]);
+    for (int k = 0; k < 1000 && !done; k++)
+      if (MPI_Test(&req[i], &done, &st) != MPI_SUCCESS) break;
+    if (done) MPI_Test_cancelled(&st, &cancelled);
+    else MPI_Request_free(&req[i]); /* a send under way: it completes in the background */
+    if (arrived) arrived[i] = !cancelled;
+  }
+}
+
+/* Wait for the requests, polling; a wait longer than FLOW_TIMEOUT seconds (default 300) is an
+ * error naming the transfer. */
 static int wait_all(const char *what, int n, MPI_Request *req) {
   double timeout = flow_comm_timeout();
-  struct timespec t0, now, nap = {0, 0};
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long spins = 0;; spins++) {
+  backoff b;
+  backoff_start(&b);
+  for (;;) {
     int done = 0, e = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
     if (e != MPI_SUCCESS) return mpi_fail(what, e);
     if (done) return 0;
-    if (spins < 2000) continue;
-    nap.tv_nsec = nap.tv_nsec ? (nap.tv_nsec * 2 > 200000 ? 200000 : nap.tv_nsec * 2) : 5000;
-    nanosleep(&nap, NULL);
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double waited = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+    double waited = backoff_pause(&b);
     if (waited > timeout) {
-      for (int i = 0; i < n; i++) {
-        if (req[i] == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&req[i]);
-        MPI_Request_free(&req[i]);
-      }
+      drop_requests(n, req, NULL);
       return flow_error_set("[rank %d] %s: nothing arrived for %.0f s (FLOW_TIMEOUT): a peer rank stopped or "
                             "skipped this transfer", flow_comm_rank(), what, waited);
     }
@@ -311,30 +438,221 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
   return rc;
 }
 
-static int m_barrier(flow_comm *c) {
-  CHECK("barrier", MPI_Barrier(mpi(c)));
+/* ---- the handshake: agreement, liveness and the failure channel ---------------------------------
+ * Every rank sends each peer a small record (the handshake's number on this communicator, its value,
+ * its op) and receives theirs, point to point over the control communicator. Point to point rather
+ * than an all-reduce, because a wait that times out can then name the ranks whose record did not
+ * come and cancel its receives, which a collective cannot. A failing rank sends records marked
+ * failed, with its message, and goes on without waiting. A rank that gives up waiting tells every
+ * peer (a cancel record, on its own tag), so a late peer raises too instead of entering the data
+ * collective alone. Records of a handshake a peer failed or gave up carry an older number and are
+ * dropped when they arrive. */
+
+enum { TAG_RECORD = 1, TAG_CANCEL = 2 };
+
+struct record {
+  unsigned long long seq;
+  long long v;
+  int failed;
+  char what[64];
+  char msg[768]; /* a failure's message; only its used part is sent */
+};
+
+/* Wait for this rank's previous record to be out, then fill it and send it to every peer. */
+static int send_record(flow_comm *c, int tag, long long v, int failed, const char *what, const char *msg) {
+  mpi_impl *im = impl_of(c);
+  int n = c->size, done = 0;
+  for (int k = 0; k < 100000 && !done; k++) MPI_Testall(n, im->sends, &done, MPI_STATUSES_IGNORE);
+  if (!done) { /* a send still under way (a stopped peer): let it finish with its own buffer */
+    for (int q = 0; q < n; q++)
+      if (im->sends[q] != MPI_REQUEST_NULL) MPI_Request_free(&im->sends[q]);
+    im->out = malloc(sizeof *im->out);
+    if (!im->out) return flow_error_set("handshake: out of memory");
+  }
+  record *r = im->out;
+  r->seq = im->seq;
+  r->v = v;
+  r->failed = failed;
+  snprintf(r->what, sizeof r->what, "%s", what);
+  snprintf(r->msg, sizeof r->msg, "%s", msg);
+  int bytes = (int)(offsetof(record, msg) + strlen(r->msg) + 1);
+  for (int q = 0; q < n; q++) {
+    if (q == c->rank) continue;
+    int e = MPI_Isend(r, bytes, MPI_BYTE, q, tag, im->ctl, &im->sends[q]);
+    if (e != MPI_SUCCESS) return mpi_fail("handshake", e);
+  }
   return 0;
 }
 
+/* "1, 3" */
+static void rank_list(char *buf, size_t n, const bool *in, int size) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int q = 0; q < size && len < n; q++)
+    if (in[q]) len += (size_t)snprintf(buf + len, n - len, "%s%d", len ? ", " : "", q);
+}
+
+/* A peer that gave up waiting on this handshake: its cancel record, if one came. One for a later
+ * handshake (the peer is ahead of this rank) is kept until this rank gets there. */
+static int check_cancels(flow_comm *c, const char *what) {
+  mpi_impl *im = impl_of(c);
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (!im->cancel) {
+      if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_CANCEL, im->ctl, &flag, &st) != MPI_SUCCESS || !flag) return 0;
+      if (!(im->cancel = malloc(sizeof *im->cancel))) return flow_error_set("handshake: out of memory");
+      MPI_Recv(im->cancel, (int)sizeof *im->cancel, MPI_BYTE, st.MPI_SOURCE, TAG_CANCEL, im->ctl, MPI_STATUS_IGNORE);
+      im->cancel_from = st.MPI_SOURCE;
+    }
+    if (im->cancel->seq > im->seq) return 0;
+    record *r = im->cancel;
+    im->cancel = NULL;
+    int rc = r->seq < im->seq ? 0 /* stale */
+             : flow_error_set("[rank %d] %s: rank %d gave up waiting at this point, so no rank moves data here: %s",
+                              c->rank, what, im->cancel_from, r->msg);
+    free(r);
+    if (rc) return rc;
+  }
+}
+
+/* Every peer's record of this handshake is in, or the wait timed out (then the error names the
+ * ranks whose record is missing, and tells every peer). */
+static int gather_records(flow_comm *c, const char *what, record *got, MPI_Request *req) {
+  mpi_impl *im = impl_of(c);
+  int n = c->size, *idx = malloc((size_t)n * sizeof *idx), left = n - 1, rc = 0;
+  if (!idx) return flow_error_set("handshake: out of memory");
+  double timeout = flow_comm_timeout(), waited = 0;
+  backoff b;
+  backoff_start(&b);
+  while (left > 0 && rc == 0) {
+    int k = 0, e = MPI_Testsome(n, req, &k, idx, MPI_STATUSES_IGNORE);
+    if (e != MPI_SUCCESS) { rc = mpi_fail("handshake", e); break; }
+    for (int i = 0; i < (k == MPI_UNDEFINED ? 0 : k); i++) {
+      int q = idx[i];
+      if (got[q].seq < im->seq) /* from a handshake this rank failed or gave up: drop it */
+        e = MPI_Irecv(&got[q], (int)sizeof got[q], MPI_BYTE, q, TAG_RECORD, im->ctl, &req[q]);
+      else if (got[q].seq > im->seq)
+        rc = flow_error_set("[rank %d] %s: rank %d is at handshake %llu but this rank at %llu: the ranks are out of "
+                            "step", c->rank, what, q, got[q].seq, im->seq);
+      else left--;
+      if (e != MPI_SUCCESS && rc == 0) rc = mpi_fail("handshake", e);
+    }
+    if (left == 0 || rc != 0) break;
+    if ((waited = backoff_pause(&b)) > timeout) break;
+    if (waited > 0) rc = check_cancels(c, what); /* a peer gave up waiting for the same rank: so does this one */
+  }
+  free(idx);
+  if (left == 0 || rc != 0) {
+    if (rc != 0) drop_requests(n, req, NULL);
+    return rc;
+  }
+  bool *missing = calloc((size_t)n, sizeof *missing);
+  if (!missing) return flow_error_set("handshake: out of memory");
+  drop_requests(n, req, missing);
+  for (int q = 0; q < n; q++) missing[q] = q != c->rank && !missing[q] && got[q].seq != im->seq;
+  char who[256], where[512] = "";
+  rank_list(who, sizeof who, missing, n);
+  for (int q = 0, len = 0; q < n && len < (int)sizeof where; q++)
+    if (q != c->rank && !missing[q])
+      len += snprintf(where + len, sizeof where - (size_t)len, "; rank %d is at %s", q, got[q].what);
+  free(missing);
+  rc = flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT) for rank %s, which did not arrive (stopped, "
+                      "stuck, failed outside a global op or took another path)%s", c->rank, what, waited, who, where);
+  send_record(c, TAG_CANCEL, 0, 1, what, flow_error_get());
+  return rc;
+}
+
+static int m_handshake(flow_comm *c, const char *what, long long v, long long *min, long long *max) {
+  *min = *max = v;
+  if (c->size < 2) return 0;
+  mpi_impl *im = impl_of(c);
+  int n = c->size, rc = 0;
+  record *got = malloc((size_t)n * sizeof *got);
+  MPI_Request *req = malloc((size_t)n * sizeof *req);
+  if (!got || !req) { free(got); free(req); return flow_error_set("handshake: out of memory"); }
+  im->seq++;
+  for (int q = 0; q < n && rc == 0; q++) {
+    req[q] = MPI_REQUEST_NULL;
+    got[q].seq = q == c->rank ? im->seq : 0;
+    if (q == c->rank) continue;
+    int e = MPI_Irecv(&got[q], (int)sizeof got[q], MPI_BYTE, q, TAG_RECORD, im->ctl, &req[q]);
+    if (e != MPI_SUCCESS) rc = mpi_fail("handshake", e);
+  }
+  if (rc == 0) rc = send_record(c, TAG_RECORD, v, 0, what, "");
+  if (rc == 0) rc = gather_records(c, what, got, req);
+  else drop_requests(n, req, NULL);
+  if (rc == 0) rc = check_cancels(c, what);
+  for (int q = 0; q < n && rc == 0; q++) {
+    if (q == c->rank) continue;
+    if (got[q].failed) {
+      const char *m = got[q].msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
+      rc = flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, q, tail ? tail + 2 : m);
+      break;
+    }
+    if (got[q].v < *min) *min = got[q].v;
+    if (got[q].v > *max) *max = got[q].v;
+  }
+  free(got);
+  free(req);
+  return rc;
+}
+
+static void m_fail(flow_comm *c, const char *what, const char *msg) {
+  if (c->size < 2) return;
+  impl_of(c)->seq++;
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", flow_error_get());
+  send_record(c, TAG_RECORD, 0, 1, what, msg);
+  flow_error_set("%s", keep);
+}
+
 static int m_minmax(flow_comm *c, long long v, long long *min, long long *max) {
-  long long in[2] = {v, -v}, out[2];
-  CHECK("agreement check", MPI_Allreduce(in, out, 2, MPI_LONG_LONG, MPI_MIN, mpi(c)));
-  *min = out[0];
-  *max = -out[1];
+  return m_handshake(c, "agreement check", v, min, max);
+}
+
+/* A handshake whose value says "barrier": a rank that meets another's global op here is out of step. */
+static int m_barrier(flow_comm *c) {
+  long long lo, hi;
+  if (m_handshake(c, "barrier", -2, &lo, &hi) != 0) return -1;
+  if (lo != hi)
+    return flow_error_set("[rank %d] barrier: another rank is at a global op's handshake here, not at this barrier "
+                          "(the ranks took different paths)", c->rank);
   return 0;
 }
 
 static const flow_comm_ops mpi_ops;
 
+/* Collective over m (it duplicates m for the handshakes). */
 static flow_comm *wrap(MPI_Comm m) {
   flow_comm *c = calloc(1, sizeof *c);
-  MPI_Comm *h = malloc(sizeof *h);
-  if (!c || !h) { free(c); free(h); flow_error_set("communicator: out of memory"); return NULL; }
-  *h = m;
+  mpi_impl *h = calloc(1, sizeof *h);
+  if (h) h->out = malloc(sizeof *h->out);
+  int size = 0;
+  MPI_Comm_size(m, &size);
+  if (h) h->sends = malloc((size_t)size * sizeof *h->sends);
+  if (!c || !h || !h->out || !h->sends) {
+    if (h) { free(h->out); free(h->sends); }
+    free(c); free(h);
+    flow_error_set("communicator: out of memory");
+    return NULL;
+  }
+  for (int q = 0; q < size; q++) h->sends[q] = MPI_REQUEST_NULL;
+  h->comm = m;
+  lsan_off();
+  int e = MPI_Comm_dup(m, &h->ctl);
+  lsan_on();
+  if (e != MPI_SUCCESS) {
+    free(h->out); free(h->sends); free(h); free(c);
+    mpi_fail("communicator", e);
+    return NULL;
+  }
+  MPI_Comm_set_errhandler(h->ctl, MPI_ERRORS_RETURN);
   c->ops = &mpi_ops;
   c->impl = h;
+  c->rank = 0;
   MPI_Comm_rank(m, &c->rank);
-  MPI_Comm_size(m, &c->size);
+  c->size = size;
   return c;
 }
 
@@ -356,10 +674,18 @@ static int m_group(flow_comm *c, const int *members, int n, flow_comm **out) {
 }
 
 static void m_free(flow_comm *c) {
-  MPI_Comm *h = c->impl;
-  int fin = 0;
+  mpi_impl *h = impl_of(c);
+  int fin = 0, done = 0;
   MPI_Finalized(&fin);
-  if (!fin && *h != MPI_COMM_WORLD) MPI_Comm_free(h);
+  if (!fin) MPI_Testall(c->size, h->sends, &done, MPI_STATUSES_IGNORE);
+  if (!fin && !done)
+    for (int q = 0; q < c->size; q++)
+      if (h->sends[q] != MPI_REQUEST_NULL) MPI_Request_free(&h->sends[q]);
+  if (!fin) MPI_Comm_free(&h->ctl);
+  if (!fin && h->comm != MPI_COMM_WORLD) MPI_Comm_free(&h->comm);
+  if (fin || done) free(h->out); /* else MPI may still read it */
+  free(h->cancel);
+  free(h->sends);
   free(h);
   free(c);
 }
@@ -367,7 +693,8 @@ static void m_free(flow_comm *c) {
 static const flow_comm_ops mpi_ops = {
     .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
     .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
-    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier, .minmax = m_minmax,
+    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier,
+    .handshake = m_handshake, .fail = m_fail, .minmax = m_minmax,
     .group = m_group, .free = m_free};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */
