@@ -63,6 +63,7 @@ static int l_print_all(lua_State *L) {
   size_t len;
   const char *line = lua_tolstring(L, -1, &len);
   flow_comm *w = flow_comm_world();
+  if (w->ops->barrier(w) != 0) return flow_lua_error(L); /* every rank is here (else an error, not a hang) */
   /* lengths first, then the text; the buffers are userdata, freed by the GC even if a collective fails */
   int64_t mine = (int64_t)len, *lens = lua_newuserdatauv(L, (size_t)size * sizeof(int64_t), 0);
   size_t *counts = lua_newuserdatauv(L, 2 * (size_t)size * sizeof(size_t), 0), total = 0;
