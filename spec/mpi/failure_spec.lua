@@ -1,0 +1,100 @@
+-- A failure on one rank is an error on every rank, never a hang: the handshake that precedes every
+-- data movement carries a failing rank's message to the others, and gives up after FLOW_TIMEOUT
+-- naming the ranks that did not arrive. After each case the ranks go on together.
+local flow = require "flow"
+local S, B = flow.sbp.split, flow.sbp.broadcast
+local ws, me = flow.world_size(), flow.rank()
+
+local function all()
+  local r = {}
+  for i = 0, ws - 1 do r[#r + 1] = i end
+  return flow.placement("cpu", r)
+end
+
+-- f's error message on this rank, and the seconds it took
+local function fails(f)
+  local t0 = flow.now()
+  local ok, err = pcall(f)
+  assert.is_false(ok, "expected an error on rank " .. me)
+  return tostring(err), flow.now() - t0
+end
+
+describe("a failure on one rank #mpi", function()
+  local P = all()
+  local x = flow.ones({ 2 * ws, 3 }):to_global(P, B):to_global(P, S(0))
+  local prev, strict
+  before_each(function()
+    prev = flow._set_timeout(2)
+    strict = flow.set_check_consistency(false) -- the default, batched check
+  end)
+  after_each(function()
+    flow._set_timeout(prev)
+    flow.set_check_consistency(strict)
+    assert.equal(12 * ws, (x + x):sum():item()) -- the ranks go on together
+  end)
+
+  it("inside a global op (bad input on one rank) reaches every rank with its message", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local err, took = fails(function()
+      local ids = flow.tensor({ me == 1 and 99 or 0 }, { dtype = flow.int64 }):to_global(P, S(0))
+      return flow.nn.functional.embedding(ids, x:to_global(P, B)):sum():item()
+    end)
+    if me == 1 then
+      assert.matches("^%[rank 1%] embedding: index 99 out of range", err)
+    else
+      assert.matches(("^%%[rank %d%%] %%a+: rank 1 failed: embedding: index 99 out of range"):format(me), err)
+    end
+    assert.is_true(took < 1, "the others did not wait for a timeout")
+  end)
+
+  it("in Lua before a global op: its next handshake meets the others' and both raise", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local err = fails(function()
+      if me == 1 then error("boom on rank 1") end
+      return x:to_global(P, B)
+    end)
+    if me == 1 then
+      assert.matches("boom on rank 1", err)
+      err = fails(flow.barrier) -- rank 1's next handshake: the others are still in to_global's
+      assert.matches("^%[rank 1%] barrier: another rank is at a global op's handshake", err)
+    else
+      assert.matches(("^%%[rank %d%%] ranks disagree on the global ops .* the last was to_global"):format(me), err)
+    end
+  end)
+
+  it("a rank that does not arrive (busy in Lua): the others raise after FLOW_TIMEOUT naming it", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    flow._set_timeout(1)
+    local err, took = fails(function()
+      if me == 1 then
+        local t0 = flow.now()
+        while flow.now() - t0 < 1.5 do end
+      end
+      return x:to_global(P, B)
+    end)
+    if me == 1 then -- it arrives late: its handshake hears that the others gave up
+      assert.matches("^%[rank 1%] to_global: rank %d+ gave up waiting at this point", err)
+    else
+      -- (or a rank that gave up a moment earlier told it so)
+      assert.matches(("^%%[rank %d%%] to_global: .*waited 1 s %%(FLOW_TIMEOUT%%) for rank 1, which did not arrive"):format(me), err)
+      if ws > 2 then assert.matches("rank %d is at to_global", err) end
+      assert.is_true(took >= 0.5 and took < 1.5, "gave up after FLOW_TIMEOUT")
+    end
+  end)
+
+  it("a stopped rank (SIGSTOP): the others raise after FLOW_TIMEOUT; continued, it raises too", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local pids = flow._allgather_strings(assert(io.open("/proc/self/stat")):read("l"):match("^(%d+)"))
+    flow._set_timeout(1)
+    local err = fails(function()
+      if me == 1 then os.execute("kill -STOP " .. pids[2]) end
+      return x:to_global(P, B)
+    end)
+    if me == 0 then os.execute("kill -CONT " .. pids[2]) end
+    if me == 1 then
+      assert.matches("^%[rank 1%] to_global: rank %d+ gave up waiting", err)
+    else
+      assert.matches(("^%%[rank %d%%] to_global: .*waited 1 s %%(FLOW_TIMEOUT%%) for rank 1"):format(me), err)
+    end
+  end)
+end)
