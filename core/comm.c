@@ -4,6 +4,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -352,9 +353,10 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
 }
 
 /* Polling with back-off, for waits on peers: spin briefly first, so quick exchanges keep their
- * latency, then nap (doubling up to 200 us) to give the core away while nothing arrives: a rank
- * that waits on a peer (a pipeline stage waiting for the previous one's activations) would
- * otherwise spin on a core its own compute thread needs. */
+ * latency, then yield the core for a millisecond (ranks sharing a core get to run: the peer being
+ * waited for may be one), then nap (doubling up to 200 us) to give the core away while nothing
+ * arrives: a rank that waits on a peer (a pipeline stage waiting for the previous one's
+ * activations) would otherwise spin on a core its own compute thread needs. */
 typedef struct backoff {
   struct timespec t0, nap;
   long spins;
@@ -374,7 +376,12 @@ static double seconds_since(const struct timespec *t0) {
 
 /* One pause between two polls; returns the seconds waited since backoff_start. */
 static double backoff_pause(backoff *b) {
-  if (b->spins++ < 2000) return 0;
+  if (b->spins++ < 100) return 0;
+  double waited = seconds_since(&b->t0);
+  if (waited < 1e-3) {
+    sched_yield();
+    return waited;
+  }
   b->nap.tv_nsec = b->nap.tv_nsec ? (b->nap.tv_nsec * 2 > 200000 ? 200000 : b->nap.tv_nsec * 2) : 5000;
   nanosleep(&b->nap, NULL);
   return seconds_since(&b->t0);
@@ -540,7 +547,7 @@ static int gather_records(flow_comm *c, const char *what, record *got, MPI_Reque
     }
     if (left == 0 || rc != 0) break;
     if ((waited = backoff_pause(&b)) > timeout) break;
-    if (waited > 0) rc = check_cancels(c, what); /* a peer gave up waiting for the same rank: so does this one */
+    if (waited > 1e-3) rc = check_cancels(c, what); /* a peer gave up waiting for the same rank: so does this one */
   }
   free(idx);
   if (left == 0 || rc != 0) {
