@@ -20,6 +20,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "../core/comm.h"
 #include "bind.h"
 
 #define HISTORY_FILE ".flowlua_history"
@@ -494,6 +495,8 @@ void flow_repl_run(lua_State *L) {
   }
 #endif
   repl_L = L;
+  /* a wait on a peer gives up sooner than in a script: the user is there, waiting */
+  if (!getenv("FLOW_TIMEOUT")) flow_comm_set_timeout(30);
   if (nranks > 1) {
     if (rank == 0 && !isatty(0)) take_terminal();
     if (rank != 0) set_sigint(SIG_IGN);
