@@ -507,7 +507,11 @@ static int check_cancels(flow_comm *c, const char *what) {
     int flag = 0;
     MPI_Status st;
     if (!im->cancel) {
-      if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_CANCEL, im->ctl, &flag, &st) != MPI_SUCCESS || !flag) return 0;
+      /* Open MPI's probe matches before it progresses: a cancel sent right after the record just
+       * received may need a few probes to be seen */
+      for (int tries = 0; tries < 4 && !flag; tries++)
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_CANCEL, im->ctl, &flag, &st) != MPI_SUCCESS) return 0;
+      if (!flag) return 0;
       if (!(im->cancel = malloc(sizeof *im->cancel))) return flow_error_set("handshake: out of memory");
       MPI_Recv(im->cancel, (int)sizeof *im->cancel, MPI_BYTE, st.MPI_SOURCE, TAG_CANCEL, im->ctl, MPI_STATUS_IGNORE);
       im->cancel_from = st.MPI_SOURCE;

@@ -2,14 +2,9 @@
 -- data movement carries a failing rank's message to the others, and gives up after FLOW_TIMEOUT
 -- naming the ranks that did not arrive. After each case the ranks go on together.
 local flow = require "flow"
+local GL = require "support.global"
 local S, B = flow.sbp.split, flow.sbp.broadcast
 local ws, me = flow.world_size(), flow.rank()
-
-local function all()
-  local r = {}
-  for i = 0, ws - 1 do r[#r + 1] = i end
-  return flow.placement("cpu", r)
-end
 
 -- f's error message on this rank, and the seconds it took
 local function fails(f)
@@ -20,7 +15,7 @@ local function fails(f)
 end
 
 describe("a failure on one rank #mpi", function()
-  local P = all()
+  local P = flow.placement("cpu", GL.all_ranks())
   local x = flow.ones({ 2 * ws, 3 }):to_global(P, B):to_global(P, S(0))
   local prev, strict
   before_each(function()
