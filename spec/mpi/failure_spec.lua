@@ -28,6 +28,30 @@ describe("a failure on one rank #mpi", function()
     assert.equal(12 * ws, (x + x):sum():item()) -- the ranks go on together
   end)
 
+  -- every rank boxes x, `rank` only after delay() returns, with FLOW_TIMEOUT 1 s: the error, seconds
+  local function late(rank, delay)
+    flow._set_timeout(1)
+    return fails(function()
+      if me == rank then delay() end
+      return x:to_global(P, B)
+    end)
+  end
+  -- rank 1 came late: the others gave up after FLOW_TIMEOUT naming it, and it heard of it
+  local function rank1_was_late(err)
+    if me == 1 then
+      assert.matches("^%[rank 1%] to_global: rank %d+ gave up waiting", err)
+    else
+      assert.matches(("^%%[rank %d%%] to_global: .*waited %%d+ s %%(FLOW_TIMEOUT%%) for rank 1, which did not arrive")
+        :format(me), err)
+    end
+  end
+  local function busy(seconds)
+    return function()
+      local t0 = flow.now()
+      while flow.now() - t0 < seconds do end
+    end
+  end
+
   it("inside a global op (bad input on one rank) reaches every rank with its message", function()
     if ws < 2 then return pending("needs 2 ranks or more") end
     local err, took = fails(function()
@@ -59,19 +83,9 @@ describe("a failure on one rank #mpi", function()
 
   it("a rank that does not arrive (busy in Lua): the others raise after FLOW_TIMEOUT naming it", function()
     if ws < 2 then return pending("needs 2 ranks or more") end
-    flow._set_timeout(1)
-    local err, took = fails(function()
-      if me == 1 then
-        local t0 = flow.now()
-        while flow.now() - t0 < 2.5 do end
-      end
-      return x:to_global(P, B)
-    end)
-    if me == 1 then -- it arrives late: its handshake hears that the others gave up
-      assert.matches("^%[rank 1%] to_global: rank %d+ gave up waiting", err)
-    else
-      -- (or a rank that gave up a moment earlier told it so)
-      assert.matches(("^%%[rank %d%%] to_global: .*waited %%d+ s %%(FLOW_TIMEOUT%%) for rank 1, which did not arrive"):format(me), err)
+    local err, took = late(1, busy(2.5))
+    rank1_was_late(err)
+    if me ~= 1 then
       if ws > 2 then assert.matches("rank %d is at to_global", err) end
       assert.is_true(took >= 0.5 and took < 2.5, "gave up after FLOW_TIMEOUT")
     end
@@ -79,14 +93,7 @@ describe("a failure on one rank #mpi", function()
 
   it("rank 0 late (it leads the handshakes): the others give up 2 s later and it hears of it", function()
     if ws < 2 then return pending("needs 2 ranks or more") end
-    flow._set_timeout(1)
-    local err = fails(function()
-      if me == 0 then
-        local t0 = flow.now()
-        while flow.now() - t0 < 4.5 do end
-      end
-      return x:to_global(P, B)
-    end)
+    local err = late(0, busy(4.5))
     if me == 0 then
       assert.matches("^%[rank 0%] to_global: rank %d+ gave up waiting for this rank, the handshake's leader", err)
     else
@@ -97,16 +104,8 @@ describe("a failure on one rank #mpi", function()
   it("a stopped rank (SIGSTOP): the others raise after FLOW_TIMEOUT; continued, it raises too", function()
     if ws < 2 then return pending("needs 2 ranks or more") end
     local pids = flow._allgather_strings(assert(io.open("/proc/self/stat")):read("l"):match("^(%d+)"))
-    flow._set_timeout(1)
-    local err = fails(function()
-      if me == 1 then os.execute("kill -STOP " .. pids[2]) end
-      return x:to_global(P, B)
-    end)
+    local err = late(1, function() os.execute("kill -STOP " .. pids[2]) end)
     if me == 0 then os.execute("kill -CONT " .. pids[2]) end
-    if me == 1 then
-      assert.matches("^%[rank 1%] to_global: rank %d+ gave up waiting", err)
-    else
-      assert.matches(("^%%[rank %d%%] to_global: .*waited %%d+ s %%(FLOW_TIMEOUT%%) for rank 1"):format(me), err)
-    end
+    rank1_was_late(err)
   end)
 end)
