@@ -3,11 +3,8 @@
 #include "comm.h"
 
 #include <limits.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +50,8 @@ double flow_comm_timeout(void) {
 #ifdef FLOW_HAVE_MPI
 #include <mpi.h>
 
+#include "comm_mpi.h"
+
 /* MPI keeps allocations until exit by design, in components it loads and unloads itself, where
  * LeakSanitizer's fast unwinder cannot see whose they are: its set-up and tear-down are not ours
  * to check. */
@@ -73,18 +72,7 @@ static bool we_started;
 
 /* ---- MPI backend ------------------------------------------------------------------------------ */
 
-/* A communicator's MPI state. Handshakes go over a duplicate of the data communicator, so their
- * small messages never meet data messages. */
-typedef struct record record;
-typedef struct mpi_impl {
-  MPI_Comm comm, ctl;
-  unsigned long long seq; /* handshakes made on it so far: the same count on every rank */
-  record *out;            /* this rank's last record, read by MPI until its sends complete */
-  MPI_Request *sends;     /* one per rank (MPI_REQUEST_NULL for itself) */
-} mpi_impl;
-
-static mpi_impl *impl_of(flow_comm *c) { return c->impl; }
-static MPI_Comm mpi(flow_comm *c) { return impl_of(c)->comm; }
+static MPI_Comm mpi(flow_comm *c) { return flow_comm_mpi_of(c)->comm; }
 
 static MPI_Datatype mpi_type(flow_dtype dt) {
   switch (dt) {
@@ -97,84 +85,16 @@ static MPI_Datatype mpi_type(flow_dtype dt) {
   }
 }
 
-static int mpi_fail(const char *what, int rc) {
+int flow_comm_mpi_fail(const char *what, int rc) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   return flow_error_set("[rank %d] %s failed: %s", flow_comm_rank(), what, msg);
 }
 
-/* ---- watchdog ------------------------------------------------------------------------------------
- * Data collectives run blocking, at the speed of MPI's tuned algorithms (its non-blocking ones are
- * slower), after a handshake saw every rank arrive. A peer that dies or stops between the two would
- * leave the others inside the collective for good: each thread marks when it entered one, and a
- * watchdog thread ends the job when a mark is older than FLOW_TIMEOUT + 10 s. The marks cost a
- * clock read per collective. */
-
-#define WATCH_SLOTS 64
-static struct watch {
-  _Atomic long long since_ns; /* 0: not in a collective */
-  const char *_Atomic what;
-} watch[WATCH_SLOTS];
-static atomic_int watch_used;
-static _Thread_local int watch_slot = -1;
-static pthread_once_t watch_once = PTHREAD_ONCE_INIT;
-
-static long long now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-static void *watchdog(void *arg) {
-  (void)arg;
-  for (;;) {
-    struct timespec nap = {0, 250000000};
-    nanosleep(&nap, NULL);
-    long long now = now_ns(), limit = (long long)((flow_comm_timeout() + 10) * 1e9);
-    int used = atomic_load(&watch_used);
-    for (int i = 0; i < used && i < WATCH_SLOTS; i++) {
-      long long since = atomic_load(&watch[i].since_ns);
-      if (since == 0 || now - since <= limit) continue;
-      fprintf(stderr, "[rank %d] %s: no progress for %.0f s (FLOW_TIMEOUT %.0f s + 10 s): a peer rank died or "
-              "stopped inside this collective, or never called it; ending the job\n", flow_comm_rank(),
-              atomic_load(&watch[i].what), (double)(now - since) * 1e-9, flow_comm_timeout());
-      fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
-    }
-  }
-  return NULL;
-}
-
-static void watchdog_start(void) {
-  pthread_t t;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  lsan_off();
-  pthread_create(&t, &a, watchdog, NULL);
-  lsan_on();
-  pthread_attr_destroy(&a);
-}
-
-static void watch_enter(const char *what) {
-  if (watch_slot < 0) {
-    if (flow_comm_size() < 2) return;
-    pthread_once(&watch_once, watchdog_start);
-    watch_slot = atomic_fetch_add(&watch_used, 1);
-  }
-  if (watch_slot >= WATCH_SLOTS) return; /* more threads than slots: this one goes unwatched */
-  atomic_store(&watch[watch_slot].what, what);
-  atomic_store(&watch[watch_slot].since_ns, now_ns());
-}
-
-static void watch_leave(void) {
-  if (watch_slot >= 0 && watch_slot < WATCH_SLOTS) atomic_store(&watch[watch_slot].since_ns, 0);
-}
-
 /* A blocking MPI call, watched; its failure is an error naming `what`. */
-#define CHECK(what, call) do { watch_enter(what); int rc_ = (call); watch_leave(); \
-                               if (rc_ != MPI_SUCCESS) return mpi_fail(what, rc_); } while (0)
+#define CHECK(what, call) do { flow_comm_watch_enter(what); int rc_ = (call); flow_comm_watch_leave(); \
+                               if (rc_ != MPI_SUCCESS) return flow_comm_mpi_fail(what, rc_); } while (0)
 
 /* MPI counts are ints: convert, refusing what does not fit. */
 static int to_ints(const char *what, const size_t *v, int n, int *out) {
@@ -217,10 +137,10 @@ static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
   if (!ic) return flow_error_set("all-gather: out of memory");
   int rc = to_ints("all-gather", counts, c->size, ic) || to_ints("all-gather", displs, c->size, ic + c->size);
   if (rc == 0) {
-    watch_enter("all-gather");
+    flow_comm_watch_enter("all-gather");
     int e = MPI_Allgatherv(send, (int)count, t, recv, ic, ic + c->size, t, mpi(c));
-    watch_leave();
-    if (e != MPI_SUCCESS) rc = mpi_fail("all-gather", e);
+    flow_comm_watch_leave();
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("all-gather", e);
   }
   free(ic);
   return rc;
@@ -289,10 +209,10 @@ static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, co
   int rc = to_ints("all-to-all", scounts, n, ic) || to_ints("all-to-all", sdispls, n, ic + n) ||
            to_ints("all-to-all", rcounts, n, ic + 2 * n) || to_ints("all-to-all", rdispls, n, ic + 3 * n);
   if (rc == 0) {
-    watch_enter("all-to-all");
+    flow_comm_watch_enter("all-to-all");
     int e = MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, mpi(c));
-    watch_leave();
-    if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
+    flow_comm_watch_leave();
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("all-to-all", e);
   }
   free(ic);
   return rc;
@@ -315,16 +235,16 @@ static int m_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_blo
     }
     int e = MPI_Type_vector((int)b->rows, (int)b->run, (int)b->stride, mpi_type(dt), &types[k]);
     if (e == MPI_SUCCESS) e = MPI_Type_commit(&types[k]);
-    if (e != MPI_SUCCESS) { rc = mpi_fail("all-to-all", e); break; }
+    if (e != MPI_SUCCESS) { rc = flow_comm_mpi_fail("all-to-all", e); break; }
     made = k + 1;
     ints[k] = b->rows && b->run ? 1 : 0;                /* counts: send then recv */
     ints[2 * n + k] = (int)(b->offset * es);            /* byte displacements */
   }
   if (rc == 0) {
-    watch_enter("all-to-all");
+    flow_comm_watch_enter("all-to-all");
     int e = MPI_Alltoallw(send, ints, ints + 2 * n, types, recv, ints + n, ints + 3 * n, types + n, mpi(c));
-    watch_leave();
-    if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
+    flow_comm_watch_leave();
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("all-to-all", e);
   }
   for (int k = 0; k < made; k++) MPI_Type_free(&types[k]);
   free(ints);
@@ -355,12 +275,7 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
  * waited for may be one), then nap (doubling up to 200 us) to give the core away while nothing
  * arrives: a rank that waits on a peer (a pipeline stage waiting for the previous one's
  * activations) would otherwise spin on a core its own compute thread needs. */
-typedef struct backoff {
-  struct timespec t0, nap;
-  long spins;
-} backoff;
-
-static void backoff_start(backoff *b) {
+void flow_comm_backoff_start(flow_comm_backoff *b) {
   clock_gettime(CLOCK_MONOTONIC, &b->t0);
   b->nap = (struct timespec){0, 0};
   b->spins = 0;
@@ -373,7 +288,7 @@ static double seconds_since(const struct timespec *t0) {
 }
 
 /* One pause between two polls; returns the seconds waited since backoff_start. */
-static double backoff_pause(backoff *b) {
+double flow_comm_backoff_pause(flow_comm_backoff *b) {
   if (b->spins++ < 100) return 0;
   double waited = seconds_since(&b->t0);
   if (waited < 1e-3) {
@@ -387,7 +302,7 @@ static double backoff_pause(backoff *b) {
 
 /* Receives still pending are cancelled (a late message then stays in MPI's queue, where the next
  * receive with the same tag discards or takes it); sends complete in the background. */
-static void drop_requests(int n, MPI_Request *req, bool *arrived) {
+void flow_comm_drop_requests(int n, MPI_Request *req, bool *arrived) {
   for (int i = 0; i < n; i++) {
     if (req[i] == MPI_REQUEST_NULL) continue;
     MPI_Status st;
@@ -405,15 +320,15 @@ static void drop_requests(int n, MPI_Request *req, bool *arrived) {
  * error naming the transfer. */
 static int wait_all(const char *what, int n, MPI_Request *req) {
   double timeout = flow_comm_timeout();
-  backoff b;
-  backoff_start(&b);
+  flow_comm_backoff b;
+  flow_comm_backoff_start(&b);
   for (;;) {
     int done = 0, e = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
-    if (e != MPI_SUCCESS) return mpi_fail(what, e);
+    if (e != MPI_SUCCESS) return flow_comm_mpi_fail(what, e);
     if (done) return 0;
-    double waited = backoff_pause(&b);
+    double waited = flow_comm_backoff_pause(&b);
     if (waited > timeout) {
-      drop_requests(n, req, NULL);
+      flow_comm_drop_requests(n, req, NULL);
       return flow_error_set("[rank %d] %s: nothing arrived for %.0f s (FLOW_TIMEOUT): a peer rank stopped or "
                             "skipped this transfer", flow_comm_rank(), what, waited);
     }
@@ -428,13 +343,13 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
   for (int i = 0; i < nrecv && rc == 0; i++) {
     if (recvs[i].count > INT_MAX) { rc = flow_error_set("exchange: a message is too large for MPI"); break; }
     int e = MPI_Irecv(recvs[i].buf, (int)recvs[i].count, mpi_type(dt), recvs[i].peer, tag, mpi(c), &req[n]);
-    if (e != MPI_SUCCESS) rc = mpi_fail("recv", e);
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("recv", e);
     else n++;
   }
   for (int i = 0; i < nsend && rc == 0; i++) {
     if (sends[i].count > INT_MAX) { rc = flow_error_set("exchange: a message is too large for MPI"); break; }
     int e = MPI_Isend(sends[i].buf, (int)sends[i].count, mpi_type(dt), sends[i].peer, tag, mpi(c), &req[n]);
-    if (e != MPI_SUCCESS) rc = mpi_fail("send", e);
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("send", e);
     else n++;
   }
   int e = rc == 0 ? wait_all("exchange", n, req) : (MPI_Waitall(n, req, MPI_STATUSES_IGNORE), -1);
@@ -443,226 +358,14 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
   return rc;
 }
 
-/* ---- the handshake: agreement, liveness and the failure channel ---------------------------------
- * Point to point over the control communicator, in a star: every rank sends the leader (rank 0 of
- * the communicator) a small record (the handshake's number on this communicator, its value, its
- * op), and the leader answers each with the verdict (min and max of the values, or who failed, or
- * that it gave up). Point to point rather than an all-reduce, because a wait that times out can
- * then name the ranks whose record did not come and cancel its receives, which a collective
- * cannot; a star, because a rank moves on only on the leader's word, so all move on or none do.
- * - A failing rank sends a record (or, as the leader, a verdict) marked failed, with its message,
- *   and goes on without waiting; the others raise with that message.
- * - The leader gives up after FLOW_TIMEOUT: its verdict names the ranks that did not arrive, and a
- *   late rank finds it waiting. The others give up 2 s later (the leader itself did not answer)
- *   and withdraw their record, which a late leader checks before it lets anyone move data.
- * - Messages of a handshake a rank failed or gave up carry an older number and are dropped. */
-
-enum { TAG_RECORD = 1, TAG_VERDICT = 2, TAG_WITHDRAW = 3 };
-enum { HS_OK, HS_FAILED, HS_CANCELLED };
-
-struct record {
-  unsigned long long seq;
-  long long lo, hi;
-  int status, rank; /* a verdict's HS_FAILED: the rank that failed */
-  char what[64];
-  char msg[768];    /* a failure's or a cancel's message; only its used part is sent */
-};
-
-static void fill(record *r, long long v, int status, int rank, const char *what, const char *msg) {
-  r->lo = r->hi = v;
-  r->status = status;
-  r->rank = rank;
-  snprintf(r->what, sizeof r->what, "%s", what);
-  snprintf(r->msg, sizeof r->msg, "%s", msg);
-}
-
-/* Wait for this rank's previous sends to be out, then send r as this handshake's message to `to`
- * (-1: every peer). */
-static int send_record(flow_comm *c, int tag, int to, const record *r) {
-  mpi_impl *im = impl_of(c);
-  int n = c->size, done = 0;
-  for (int k = 0; k < 100000 && !done; k++) MPI_Testall(n, im->sends, &done, MPI_STATUSES_IGNORE);
-  if (!done) { /* a send still under way (a stopped peer): let it finish with its own buffer */
-    for (int q = 0; q < n; q++)
-      if (im->sends[q] != MPI_REQUEST_NULL) MPI_Request_free(&im->sends[q]);
-    im->out = malloc(sizeof *im->out);
-    if (!im->out) return flow_error_set("handshake: out of memory");
-  }
-  memcpy(im->out, r, offsetof(record, msg));
-  snprintf(im->out->msg, sizeof im->out->msg, "%s", r->msg);
-  im->out->seq = im->seq;
-  int bytes = (int)(offsetof(record, msg) + strlen(im->out->msg) + 1);
-  for (int q = 0; q < n; q++) {
-    if (q == c->rank || (to >= 0 && q != to)) continue;
-    int e = MPI_Isend(im->out, bytes, MPI_BYTE, q, tag, im->ctl, &im->sends[q]);
-    if (e != MPI_SUCCESS) return mpi_fail("handshake", e);
-  }
-  return 0;
-}
-
-/* Receive into the records of the ranks whose req is active until each holds this handshake's
- * number (older ones are dropped and received again), or the time runs out: 1 then, with the
- * requests still active. */
-static int await(flow_comm *c, int tag, int n, record *got, MPI_Request *req, double timeout, double *waited) {
-  mpi_impl *im = impl_of(c);
-  int left = 0, idx[n];
-  for (int q = 0; q < n; q++) left += req[q] != MPI_REQUEST_NULL;
-  backoff b;
-  backoff_start(&b);
-  *waited = 0;
-  while (left > 0) {
-    int k = 0, e = MPI_Testsome(n, req, &k, idx, MPI_STATUSES_IGNORE);
-    if (e != MPI_SUCCESS) return mpi_fail("handshake", e);
-    for (int i = 0; i < (k == MPI_UNDEFINED ? 0 : k); i++) {
-      int q = idx[i];
-      if (got[q].seq < im->seq) e = MPI_Irecv(&got[q], (int)sizeof got[q], MPI_BYTE, q, tag, im->ctl, &req[q]);
-      else if (got[q].seq > im->seq)
-        return flow_error_set("[rank %d] handshake: rank %d is at handshake %llu but this rank at %llu: the ranks are "
-                              "out of step", c->rank, q, got[q].seq, im->seq);
-      else left--;
-      if (e != MPI_SUCCESS) return mpi_fail("handshake", e);
-    }
-    if (left > 0 && (*waited = backoff_pause(&b)) > timeout) return 1;
-  }
-  return 0;
-}
-
-/* A member that gave up on this handshake (the leader was late): its withdraw message, if one came.
- * Open MPI's probe matches before it progresses, so probe a few times. */
-static bool withdrawn(flow_comm *c, int *who) {
-  mpi_impl *im = impl_of(c);
-  for (int tries = 0; tries < 4; tries++) {
-    int flag = 0;
-    MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_WITHDRAW, im->ctl, &flag, &st) != MPI_SUCCESS) return false;
-    if (!flag) continue;
-    unsigned long long seq;
-    MPI_Recv(&seq, 1, MPI_UNSIGNED_LONG_LONG, st.MPI_SOURCE, TAG_WITHDRAW, im->ctl, MPI_STATUS_IGNORE);
-    if (seq == im->seq) { *who = st.MPI_SOURCE; return true; }
-    tries = -1; /* an old one: look again */
-  }
-  return false;
-}
-
-/* The leader: gather every record, then send the verdict to every peer (also to ranks that did not
- * arrive, which find it when they do). v: the verdict. */
-static int lead(flow_comm *c, const char *what, long long mine, record *v) {
-  mpi_impl *im = impl_of(c);
-  int n = c->size, rc = 0;
-  record *got = malloc((size_t)n * sizeof *got);
-  MPI_Request *req = malloc((size_t)n * sizeof *req);
-  if (!got || !req) { free(got); free(req); return flow_error_set("handshake: out of memory"); }
-  for (int q = 0; q < n && rc == 0; q++) {
-    req[q] = MPI_REQUEST_NULL;
-    got[q].seq = 0;
-    if (q == c->rank) continue;
-    int e = MPI_Irecv(&got[q], (int)sizeof got[q], MPI_BYTE, q, TAG_RECORD, im->ctl, &req[q]);
-    if (e != MPI_SUCCESS) rc = mpi_fail("handshake", e);
-  }
-  double waited = 0;
-  int late = rc == 0 ? await(c, TAG_RECORD, n, got, req, flow_comm_timeout(), &waited) : -1;
-  fill(v, mine, HS_OK, c->rank, what, "");
-  int who;
-  if (late < 0) {
-    drop_requests(n, req, NULL);
-    rc = -1;
-  } else if (late) { /* name the ranks whose record did not come, and where the others are */
-    bool *arrived = calloc((size_t)n, sizeof *arrived);
-    drop_requests(n, req, arrived);
-    size_t len = (size_t)snprintf(v->msg, sizeof v->msg, "waited %.0f s (FLOW_TIMEOUT) for rank", waited);
-    for (int q = 0, first = 1; q < n && len < sizeof v->msg; q++)
-      if (q != c->rank && got[q].seq != im->seq && !(arrived && arrived[q])) {
-        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s %d", first ? "" : ",", q);
-        first = 0;
-      }
-    if (len < sizeof v->msg)
-      len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", which did not arrive (stopped, stuck, failed "
-                              "outside a global op or took another path); rank %d is at %s", c->rank, what);
-    for (int q = 0; q < n && len < sizeof v->msg; q++)
-      if (q != c->rank && got[q].seq == im->seq)
-        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", rank %d at %s", q, got[q].what);
-    free(arrived);
-    v->status = HS_CANCELLED;
-  } else if (withdrawn(c, &who)) {
-    snprintf(v->msg, sizeof v->msg, "rank %d gave up waiting for this rank, the handshake's leader (FLOW_TIMEOUT)", who);
-    v->status = HS_CANCELLED;
-  } else {
-    for (int q = 0; q < n; q++) {
-      if (q == c->rank) continue;
-      if (got[q].status == HS_FAILED && v->status == HS_OK) {
-        v->status = HS_FAILED;
-        v->rank = q;
-        snprintf(v->msg, sizeof v->msg, "%s", got[q].msg);
-      }
-      if (got[q].lo < v->lo) v->lo = got[q].lo;
-      if (got[q].hi > v->hi) v->hi = got[q].hi;
-    }
-  }
-  if (rc == 0) rc = send_record(c, TAG_VERDICT, -1, v);
-  free(got);
-  free(req);
-  return rc;
-}
-
-/* A member: send the record to the leader (rank 0), wait for its verdict v. */
-static int follow(flow_comm *c, const char *what, long long mine, record *v) {
-  mpi_impl *im = impl_of(c);
-  fill(v, mine, HS_OK, c->rank, what, "");
-  int rc = send_record(c, TAG_RECORD, 0, v);
-  if (rc != 0) return rc;
-  MPI_Request req;
-  v->seq = 0;
-  int e = MPI_Irecv(v, (int)sizeof *v, MPI_BYTE, 0, TAG_VERDICT, im->ctl, &req);
-  if (e != MPI_SUCCESS) return mpi_fail("handshake", e);
-  double waited;
-  int late = await(c, TAG_VERDICT, 1, v, &req, flow_comm_timeout() + 2, &waited); /* the leader gives up first */
-  if (late == 0) return 0;
-  drop_requests(1, &req, NULL);
-  if (late < 0) return -1;
-  MPI_Send(&im->seq, 1, MPI_UNSIGNED_LONG_LONG, 0, TAG_WITHDRAW, im->ctl);
-  return flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT + 2 s) for rank 0, which leads this handshake and "
-                        "did not answer (stopped, stuck, failed outside a global op or took another path)",
-                        c->rank, what, waited);
-}
-
-static int m_handshake(flow_comm *c, const char *what, long long v, long long *min, long long *max) {
-  *min = *max = v;
-  if (c->size < 2) return 0;
-  impl_of(c)->seq++;
-  record r;
-  int rc = c->rank == 0 ? lead(c, what, v, &r) : follow(c, what, v, &r);
-  if (rc != 0) return rc;
-  if (r.status == HS_FAILED) {
-    const char *m = r.msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
-    return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r.rank, tail ? tail + 2 : m);
-  }
-  if (r.status == HS_CANCELLED)
-    return flow_error_set(c->rank == 0 ? "[rank %d] %s: %s" : "[rank %d] %s: rank 0 gave up waiting, so no rank moves "
-                          "data here: %s", c->rank, what, r.msg);
-  *min = r.lo;
-  *max = r.hi;
-  return 0;
-}
-
-static void m_fail(flow_comm *c, const char *what, const char *msg) {
-  if (c->size < 2) return;
-  impl_of(c)->seq++;
-  char keep[1024];
-  snprintf(keep, sizeof keep, "%s", flow_error_get());
-  record r;
-  fill(&r, 0, HS_FAILED, c->rank, what, msg);
-  send_record(c, c->rank == 0 ? TAG_VERDICT : TAG_RECORD, c->rank == 0 ? -1 : 0, &r);
-  flow_error_set("%s", keep);
-}
-
 static int m_minmax(flow_comm *c, long long v, long long *min, long long *max) {
-  return m_handshake(c, "agreement check", v, min, max);
+  return flow_comm_handshake_mpi(c, "agreement check", v, min, max);
 }
 
 /* A handshake whose value says "barrier": a rank that meets another's global op here is out of step. */
 static int m_barrier(flow_comm *c) {
   long long lo, hi;
-  if (m_handshake(c, "barrier", -2, &lo, &hi) != 0) return -1;
+  if (flow_comm_handshake_mpi(c, "barrier", -2, &lo, &hi) != 0) return -1;
   if (lo != hi)
     return flow_error_set("[rank %d] barrier: another rank is at a global op's handshake here, not at this barrier "
                           "(the ranks took different paths)", c->rank);
@@ -674,8 +377,8 @@ static const flow_comm_ops mpi_ops;
 /* Collective over m (it duplicates m for the handshakes). */
 static flow_comm *wrap(MPI_Comm m) {
   flow_comm *c = calloc(1, sizeof *c);
-  mpi_impl *h = calloc(1, sizeof *h);
-  if (h) h->out = malloc(sizeof *h->out);
+  flow_comm_mpi *h = calloc(1, sizeof *h);
+  if (h) h->out = flow_comm_record_new();
   int size = 0;
   MPI_Comm_size(m, &size);
   if (h) h->sends = malloc((size_t)size * sizeof *h->sends);
@@ -692,7 +395,7 @@ static flow_comm *wrap(MPI_Comm m) {
   lsan_on();
   if (e != MPI_SUCCESS) {
     free(h->out); free(h->sends); free(h); free(c);
-    mpi_fail("communicator", e);
+    flow_comm_mpi_fail("communicator", e);
     return NULL;
   }
   MPI_Comm_set_errhandler(h->ctl, MPI_ERRORS_RETURN);
@@ -710,19 +413,19 @@ static int m_group(flow_comm *c, const int *members, int n, flow_comm **out) {
   CHECK("communicator group", MPI_Comm_group(mpi(c), &all));
   int rc = MPI_Group_incl(all, n, members, &sub);
   MPI_Group_free(&all);
-  if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
+  if (rc != MPI_SUCCESS) return flow_comm_mpi_fail("communicator group", rc);
   lsan_off();
   rc = MPI_Comm_create_group(mpi(c), sub, 7, &m);
   lsan_on();
   MPI_Group_free(&sub);
-  if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
+  if (rc != MPI_SUCCESS) return flow_comm_mpi_fail("communicator group", rc);
   MPI_Comm_set_errhandler(m, MPI_ERRORS_RETURN);
   *out = wrap(m);
   return *out ? 0 : -1;
 }
 
 static void m_free(flow_comm *c) {
-  mpi_impl *h = impl_of(c);
+  flow_comm_mpi *h = flow_comm_mpi_of(c);
   int fin = 0, done = 0;
   MPI_Finalized(&fin);
   if (!fin) MPI_Testall(c->size, h->sends, &done, MPI_STATUSES_IGNORE);
@@ -741,7 +444,7 @@ static const flow_comm_ops mpi_ops = {
     .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
     .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
     .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier,
-    .handshake = m_handshake, .fail = m_fail, .minmax = m_minmax,
+    .handshake = flow_comm_handshake_mpi, .fail = flow_comm_fail_mpi, .minmax = m_minmax,
     .group = m_group, .free = m_free};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */
