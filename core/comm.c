@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm_local.h"
 #include "device.h"
 #include "error.h"
 
@@ -518,6 +519,7 @@ int flow_comm_init_mpi(void) {
 
 int flow_comm_init(void) {
   if (world) return 0;
+  if ((world = flow_comm_local_world())) return 0;
   if (want_mpi()) return flow_comm_init_mpi();
   world = flow_comm_self_new();
   return world ? 0 : -1;
@@ -540,6 +542,7 @@ void flow_comm_finalize(void) {
 }
 
 void flow_comm_abort(int code) {
+  flow_comm_local_abort(code);
   int fin = 0;
   MPI_Finalized(&fin);
   if (!flow_comm_uses_mpi() || world->size < 2 || fin) return;
@@ -552,7 +555,11 @@ int flow_comm_node_local(int *rank, int *size) {
   *rank = 0;
   *size = 1;
   if (!world && flow_comm_init() != 0) return -1;
-  if (!flow_comm_uses_mpi()) return 0;
+  if (!flow_comm_uses_mpi()) { /* one rank, or ranks launched by --ranks: all on this node */
+    *rank = world->rank;
+    *size = world->size;
+    return 0;
+  }
   MPI_Comm node;
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
     return flow_error_set("MPI_Comm_split_type failed");
@@ -565,7 +572,7 @@ int flow_comm_node_local(int *rank, int *size) {
 #else /* no MPI: a world of one */
 
 int flow_comm_init(void) {
-  if (!world) world = flow_comm_self_new();
+  if (!world && !(world = flow_comm_local_world())) world = flow_comm_self_new();
   return world ? 0 : -1;
 }
 
@@ -573,7 +580,7 @@ int flow_comm_init_mpi(void) { return flow_error_set("flow_comm_init_mpi: this b
 
 bool flow_comm_uses_mpi(void) { return false; }
 
-void flow_comm_abort(int code) { (void)code; }
+void flow_comm_abort(int code) { flow_comm_local_abort(code); }
 
 void flow_comm_finalize(void) {
   free_cached();
@@ -581,9 +588,10 @@ void flow_comm_finalize(void) {
   world = NULL;
 }
 
-int flow_comm_node_local(int *rank, int *size) {
-  *rank = 0;
-  *size = 1;
+int flow_comm_node_local(int *rank, int *size) { /* one rank, or ranks launched by --ranks */
+  if (flow_comm_init() != 0) return -1;
+  *rank = world->rank;
+  *size = world->size;
   return 0;
 }
 

@@ -79,9 +79,14 @@ struct flow_comm {
 double flow_comm_timeout(void);
 void flow_comm_set_timeout(double seconds);
 
-/* The world: MPI's when launched by mpirun/srun (or FLOW_MPI=1, or MPI already running), else a
- * world of one without MPI (comm_self.c); idempotent. */
+/* The world: the launched ranks' in a rank of `flowlua --ranks n` (comm_local.c), MPI's when
+ * launched by mpirun/srun (or FLOW_MPI=1, or MPI already running), else a world of one without MPI
+ * (comm_self.c); idempotent. */
 int flow_comm_init(void);
+/* `flowlua --ranks n`: fork n rank processes joined by comm_local.c's backend, whose world is then
+ * flow_comm_init's. Returns 0 in each rank; the launching process waits for them and exits with the
+ * first failing rank's status, ending the others (0 when all succeed). -1 + error when n < 1. */
+int flow_comm_launch_local(int n, const char *prog);
 /* Start MPI now and make its world this process's world (a singleton without a launcher); for a
  * user who asks for MPI. Error in a build without MPI, or after MPI was finalized. */
 int flow_comm_init_mpi(void);

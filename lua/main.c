@@ -1,7 +1,7 @@
 /* flowlua: a Lua 5.4 interpreter with the flow module built in, a drop-in for lua5.4:
  *   flowlua [options] [script [args]]
  * Options as lua5.4's (-e stat, -i, -l mod, -l g=mod, -v, -E, -W, --, -), LUA_INIT_5_4/LUA_INIT,
- * and the `flow` global. Unlike lua5.4, stdin that is not a terminal runs through the REPL (values
+ * and the `flow` global; --ranks n runs n ranks without mpirun (core/comm_launch.c). Unlike lua5.4, stdin that is not a terminal runs through the REPL (values
  * print; rank 0's stdin feeds every rank under mpirun); `flowlua -` runs it as a script. */
 #include <lauxlib.h>
 #include <lua.h>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../core/comm.h"
+#include "../core/error.h"
 #include "repl.h"
 
 int luaopen_flow(lua_State *L);
@@ -242,6 +243,32 @@ static int collect_args(char **argv, int argc, int *first) {
   return args;
 }
 
+/* --ranks n (or --ranks=n) among the options before the script: taken out of argv; 0 when absent,
+ * -1 (after a message) when n is not a number of ranks. */
+static int take_ranks(int *argc, char **argv) {
+  int n = 0;
+  for (int i = 1; i < *argc; i++) {
+    const char *a = argv[i], *v = NULL;
+    if (a[0] != '-' || !a[1] || strcmp(a, "--") == 0) break; /* the script, "-" or "--": options end */
+    int take = 0;
+    if (strcmp(a, "--ranks") == 0) { v = i + 1 < *argc ? argv[i + 1] : ""; take = 2; }
+    else if (strncmp(a, "--ranks=", 8) == 0) { v = a + 8; take = 1; }
+    else if ((a[1] == 'e' || a[1] == 'l') && !a[2]) { i++; continue; }
+    if (!take) continue;
+    char *end;
+    long k = strtol(v, &end, 10);
+    if (!*v || *end || k < 1 || k > 1024) {
+      fprintf(stderr, "%s: --ranks needs a number of ranks from 1 to 1024, not '%s'\n", progname, v);
+      return -1;
+    }
+    n = (int)k;
+    memmove(argv + i, argv + i + take, (size_t)(*argc - i - take + 1) * sizeof *argv);
+    *argc -= take;
+    i--;
+  }
+  return n;
+}
+
 static void print_usage(const char *bad) {
   if (bad[1] == 'e' || bad[1] == 'l') fprintf(stderr, "%s: '%s' needs argument\n", progname, bad);
   else fprintf(stderr, "%s: unrecognized option '%s'\n", progname, bad);
@@ -255,6 +282,7 @@ static void print_usage(const char *bad) {
           "  -v        show version information\n"
           "  -E        ignore environment variables\n"
           "  -W        turn warnings on\n"
+          "  --ranks n run n ranks, as mpirun -np n would (each a process; rank 0 has stdin)\n"
           "  --        stop handling options\n"
           "  -         stop handling options and execute stdin\n",
           progname);
@@ -314,6 +342,12 @@ static int pmain(lua_State *L) {
 
 int main(int argc, char **argv) {
   if (argv[0] && argv[0][0]) progname = argv[0];
+  int ranks = take_ranks(&argc, argv);
+  if (ranks < 0) return EXIT_FAILURE;
+  if (ranks > 0 && flow_comm_launch_local(ranks, progname) != 0) { /* returns in each rank */
+    fprintf(stderr, "%s: %s\n", progname, flow_error_get());
+    return EXIT_FAILURE;
+  }
   static small_pool pool;
   static warn_state warn;
   lua_State *L = lua_newstate(lua_alloc, &pool);

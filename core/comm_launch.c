@@ -1,0 +1,146 @@
+/* `flowlua --ranks N`: N rank processes forked from one flowlua and joined by a full mesh of
+ * Unix-domain sockets (comm_local.c), a job with mpirun's semantics and no mpirun. The launching
+ * process stays as the job's parent: it waits for the ranks and ends the job as mpirun does. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm_local.h"
+#include "error.h"
+
+static volatile sig_atomic_t asked_to_end; /* a signal that ends the job (SIGTERM, SIGHUP) */
+
+static void on_end(int sig) { asked_to_end = sig; }
+
+/* The parent: wait for every rank. The first that fails (a non-zero status, or a signal) ends the
+ * others at once, as mpirun ends a job when a rank aborts or dies; its status is the job's. */
+static int wait_ranks(int n, const pid_t *pid, const char *prog) {
+  int left = n, code = 0;
+  bool *done = calloc((size_t)n, sizeof *done);
+  while (left > 0) {
+    int st;
+    pid_t p = waitpid(-1, &st, 0);
+    if (p < 0) {
+      if (errno != EINTR) break;
+      if (asked_to_end)
+        for (int r = 0; r < n; r++)
+          if (!done || !done[r]) kill(pid[r], (int)asked_to_end);
+      continue;
+    }
+    int r = 0;
+    while (r < n && pid[r] != p) r++;
+    if (r == n) continue;
+    if (done) done[r] = true;
+    left--;
+    int failed = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 0;
+    if (!failed || code) continue;
+    code = failed;
+    if (WIFEXITED(st))
+      fprintf(stderr, "%s: rank %d exited with status %d%s\n", prog, r, failed, left ? "; ending the job" : "");
+    else
+      fprintf(stderr, "%s: rank %d was killed by signal %d (%s)%s\n", prog, r, WTERMSIG(st), strsignal(WTERMSIG(st)),
+              left ? "; ending the job" : "");
+    fflush(stderr);
+    for (int q = 0; q < n; q++)
+      if (!done || !done[q]) kill(pid[q], SIGKILL);
+  }
+  free(done);
+  return code;
+}
+
+/* The child that is rank r: its row of the mesh, its terminal and signals as under mpirun. */
+static void become_rank(int r, int n, int *fd, pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* the job ends with its parent */
+  if (getppid() != parent) _exit(EXIT_FAILURE);
+  int *row = malloc((size_t)n * sizeof *row);
+  if (!row) _exit(EXIT_FAILURE);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      if (i == j) continue;
+      if (i == r) row[j] = fd[i * n + j];
+      else close(fd[i * n + j]);
+    }
+  row[r] = -1;
+  signal(SIGINT, SIG_DFL);
+  signal(SIGQUIT, SIG_DFL);
+  if (r > 0) {
+    /* only rank 0 reads stdin, and a Ctrl-C at the terminal reaches rank 0 alone (the REPL passes
+     * it on), as under mpirun */
+    setpgid(0, 0);
+    int null = open("/dev/null", O_RDONLY);
+    if (null >= 0) { dup2(null, 0); close(null); }
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0); /* the ranks share the output: whole lines, as mpirun passes them on */
+  /* the ranks share the cores: oneDNN's OpenMP team gets this rank's share (mpirun binds a rank to
+   * one core), unless the user chose */
+  if (!getenv("FLOW_NUM_THREADS") && !getenv("OMP_NUM_THREADS")) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char k[24];
+    snprintf(k, sizeof k, "%ld", cores / n > 1 ? cores / n : 1);
+    setenv("FLOW_NUM_THREADS", k, 1);
+  }
+  flow_comm_local_join(r, n, row);
+  free(row);
+}
+
+int flow_comm_launch_local(int n, const char *prog) {
+  if (n < 1) return flow_error_set("--ranks: the number of ranks must be at least 1 (got %d)", n);
+  int *fd = malloc((size_t)n * (size_t)n * sizeof *fd);
+  pid_t *pid = calloc((size_t)n, sizeof *pid);
+  if (!fd || !pid) { free(fd); free(pid); return flow_error_set("--ranks: out of memory"); }
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) {
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return flow_error_set("--ranks: cannot connect %d ranks: %s", n, strerror(errno));
+      /* a send that makes no progress for a second returns, to check its deadline */
+      struct timeval second = {1, 0};
+      int big = 1 << 20;
+      for (int k = 0; k < 2; k++) {
+        setsockopt(sv[k], SOL_SOCKET, SO_SNDTIMEO, &second, sizeof second);
+        setsockopt(sv[k], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+      }
+      fd[i * n + j] = sv[0];
+      fd[j * n + i] = sv[1];
+    }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t parent = getpid();
+  /* the parent leaves Ctrl-C to rank 0 (which ends, or, in the REPL, interrupts its line) */
+  signal(SIGINT, SIG_IGN);
+  signal(SIGQUIT, SIG_IGN);
+  for (int r = 0; r < n; r++) {
+    pid[r] = fork();
+    if (pid[r] == 0) {
+      free(pid);
+      become_rank(r, n, fd, parent);
+      free(fd);
+      return 0;
+    }
+    if (pid[r] < 0) {
+      fprintf(stderr, "%s: --ranks: cannot start rank %d: %s\n", prog, r, strerror(errno));
+      for (int q = 0; q < r; q++) kill(pid[q], SIGKILL);
+      exit(EXIT_FAILURE);
+    }
+  }
+  for (int i = 0; i < n * n; i++)
+    if (i / n != i % n) close(fd[i]);
+  free(fd);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_end;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  int code = wait_ranks(n, pid, prog);
+  free(pid);
+  exit(code);
+}

@@ -1,0 +1,720 @@
+/* The communicator backend of `flowlua --ranks N` (comm.h): the ranks are processes forked by one
+ * flowlua (comm_launch.c), joined by a full mesh of Unix-domain socket pairs, and every collective
+ * is point-to-point messages over them.
+ *
+ * Why processes and not threads with a Lua state each: a rank's state lives in process globals
+ * (interned placements, the world and its cached communicators, the agreement check, the RNG, the
+ * kernel caches), as it does under mpirun. A process per rank isolates them as mpirun does, with
+ * nothing to move into a per-rank context, so the semantics are mpirun's by construction. */
+#include "comm_local.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+
+/* ---- the transport: messages with a (communicator, tag) header, matched on arrival --------------
+ * A reader thread takes every message off the sockets as it comes and queues it, in arrival order,
+ * with its sender. A receive takes the first queued message from its peer with its communicator
+ * and tag (so messages between two ranks with the same communicator and tag arrive in the order
+ * they were sent), waiting on a condition variable until one comes, the peer's socket closes or a
+ * deadline passes. Sends are then plain blocking writes that never deadlock: every peer's reader
+ * keeps draining. Threads of one rank (a graph's forward and backward collective streams) use the
+ * transport at once: a lock per peer keeps their messages whole on the socket. */
+
+typedef struct header {
+  uint64_t comm;
+  int32_t tag, pad;
+  uint64_t len;
+} header;
+
+typedef struct msg {
+  struct msg *next;
+  uint64_t comm;
+  int src, tag;
+  size_t len;
+  char *data;
+} msg;
+
+static struct {
+  int rank, size;               /* in the world; size 0: not a launched rank */
+  int *fd;                      /* fd[q]: the socket to world rank q */
+  bool *gone;                   /* rank q's socket closed: it exited or died */
+  pthread_mutex_t *send_lock;   /* one per peer */
+  pthread_mutex_t lock;         /* the queue and gone[] */
+  pthread_cond_t arrived;
+  msg *head, *tail;
+} T = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void enqueue(msg *m) {
+  pthread_mutex_lock(&T.lock);
+  if (T.tail) T.tail->next = m;
+  else T.head = m;
+  T.tail = m;
+  pthread_cond_broadcast(&T.arrived);
+  pthread_mutex_unlock(&T.lock);
+}
+
+/* Read exactly n bytes; false when the socket closed or failed first. */
+static bool read_all(int fd, void *buf, size_t n) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t k = recv(fd, p, n, MSG_WAITALL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= (size_t)k;
+  }
+  return true;
+}
+
+static void *reader(void *arg) {
+  (void)arg;
+  int n = T.size, live = n - 1;
+  struct pollfd *p = calloc((size_t)n, sizeof *p);
+  if (!p) return NULL;
+  for (int q = 0; q < n; q++) p[q] = (struct pollfd){.fd = q == T.rank ? -1 : T.fd[q], .events = POLLIN};
+  while (live > 0) {
+    if (poll(p, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int q = 0; q < n; q++) {
+      if (p[q].fd < 0 || !p[q].revents) continue;
+      header h;
+      msg *m = NULL;
+      bool ok = read_all(p[q].fd, &h, sizeof h) && (m = malloc(sizeof *m)) && (m->data = malloc(h.len + 1)) &&
+                read_all(p[q].fd, m->data, h.len);
+      if (!ok) { /* closed (or out of memory, which ends this rank's part just as well) */
+        if (m) free(m->data);
+        free(m);
+        p[q].fd = -1;
+        live--;
+        pthread_mutex_lock(&T.lock);
+        T.gone[q] = true;
+        pthread_cond_broadcast(&T.arrived);
+        pthread_mutex_unlock(&T.lock);
+        continue;
+      }
+      *m = (msg){.comm = h.comm, .src = q, .tag = h.tag, .len = h.len, .data = m->data};
+      enqueue(m);
+    }
+  }
+  free(p);
+  return NULL;
+}
+
+enum { GOT, TIMED_OUT, GONE };
+
+/* The first queued message from world rank src with this communicator and tag, waiting until
+ * `deadline` (now_s() time; a past one only looks). *why says why it returns NULL. */
+static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
+  pthread_mutex_lock(&T.lock);
+  msg *m = NULL;
+  for (;;) {
+    msg *prev = NULL;
+    for (m = T.head; m && !(m->src == src && m->comm == comm && m->tag == tag); m = m->next) prev = m;
+    if (m) {
+      if (prev) prev->next = m->next;
+      else T.head = m->next;
+      if (T.tail == m) T.tail = prev;
+      *why = GOT;
+      break;
+    }
+    if (T.gone[src]) { *why = GONE; break; }
+    double left = deadline - now_s();
+    if (left <= 0) { *why = TIMED_OUT; break; }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    double s = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + (left > 1 ? 1 : left);
+    until.tv_sec = (time_t)s;
+    until.tv_nsec = (long)((s - (double)until.tv_sec) * 1e9);
+    pthread_cond_timedwait(&T.arrived, &T.lock, &until);
+  }
+  pthread_mutex_unlock(&T.lock);
+  return m;
+}
+
+static void drop(msg *m) {
+  if (m) free(m->data);
+  free(m);
+}
+
+/* Send len bytes to world rank dst (to itself: straight into the queue). 1 when dst's socket
+ * closed, 2 when dst took nothing for `patience` seconds, -1 out of memory. */
+static int put(uint64_t comm, int dst, int tag, const void *buf, size_t len, double patience) {
+  if (dst == T.rank) {
+    msg *m = malloc(sizeof *m);
+    char *d = malloc(len + 1);
+    if (!m || !d) { free(m); free(d); return -1; }
+    if (len) memcpy(d, buf, len);
+    *m = (msg){.comm = comm, .src = dst, .tag = tag, .len = len, .data = d};
+    enqueue(m);
+    return 0;
+  }
+  header h = {.comm = comm, .tag = tag, .len = len};
+  const char *parts[2] = {(const char *)&h, buf};
+  size_t sizes[2] = {sizeof h, len};
+  int rc = 0;
+  double start = now_s();
+  pthread_mutex_lock(&T.send_lock[dst]);
+  for (int i = 0; i < 2 && rc == 0; i++) {
+    const char *p = parts[i];
+    size_t n = sizes[i];
+    while (n > 0) {
+      ssize_t k = send(T.fd[dst], p, n, MSG_NOSIGNAL);
+      if (k > 0) { p += k; n -= (size_t)k; start = now_s(); continue; }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* SO_SNDTIMEO: dst reads nothing */
+        if (now_s() - start > patience) { rc = 2; break; }
+        continue;
+      }
+      rc = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&T.send_lock[dst]);
+  return rc;
+}
+
+/* ---- communicators -------------------------------------------------------------------------- */
+
+typedef struct local_comm {
+  uint64_t id;              /* the same on every member: messages carry it */
+  int *world;               /* world[i]: the world rank of member i */
+  unsigned long long seq;   /* handshakes made on it so far: the same count on every member */
+} local_comm;
+
+static local_comm *impl(flow_comm *c) { return c->impl; }
+
+static const flow_comm_ops local_ops;
+
+static flow_comm *comm_new(uint64_t id, int rank, int size, const int *world) {
+  flow_comm *c = calloc(1, sizeof *c);
+  local_comm *l = calloc(1, sizeof *l);
+  int *w = malloc((size_t)size * sizeof *w);
+  if (!c || !l || !w) {
+    free(c); free(l); free(w);
+    flow_error_set("communicator: out of memory");
+    return NULL;
+  }
+  memcpy(w, world, (size_t)size * sizeof *w);
+  *l = (local_comm){.id = id, .world = w};
+  *c = (flow_comm){.ops = &local_ops, .impl = l, .rank = rank, .size = size};
+  return c;
+}
+
+/* ---- sending and receiving on a communicator -------------------------------------------------- */
+
+enum { TAG_DATA = -1, TAG_RECORD = -2, TAG_VERDICT = -3, TAG_WITHDRAW = -4 };
+
+/* A data transfer that makes no progress for FLOW_TIMEOUT + 10 s runs after a handshake that saw
+ * every rank arrive: a peer stopped inside it. As the MPI backend's watchdog does, end the job. */
+static void stuck(const char *what, double waited) {
+  fprintf(stderr, "[rank %d] %s: no progress for %.0f s (FLOW_TIMEOUT %.0f s + 10 s): a peer rank died or stopped "
+          "inside this collective, or never called it; ending the job\n", T.rank, what, waited, flow_comm_timeout());
+  flow_comm_local_abort(EXIT_FAILURE);
+}
+
+static int gone_error(const char *what, int world_rank) {
+  return flow_error_set("[rank %d] %s: rank %d has exited (its connection closed)", T.rank, what, world_rank);
+}
+
+static int send_to(flow_comm *c, int peer, int tag, const void *buf, size_t bytes, const char *what) {
+  double patience = flow_comm_timeout() + 10;
+  int rc = put(impl(c)->id, impl(c)->world[peer], tag, buf, bytes, patience);
+  if (rc == 2) stuck(what, patience);
+  if (rc == 1) return gone_error(what, impl(c)->world[peer]);
+  if (rc < 0) return flow_error_set("%s: out of memory", what);
+  return 0;
+}
+
+/* Receive exactly `bytes` from member peer; `patience` seconds without it: a timeout error when
+ * soft, else the job ends (stuck). */
+static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, const char *what, bool soft) {
+  double patience = flow_comm_timeout() + (soft ? 0 : 10), start = now_s();
+  int why, src = impl(c)->world[peer];
+  msg *m = take(impl(c)->id, src, tag, start + patience, &why);
+  if (why == GONE) return gone_error(what, src);
+  if (why == TIMED_OUT) {
+    if (!soft) stuck(what, now_s() - start);
+    return flow_error_set("[rank %d] %s: nothing arrived for %.0f s (FLOW_TIMEOUT): a peer rank stopped or skipped "
+                          "this transfer", T.rank, what, now_s() - start);
+  }
+  int rc = 0;
+  if (m->len != bytes)
+    rc = flow_error_set("[rank %d] %s: rank %d sent %zu bytes where %zu were expected (the ranks called different "
+                        "collectives or sizes)", T.rank, what, src, m->len, bytes);
+  else if (bytes) memcpy(buf, m->data, bytes);
+  drop(m);
+  return rc;
+}
+
+/* ---- data collectives: linear exchanges of blocks, sums in rank order --------------------------- */
+
+static int sum_check(const char *what, flow_dtype dt) {
+  if (dt == FLOW_F16 || dt == FLOW_BF16 || dt == FLOW_BOOL)
+    return flow_error_set("%s: partial sums of %s tensors are not supported (cast to float32 first)",
+                          what, flow_dtype_name(dt));
+  return 0;
+}
+
+/* acc[i] += x[i] */
+#define ADD_INTO(T_) do { T_ *a_ = acc; const T_ *x_ = x; for (size_t i = 0; i < n; i++) a_[i] += x_[i]; } while (0)
+static void add_into(void *acc, const void *x, size_t n, flow_dtype dt) {
+  switch (dt) {
+  case FLOW_F32: ADD_INTO(float); break;
+  case FLOW_F64: ADD_INTO(double); break;
+  case FLOW_I64: ADD_INTO(int64_t); break;
+  case FLOW_I32: ADD_INTO(int32_t); break;
+  default: ADD_INTO(uint8_t); break;
+  }
+}
+#undef ADD_INTO
+
+/* Block q of send (scounts[q] elements at sdispls[q]) to member q; member q's block for this rank
+ * into recv at rdispls[q]. Every send goes first: the peers' readers take them whatever they do. */
+static int l_alltoallv(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
+                       const size_t *rcounts, const size_t *rdispls, flow_dtype dt) {
+  size_t es = flow_dtype_size(dt);
+  for (int k = 1; k < c->size; k++) { /* rank + k: each peer hears from this rank in a different turn */
+    int q = (c->rank + k) % c->size;
+    if (send_to(c, q, TAG_DATA, (const char *)send + sdispls[q] * es, scounts[q] * es, "all-to-all") != 0) return -1;
+  }
+  if (rcounts[c->rank] != scounts[c->rank])
+    return flow_error_set("all-to-all: %zu elements sent to this rank itself but %zu received", scounts[c->rank],
+                          rcounts[c->rank]);
+  memmove((char *)recv + rdispls[c->rank] * es, (const char *)send + sdispls[c->rank] * es, scounts[c->rank] * es);
+  for (int k = 1; k < c->size; k++) {
+    int q = (c->rank - k + c->size) % c->size;
+    if (recv_from(c, q, TAG_DATA, (char *)recv + rdispls[q] * es, rcounts[q] * es, "all-to-all", false) != 0) return -1;
+  }
+  return 0;
+}
+
+static int l_alltoall(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
+  size_t *v = malloc(2 * (size_t)c->size * sizeof *v);
+  if (!v) return flow_error_set("all-to-all: out of memory");
+  for (int q = 0; q < c->size; q++) { v[q] = count; v[c->size + q] = (size_t)q * count; }
+  int rc = l_alltoallv(c, send, v, v + c->size, recv, v, v + c->size, dt);
+  free(v);
+  return rc;
+}
+
+static int l_allgatherv(flow_comm *c, const void *send, size_t count, void *recv, const size_t *counts,
+                        const size_t *displs, flow_dtype dt) {
+  size_t es = flow_dtype_size(dt);
+  for (int k = 1; k < c->size; k++)
+    if (send_to(c, (c->rank + k) % c->size, TAG_DATA, send, count * es, "all-gather") != 0) return -1;
+  memmove((char *)recv + displs[c->rank] * es, send, count * es);
+  for (int k = 1; k < c->size; k++) {
+    int q = (c->rank - k + c->size) % c->size;
+    if (recv_from(c, q, TAG_DATA, (char *)recv + displs[q] * es, counts[q] * es, "all-gather", false) != 0) return -1;
+  }
+  return 0;
+}
+
+/* Every member's block for this rank, then their sum in rank order (so it is the same sum
+ * whichever rank computes it). */
+static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const size_t *counts, flow_dtype dt) {
+  if (sum_check("reduce-scatter", dt)) return -1;
+  int n = c->size, me = c->rank;
+  size_t es = flow_dtype_size(dt), mine = counts[me];
+  size_t *v = malloc(4 * (size_t)n * sizeof *v);
+  char *parts = malloc((size_t)n * mine * es + 1);
+  int rc = 0;
+  if (!v || !parts) rc = flow_error_set("reduce-scatter: out of memory");
+  for (int q = 0, off = 0; rc == 0 && q < n; off += (int)counts[q], q++) {
+    v[q] = counts[q];
+    v[n + q] = (size_t)off;
+    v[2 * n + q] = mine;
+    v[3 * n + q] = (size_t)q * mine;
+  }
+  if (rc == 0) rc = l_alltoallv(c, send, v, v + n, parts, v + 2 * n, v + 3 * n, dt);
+  if (rc == 0) {
+    memcpy(recv, parts, mine * es);
+    for (int q = 1; q < n; q++) add_into(recv, parts + (size_t)q * mine * es, mine, dt);
+  }
+  free(parts);
+  free(v);
+  return rc;
+}
+
+/* A reduce-scatter of count / n elements each (the first count % n ranks one more), then an
+ * all-gather of the sums: each element is summed once, in rank order, and every rank gets the
+ * same bits. */
+static int l_allreduce(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
+  if (sum_check("all-reduce", dt)) return -1;
+  int n = c->size;
+  size_t es = flow_dtype_size(dt), *v = malloc(2 * (size_t)n * sizeof *v), off = 0;
+  if (!v) return flow_error_set("all-reduce: out of memory");
+  for (int q = 0; q < n; q++) {
+    v[q] = count / (size_t)n + ((size_t)q < count % (size_t)n);
+    v[n + q] = off;
+    off += v[q];
+  }
+  char *part = malloc(v[c->rank] * es + 1);
+  int rc = part ? l_reduce_scatterv(c, send, part, v, dt) : flow_error_set("all-reduce: out of memory");
+  if (rc == 0) rc = l_allgatherv(c, part, v[c->rank], recv, v, v + n, dt);
+  free(part);
+  free(v);
+  return rc;
+}
+
+/* Rows of a strided block, packed back to back into dst (pack) or out of src (unpack). */
+static void move_block(char *strided, const flow_comm_block *b, char *dense, size_t es, bool pack) {
+  for (size_t r = 0; r < b->rows; r++) {
+    char *s = strided + (b->offset + r * b->stride) * es, *d = dense + r * b->run * es;
+    if (pack) memcpy(d, s, b->run * es);
+    else memcpy(s, d, b->run * es);
+  }
+}
+
+static int l_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_block *sblocks, void *recv,
+                             const flow_comm_block *rblocks, flow_dtype dt) {
+  size_t es = flow_dtype_size(dt), most = 0;
+  for (int q = 0; q < c->size; q++) {
+    if (sblocks[q].rows * sblocks[q].run > most) most = sblocks[q].rows * sblocks[q].run;
+    if (rblocks[q].rows * rblocks[q].run > most) most = rblocks[q].rows * rblocks[q].run;
+  }
+  char *buf = malloc(most * es + 1);
+  if (!buf) return flow_error_set("all-to-all: out of memory");
+  int rc = 0;
+  for (int k = 0; k < c->size && rc == 0; k++) { /* k = 0: this rank's own block, through the queue */
+    int q = (c->rank + k) % c->size;
+    move_block((char *)send, &sblocks[q], buf, es, true);
+    rc = send_to(c, q, TAG_DATA, buf, sblocks[q].rows * sblocks[q].run * es, "all-to-all");
+  }
+  for (int k = 0; k < c->size && rc == 0; k++) {
+    int q = (c->rank - k + c->size) % c->size;
+    rc = recv_from(c, q, TAG_DATA, buf, rblocks[q].rows * rblocks[q].run * es, "all-to-all", false);
+    if (rc == 0) move_block(recv, &rblocks[q], buf, es, false);
+  }
+  free(buf);
+  return rc;
+}
+
+static int l_broadcast(flow_comm *c, void *buf, size_t count, flow_dtype dt, int root) {
+  size_t bytes = count * flow_dtype_size(dt);
+  if (c->rank != root) return recv_from(c, root, TAG_DATA, buf, bytes, "broadcast", false);
+  for (int q = 0; q < c->size; q++)
+    if (q != root && send_to(c, q, TAG_DATA, buf, bytes, "broadcast") != 0) return -1;
+  return 0;
+}
+
+static int check_tag(int tag) {
+  return tag < 0 ? flow_error_set("communicator: message tags are non-negative (got %d)", tag) : 0;
+}
+
+static int l_send(flow_comm *c, const void *buf, size_t count, flow_dtype dt, int peer, int tag) {
+  if (check_tag(tag)) return -1;
+  return send_to(c, peer, tag, buf, count * flow_dtype_size(dt), "send");
+}
+
+static int l_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer, int tag) {
+  if (check_tag(tag)) return -1;
+  return recv_from(c, peer, tag, buf, count * flow_dtype_size(dt), "recv", false);
+}
+
+static int l_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const flow_comm_msg *recvs, int nrecv,
+                      flow_dtype dt, int tag) {
+  size_t es = flow_dtype_size(dt);
+  if (check_tag(tag)) return -1;
+  for (int i = 0; i < nsend; i++)
+    if (send_to(c, sends[i].peer, tag, sends[i].buf, sends[i].count * es, "exchange") != 0) return -1;
+  for (int i = 0; i < nrecv; i++)
+    if (recv_from(c, recvs[i].peer, tag, recvs[i].buf, recvs[i].count * es, "exchange", true) != 0) return -1;
+  return 0;
+}
+
+/* ---- the handshake: agreement, liveness and the failure channel ---------------------------------
+ * The MPI backend's protocol (comm_handshake.c), a star: every member sends the leader (member 0)
+ * a record (the handshake's number on this communicator, its value, its op), and the leader
+ * answers each with the verdict (min and max of the values, or who failed, or that it gave up), so
+ * all move on or none do. A failing rank sends a record (as the leader, a verdict) marked failed
+ * and goes on. The leader gives up after FLOW_TIMEOUT naming the ranks that did not come; the
+ * others 2 s later, withdrawing their record. Messages of an older handshake are dropped. Here a
+ * rank that exited is seen at once: its connection closes. */
+
+enum { HS_OK, HS_FAILED, HS_CANCELLED };
+
+typedef struct record {
+  unsigned long long seq;
+  long long lo, hi;
+  int status, rank;
+  char what[64];
+  char msg[768];
+} record;
+
+static void fill(record *r, unsigned long long seq, long long v, int status, int rank, const char *what,
+                 const char *msg) {
+  memset(r, 0, sizeof *r);
+  r->seq = seq;
+  r->lo = r->hi = v;
+  r->status = status;
+  r->rank = rank;
+  snprintf(r->what, sizeof r->what, "%s", what ? what : "");
+  snprintf(r->msg, sizeof r->msg, "%s", msg ? msg : "");
+}
+
+/* This handshake's record from member q with `tag` (older ones dropped) by the deadline; GOT,
+ * TIMED_OUT or GONE, or -1 with an error when q is ahead. */
+static int await_record(flow_comm *c, int q, int tag, double deadline, record *r) {
+  local_comm *l = impl(c);
+  for (;;) {
+    int why;
+    msg *m = take(l->id, l->world[q], tag, deadline, &why);
+    if (!m) return why;
+    bool whole = m->len == sizeof *r;
+    if (whole) memcpy(r, m->data, sizeof *r);
+    drop(m);
+    if (!whole || r->seq < l->seq) continue;
+    if (r->seq > l->seq)
+      return flow_error_set("[rank %d] handshake: rank %d is at handshake %llu but this rank at %llu: the ranks are "
+                            "out of step", c->rank, q, r->seq, l->seq);
+    return GOT;
+  }
+}
+
+/* A member that gave up on this handshake (the leader was late): its withdraw message, if one came. */
+static bool withdrawn(flow_comm *c, int *who) {
+  local_comm *l = impl(c);
+  for (int q = 1; q < c->size; q++)
+    for (;;) {
+      int why;
+      msg *m = take(l->id, l->world[q], TAG_WITHDRAW, 0, &why);
+      if (!m) break;
+      unsigned long long seq = 0;
+      if (m->len == sizeof seq) memcpy(&seq, m->data, sizeof seq);
+      drop(m);
+      if (seq == l->seq) { *who = q; return true; }
+    }
+  return false;
+}
+
+
+/* The leader: gather every record, then send the verdict v to every member (also to those that did
+ * not arrive, which find it when they do). */
+static int lead(flow_comm *c, const char *what, long long mine, record *v) {
+  local_comm *l = impl(c);
+  int n = c->size, who;
+  double start = now_s(), deadline = start + flow_comm_timeout();
+  fill(v, l->seq, mine, HS_OK, c->rank, what, "");
+  record *got = calloc((size_t)n, sizeof *got);
+  int *state = calloc((size_t)n, sizeof *state);
+  if (!got || !state) { free(got); free(state); return flow_error_set("handshake: out of memory"); }
+  bool late = false;
+  for (int q = 1; q < n; q++) {
+    state[q] = await_record(c, q, TAG_RECORD, deadline, &got[q]);
+    if (state[q] < 0) { free(got); free(state); return -1; }
+    late |= state[q] != GOT;
+  }
+  if (late) { /* name the ranks whose record did not come, and where the others are */
+    size_t len = (size_t)snprintf(v->msg, sizeof v->msg, "waited %.0f s (FLOW_TIMEOUT) for rank", now_s() - start);
+    for (int q = 1, first = 1; q < n && len < sizeof v->msg; q++)
+      if (state[q] != GOT) {
+        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s %d%s", first ? "" : ",", q,
+                                state[q] == GONE ? " (exited)" : "");
+        first = 0;
+      }
+    if (len < sizeof v->msg)
+      len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", which did not arrive (stopped, stuck, failed "
+                              "outside a global op or took another path); rank %d is at %s", c->rank, what);
+    for (int q = 1; q < n && len < sizeof v->msg; q++)
+      if (state[q] == GOT) len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", rank %d at %s", q, got[q].what);
+    v->status = HS_CANCELLED;
+  } else if (withdrawn(c, &who)) {
+    snprintf(v->msg, sizeof v->msg, "rank %d gave up waiting for this rank, the handshake's leader (FLOW_TIMEOUT)", who);
+    v->status = HS_CANCELLED;
+  } else {
+    for (int q = 1; q < n; q++) {
+      if (got[q].status == HS_FAILED && v->status == HS_OK) {
+        v->status = HS_FAILED;
+        v->rank = q;
+        snprintf(v->msg, sizeof v->msg, "%s", got[q].msg);
+      }
+      if (got[q].lo < v->lo) v->lo = got[q].lo;
+      if (got[q].hi > v->hi) v->hi = got[q].hi;
+    }
+  }
+  free(got);
+  free(state);
+  for (int q = 1; q < n; q++) /* a member that exited hears nothing: no error here */
+    if (put(l->id, l->world[q], TAG_VERDICT, v, sizeof *v, flow_comm_timeout() + 10) == 2) stuck(what, flow_comm_timeout() + 10);
+  return 0;
+}
+
+/* A member: send the record to the leader, wait for its verdict v. */
+static int follow(flow_comm *c, const char *what, long long mine, record *v) {
+  local_comm *l = impl(c);
+  record r;
+  fill(&r, l->seq, mine, HS_OK, c->rank, what, "");
+  if (send_to(c, 0, TAG_RECORD, &r, sizeof r, what) != 0) return -1;
+  double start = now_s();
+  int got = await_record(c, 0, TAG_VERDICT, start + flow_comm_timeout() + 2, v); /* the leader gives up first */
+  if (got < 0) return -1;
+  if (got == GONE)
+    return flow_error_set("[rank %d] %s: rank %d, which leads this handshake, has exited", c->rank, what, l->world[0]);
+  if (got == GOT) return 0;
+  put(l->id, l->world[0], TAG_WITHDRAW, &l->seq, sizeof l->seq, 1);
+  return flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT + 2 s) for rank 0, which leads this handshake and "
+                        "did not answer (stopped, stuck, failed outside a global op or took another path)",
+                        c->rank, what, now_s() - start);
+}
+
+static int l_handshake(flow_comm *c, const char *what, long long v, long long *min, long long *max) {
+  *min = *max = v;
+  if (c->size < 2) return 0;
+  impl(c)->seq++;
+  record r;
+  int rc = c->rank == 0 ? lead(c, what, v, &r) : follow(c, what, v, &r);
+  if (rc != 0) return rc;
+  if (r.status == HS_FAILED) {
+    const char *m = r.msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
+    return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r.rank, tail ? tail + 2 : m);
+  }
+  if (r.status == HS_CANCELLED)
+    return flow_error_set(c->rank == 0 ? "[rank %d] %s: %s" : "[rank %d] %s: rank 0 gave up waiting, so no rank moves "
+                          "data here: %s", c->rank, what, r.msg);
+  *min = r.lo;
+  *max = r.hi;
+  return 0;
+}
+
+static void l_fail(flow_comm *c, const char *what, const char *msg) {
+  if (c->size < 2) return;
+  local_comm *l = impl(c);
+  l->seq++;
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", flow_error_get());
+  record r;
+  fill(&r, l->seq, 0, HS_FAILED, c->rank, what, msg);
+  for (int q = c->rank == 0 ? 1 : 0; q < (c->rank == 0 ? c->size : 1); q++)
+    put(l->id, l->world[q], c->rank == 0 ? TAG_VERDICT : TAG_RECORD, &r, sizeof r, 1);
+  flow_error_set("%s", keep);
+}
+
+static int l_minmax(flow_comm *c, long long v, long long *min, long long *max) {
+  return l_handshake(c, "agreement check", v, min, max);
+}
+
+/* A handshake whose value says "barrier": a rank that meets another's global op here is out of step. */
+static int l_barrier(flow_comm *c) {
+  long long lo, hi;
+  if (l_handshake(c, "barrier", -2, &lo, &hi) != 0) return -1;
+  if (lo != hi)
+    return flow_error_set("[rank %d] barrier: another rank is at a global op's handshake here, not at this barrier "
+                          "(the ranks took different paths)", c->rank);
+  return 0;
+}
+
+/* ---- groups ------------------------------------------------------------------------------------
+ * A group needs no messages: its id is a hash of its parent's, its members' world ranks, the
+ * creating thread's comm channel (channels create groups at once) and how many groups with that
+ * key this rank made before, which every member computes alike. */
+
+typedef struct made { uint64_t key; int count; struct made *next; } made;
+static made *made_list;
+static pthread_mutex_t made_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static int l_group(flow_comm *c, const int *members, int n, flow_comm **out) {
+  int *w = malloc((size_t)n * sizeof *w), me = -1, channel = flow_comm_channel();
+  if (!w) return flow_error_set("communicator: out of memory");
+  for (int i = 0; i < n; i++) {
+    if (members[i] < 0 || members[i] >= c->size) {
+      free(w);
+      return flow_error_set("communicator group: no member %d in a communicator of %d", members[i], c->size);
+    }
+    w[i] = impl(c)->world[members[i]];
+    if (members[i] == c->rank) me = i;
+  }
+  if (me < 0) { free(w); return flow_error_set("[rank %d] communicator group: this rank is not a member", T.rank); }
+  uint64_t key = fnv(fnv(fnv(1469598103934665603ull, &impl(c)->id, sizeof(uint64_t)), &channel, sizeof channel), w,
+                     (size_t)n * sizeof *w);
+  pthread_mutex_lock(&made_lock);
+  made *m = made_list;
+  while (m && m->key != key) m = m->next;
+  if (!m && (m = calloc(1, sizeof *m))) { m->key = key; m->next = made_list; made_list = m; }
+  int k = m ? m->count++ : 0;
+  pthread_mutex_unlock(&made_lock);
+  *out = comm_new(fnv(key, &k, sizeof k), me, n, w);
+  free(w);
+  return *out ? 0 : -1;
+}
+
+static void l_free(flow_comm *c) {
+  free(impl(c)->world);
+  free(c->impl);
+  free(c);
+}
+
+static const flow_comm_ops local_ops = {
+    .allreduce = l_allreduce, .allgatherv = l_allgatherv, .reduce_scatterv = l_reduce_scatterv,
+    .alltoall = l_alltoall, .alltoallv = l_alltoallv, .alltoall_blocks = l_alltoall_blocks,
+    .broadcast = l_broadcast, .send = l_send, .recv = l_recv, .exchange = l_exchange, .barrier = l_barrier,
+    .handshake = l_handshake, .fail = l_fail, .minmax = l_minmax, .group = l_group, .free = l_free};
+
+/* ---- joining -------------------------------------------------------------------------------- */
+
+void flow_comm_local_join(int rank, int size, const int *fd) {
+  T.rank = rank;
+  T.size = size;
+  T.fd = malloc((size_t)size * sizeof *T.fd);
+  T.gone = calloc((size_t)size, sizeof *T.gone);
+  T.send_lock = malloc((size_t)size * sizeof *T.send_lock);
+  if (!T.fd || !T.gone || !T.send_lock) {
+    fprintf(stderr, "[rank %d] out of memory joining the ranks\n", rank);
+    _exit(EXIT_FAILURE);
+  }
+  memcpy(T.fd, fd, (size_t)size * sizeof *fd);
+  for (int q = 0; q < size; q++) pthread_mutex_init(&T.send_lock[q], NULL);
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&T.arrived, &a);
+  pthread_condattr_destroy(&a);
+  pthread_t t;
+  if (size > 1 && pthread_create(&t, NULL, reader, NULL) != 0) {
+    fprintf(stderr, "[rank %d] cannot start the message reader\n", rank);
+    _exit(EXIT_FAILURE);
+  }
+  if (size > 1) pthread_detach(t);
+}
+
+flow_comm *flow_comm_local_world(void) {
+  if (T.size == 0) return NULL;
+  int *w = malloc((size_t)T.size * sizeof *w);
+  if (!w) { flow_error_set("communicator: out of memory"); return NULL; }
+  for (int q = 0; q < T.size; q++) w[q] = q;
+  flow_comm *c = comm_new(1, T.rank, T.size, w);
+  free(w);
+  return c;
+}
+
+void flow_comm_local_abort(int code) {
+  if (T.size < 2) return;
+  fflush(stdout);
+  fflush(stderr);
+  _exit(code);
+}
