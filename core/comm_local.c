@@ -524,17 +524,24 @@ static int lead(flow_comm *c, const char *what, long long mine, record *v) {
     if (state[q] < 0) { free(got); free(state); return -1; }
     late |= state[q] != GOT;
   }
-  if (late) { /* name the ranks whose record did not come, and where the others are */
-    size_t len = (size_t)snprintf(v->msg, sizeof v->msg, "waited %.0f s (FLOW_TIMEOUT) for rank", now_s() - start);
-    for (int q = 1, first = 1; q < n && len < sizeof v->msg; q++)
-      if (state[q] != GOT) {
-        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s %d%s", first ? "" : ",", q,
-                                state[q] == GONE ? " (exited)" : "");
+  if (late) { /* name the ranks that exited, those whose record did not come, and where the others are */
+    size_t len = 0;
+    for (int kind = GONE; kind >= TIMED_OUT; kind--)
+      for (int q = 1, first = 1; q < n && len < sizeof v->msg; q++) {
+        if (state[q] != kind) continue;
+        if (first && len) len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "; ");
+        if (first && kind == TIMED_OUT)
+          len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "waited %.0f s (FLOW_TIMEOUT) for ", now_s() - start);
+        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, first ? "rank %d" : ", %d", q);
         first = 0;
+        bool last = true;
+        for (int k = q + 1; k < n; k++) last &= state[k] != kind;
+        if (last && len < sizeof v->msg)
+          len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s", kind == GONE ? " exited" :
+                                  ", which did not arrive (stopped, stuck, failed outside a global op or took another path)");
       }
     if (len < sizeof v->msg)
-      len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", which did not arrive (stopped, stuck, failed "
-                              "outside a global op or took another path); rank %d is at %s", c->rank, what);
+      len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "; rank %d is at %s", c->rank, what);
     for (int q = 1; q < n && len < sizeof v->msg; q++)
       if (state[q] == GOT) len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", rank %d at %s", q, got[q].what);
     v->status = HS_CANCELLED;
