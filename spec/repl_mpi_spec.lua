@@ -1,4 +1,5 @@
--- The REPL under `mpirun -np 2 flowlua`: rank 0 reads, every rank runs the line, a line that fails
+-- The REPL under `mpirun -np 2 flowlua`, and under `flowlua --ranks 2` (no mpirun), which behaves
+-- the same: rank 0 reads, every rank runs the line, a line that fails
 -- on one rank is reported with that rank and the session goes on with its state, a global tensor
 -- shows its gathered values; EOF ends every
 -- rank with status 0. Driven through a pipe, and on a terminal under tmux (prompt, completion,
@@ -25,7 +26,16 @@ local function cannot()
   if not flow._has_mpi then return "this build has no MPI (FLOW_MPI=OFF)" end
 end
 
-local mpirun = "OPENBLAS_NUM_THREADS=1 timeout -s KILL 15 mpirun --allow-run-as-root --oversubscribe -np 2 "
+-- The two ways to start 2 ranks: the command line (up to the options), and why it cannot run here.
+-- `timeout --foreground` leaves --ranks's rank 0 in the terminal's foreground group (mpirun's rank 0
+-- takes the terminal itself).
+local launchers = {
+  { name = "mpirun -np 2", cannot = cannot,
+    start = "OPENBLAS_NUM_THREADS=1 timeout -s KILL 15 mpirun --allow-run-as-root --oversubscribe -np 2 " },
+  { name = "flowlua --ranks 2", ranks = " --ranks 2",
+    cannot = function() return not bin and "FLOW_BIN is not set (scripts/test.sh exports the flowlua path)" end,
+    start = "OPENBLAS_NUM_THREADS=1 timeout --foreground -s KILL 15 " },
+}
 
 local session = {
   'x = flow.ones({4, 4}, {placement = flow.placement("cpu", {0, 1}), sbp = flow.sbp.split(0)})',
@@ -35,52 +45,55 @@ local session = {
   "x:sum(1)",
 }
 
-describe("the flowlua REPL under mpirun -np 2", function()
-  it("runs each line on every rank, reports a failure on rank 1 and goes on; exits 0 at EOF", function()
-    local why = cannot()
-    if why then return pending(why) end
-    local out, code = run(mpirun .. sh_quote(bin) .. " <<'FLOW_EOF'\n" .. table.concat(session, "\n") .. "\nFLOW_EOF")
-    assert.equal(0, code)
-    assert.matches("tensor%(8%.0000, shape={}", out)
-    assert.matches("%[rank 1%] stdin:1: boom", out)
-    assert.not_matches("%[rank 0[^%]]*%] stdin:1: boom", out)
-    -- x survived the failed line: the next line still sees it
-    assert.matches("tensor%(16%.0000, shape={}", out)
-    -- a global tensor shows its values, gathered from both ranks
-    assert.matches("tensor%(%[4%.0000, 4%.0000, 4%.0000, 4%.0000%], shape={4}, dtype=float32, "
-      .. "placement=cpu{0, 1}, sbp=S%(0%)%)\n  rank 0: %[0:2%]\n  rank 1: %[2:4%]", out)
-  end)
+for _, launcher in ipairs(launchers) do
+  local cannot, flowlua = launcher.cannot, function() return launcher.start .. sh_quote(bin) .. (launcher.ranks or "") end
+  describe("the flowlua REPL under " .. launcher.name, function()
+    it("runs each line on every rank, reports a failure on rank 1 and goes on; exits 0 at EOF", function()
+      local why = cannot()
+      if why then return pending(why) end
+      local out, code = run(flowlua() .. " <<'FLOW_EOF'\n" .. table.concat(session, "\n") .. "\nFLOW_EOF")
+      assert.equal(0, code)
+      assert.matches("tensor%(8%.0000, shape={}", out)
+      assert.matches("%[rank 1%] stdin:1: boom", out)
+      assert.not_matches("%[rank 0[^%]]*%] stdin:1: boom", out)
+      -- x survived the failed line: the next line still sees it
+      assert.matches("tensor%(16%.0000, shape={}", out)
+      -- a global tensor shows its values, gathered from both ranks
+      assert.matches("tensor%(%[4%.0000, 4%.0000, 4%.0000, 4%.0000%], shape={4}, dtype=float32, "
+        .. "placement=cpu{0, 1}, sbp=S%(0%)%)\n  rank 0: %[0:2%]\n  rank 1: %[2:4%]", out)
+    end)
 
-  it("on a terminal: a prompt, completion, Ctrl-C interrupts a line on both ranks, Ctrl-D ends", function()
-    local why = cannot() or (not has("tmux") and "tmux is not installed")
-    if why then return pending(why) end
-    local dir = os.tmpname()
-    os.remove(dir)
-    local s = "flowlua_repl_mpi_" .. tostring(os.time()) .. "_" .. tostring(math.random(1e6))
-    local function keys(...)
-      local args = {}
-      for i, k in ipairs({...}) do args[i] = sh_quote(k) end
-      return "tmux send-keys -t " .. s .. " " .. table.concat(args, " ") .. "; sleep 0.5"
-    end
-    -- HOME keeps the history file out of the user's
-    local script = table.concat({
-      "mkdir " .. dir .. " || exit 1",
-      "tmux new-session -d -s " .. s .. " -x 200 -y 50 " .. sh_quote("HOME=" .. dir .. " " .. mpirun
-        .. sh_quote(bin) .. "; echo EXIT=$?; sleep 5"),
-      "sleep 1.5",
-      keys(session[1], "Enter"), keys(session[3], "Enter"),
-      keys("flow.world_si", "Tab"), keys("()", "Enter"),
-      keys("while true do end", "Enter"), "sleep 0.5", keys("C-c"),
-      keys(session[4], "Enter"), keys("C-d"), "sleep 1",
-      "tmux capture-pane -p -t " .. s, "tmux kill-session -t " .. s,
-      "rm -rf " .. dir,
-    }, "\n")
-    local out = run(script)
-    assert.matches("world: 2 ranks", out)
-    assert.matches("\n> flow%.world_size%(%)\n2\n", out)
-    assert.matches("%[rank 1%] stdin:1: boom", out)
-    assert.matches("%[rank 0,1%] interrupted", out)
-    assert.matches("tensor%(16%.0000, shape={}", out)
-    assert.matches("EXIT=0", out)
+    it("on a terminal: a prompt, completion, Ctrl-C interrupts a line on both ranks, Ctrl-D ends", function()
+      local why = cannot() or (not has("tmux") and "tmux is not installed")
+      if why then return pending(why) end
+      local dir = os.tmpname()
+      os.remove(dir)
+      local s = "flowlua_repl_mpi_" .. tostring(os.time()) .. "_" .. tostring(math.random(1e6))
+      local function keys(...)
+        local args = {}
+        for i, k in ipairs({...}) do args[i] = sh_quote(k) end
+        return "tmux send-keys -t " .. s .. " " .. table.concat(args, " ") .. "; sleep 0.5"
+      end
+      -- HOME keeps the history file out of the user's
+      local script = table.concat({
+        "mkdir " .. dir .. " || exit 1",
+        "tmux new-session -d -s " .. s .. " -x 200 -y 50 " .. sh_quote("HOME=" .. dir .. " " .. flowlua()
+          .. "; echo EXIT=$?; sleep 5"),
+        "sleep 1.5",
+        keys(session[1], "Enter"), keys(session[3], "Enter"),
+        keys("flow.world_si", "Tab"), keys("()", "Enter"),
+        keys("while true do end", "Enter"), "sleep 0.5", keys("C-c"),
+        keys(session[4], "Enter"), keys("C-d"), "sleep 1",
+        "tmux capture-pane -p -t " .. s, "tmux kill-session -t " .. s,
+        "rm -rf " .. dir,
+      }, "\n")
+      local out = run(script)
+      assert.matches("world: 2 ranks", out)
+      assert.matches("\n> flow%.world_size%(%)\n2\n", out)
+      assert.matches("%[rank 1%] stdin:1: boom", out)
+      assert.matches("%[rank 0,1%] interrupted", out)
+      assert.matches("tensor%(16%.0000, shape={}", out)
+      assert.matches("EXIT=0", out)
+    end)
   end)
-end)
+end
