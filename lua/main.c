@@ -1,8 +1,9 @@
 /* flowlua: a Lua 5.4 interpreter with the flow module built in, a drop-in for lua5.4:
  *   flowlua [options] [script [args]]
  * Options as lua5.4's (-e stat, -i, -l mod, -l g=mod, -v, -E, -W, --, -), LUA_INIT_5_4/LUA_INIT,
- * and the `flow` global; --ranks n runs n ranks without mpirun (core/comm_launch.c). Unlike lua5.4, stdin that is not a terminal runs through the REPL (values
- * print; rank 0's stdin feeds every rank under mpirun); `flowlua -` runs it as a script. */
+ * and the `flow` global; --ranks n runs n ranks without mpirun (core/comm_launch.c). Unlike
+ * lua5.4, stdin that is not a terminal runs through the REPL (values print; rank 0's stdin feeds
+ * every rank under mpirun and --ranks); `flowlua -` runs it as a script. */
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -258,7 +259,11 @@ static int take_ranks(int *argc, char **argv) {
     char *end;
     long k = strtol(v, &end, 10);
     if (!*v || *end || k < 1 || k > 1024) {
-      fprintf(stderr, "%s: --ranks needs a number of ranks from 1 to 1024, not '%s'\n", progname, v);
+      /* its own usage: lua5.4's stays as it is, for a drop-in */
+      fprintf(stderr, "%s: --ranks needs a number of ranks from 1 to 1024, not '%s'\n"
+              "usage: %s --ranks n [options] [script [args]]\n"
+              "  runs n ranks, as 'mpirun -np n %s ...' would, without mpirun (rank 0 reads stdin)\n",
+              progname, v, progname, progname);
       return -1;
     }
     n = (int)k;
@@ -282,7 +287,6 @@ static void print_usage(const char *bad) {
           "  -v        show version information\n"
           "  -E        ignore environment variables\n"
           "  -W        turn warnings on\n"
-          "  --ranks n run n ranks, as mpirun -np n would (each a process; rank 0 has stdin)\n"
           "  --        stop handling options\n"
           "  -         stop handling options and execute stdin\n",
           progname);

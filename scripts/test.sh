@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every spec: set-up and build first (scripts/setup.sh), then the single-rank suite, then
-# the multi-rank suite (spec/mpi) under mpirun -np 2 and -np 4. Ends with "total: N passed, N failed".
+# the multi-rank suite (spec/mpi) under mpirun -np 2 and -np 4, and under flowlua's own --ranks 2 and
+# --ranks 4 (no mpirun; also in a build without MPI). Ends with "total: N passed, N failed".
 # FLOW_BUILD picks the build folder; FLOW_SKIP_SETUP=1 reuses an existing build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,8 +39,14 @@ elif ls spec/mpi/*_spec.lua >/dev/null 2>&1; then
   done
 fi
 
-passed=$(grep -Eo '^ranks[0-9]+: [0-9]+ passed' "$log" | awk '{s += $2} END {print s + 0}')
-failed=$(grep -Eo '^ranks[0-9]+: [0-9]+ passed, [0-9]+ failed' "$log" | awk '{s += $4} END {print s + 0}')
+if ls spec/mpi/*_spec.lua >/dev/null 2>&1; then
+  for np in 2 4; do
+    run "local$np" timeout 600 "$BUILD/flowlua" --ranks "$np" spec/run.lua spec/mpi
+  done
+fi
+
+passed=$(grep -Eo '^(ranks|local)[0-9]+: [0-9]+ passed' "$log" | awk '{s += $2} END {print s + 0}')
+failed=$(grep -Eo '^(ranks|local)[0-9]+: [0-9]+ passed, [0-9]+ failed' "$log" | awk '{s += $4} END {print s + 0}')
 [ "$failed" -gt 0 ] && status=1
 echo
 echo "total: $passed passed, $failed failed"

@@ -48,12 +48,13 @@ describe("flowlua --ranks", function()
   end)
 
   describe("the command line", function()
-    it("--ranks 0, a missing or a bad count is an error", function()
+    it("--ranks 0, a missing or a bad count is an error, with --ranks's usage", function()
       if not needs_bin() then return end
       for _, bad in ipairs({ "--ranks 0", "--ranks=-1", "--ranks x", "--ranks" }) do
         local out, code = flowlua(bad .. " -e 'print(1)'")
         assert.are.equal(1, code, bad)
         assert.matches("%-%-ranks needs a number of ranks from 1 to 1024", out, 1, false)
+        assert.matches("usage: [^\n]* %-%-ranks n %[options%] %[script %[args%]%]", out)
         assert.not_matches("\n1\n", "\n" .. out)
       end
     end)
