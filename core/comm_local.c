@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,13 +24,16 @@
 #include "error.h"
 
 /* ---- the transport: messages with a (communicator, tag) header, matched on arrival --------------
- * A reader thread takes every message off the sockets as it comes and queues it, in arrival order,
- * with its sender. A receive takes the first queued message from its peer with its communicator
- * and tag (so messages between two ranks with the same communicator and tag arrive in the order
- * they were sent), waiting on a condition variable until one comes, the peer's socket closes or a
- * deadline passes. Sends are then plain blocking writes that never deadlock: every peer's reader
- * keeps draining. Threads of one rank (a graph's forward and backward collective streams) use the
- * transport at once: a lock per peer keeps their messages whole on the socket. */
+ * Messages are taken off the sockets whole and queued, in arrival order, with their sender. A
+ * receive takes the first queued message from its peer with its communicator and tag (so messages
+ * between two ranks with the same communicator and tag arrive in the order they were sent). A
+ * reader thread drains the sockets whenever data comes, so sends are plain blocking writes that
+ * never deadlock: every peer keeps reading. A thread waiting for a message also reads the sockets
+ * itself for a millisecond first (yielding the core between looks, as the MPI backend polls),
+ * which saves the reader thread's wake-up on every small message; then it sleeps on a condition
+ * variable until a message comes, the peer's connection closes or a deadline passes. Threads of
+ * one rank (a graph's forward and backward collective streams) use the transport at once: one
+ * thread reads at a time, and a lock per peer keeps their sends whole on the socket. */
 
 typedef struct header {
   uint64_t comm;
@@ -48,12 +52,14 @@ typedef struct msg {
 static struct {
   int rank, size;               /* in the world; size 0: not a launched rank */
   int *fd;                      /* fd[q]: the socket to world rank q */
-  bool *gone;                   /* rank q's socket closed: it exited or died */
+  int *rd;                      /* fd[q] while it may bring messages; -1 once it closed (under read_lock) */
+  bool *gone;                   /* rank q's connection closed: it exited or died */
   pthread_mutex_t *send_lock;   /* one per peer */
+  pthread_mutex_t read_lock;    /* held by the thread reading the sockets */
   pthread_mutex_t lock;         /* the queue and gone[] */
   pthread_cond_t arrived;
   msg *head, *tail;
-} T = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} T = {.lock = PTHREAD_MUTEX_INITIALIZER, .read_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_s(void) {
   struct timespec t;
@@ -83,62 +89,94 @@ static bool read_all(int fd, void *buf, size_t n) {
   return true;
 }
 
+/* Wait up to timeout_ms (-1: for ever) for data on the open sockets, then queue every message that
+ * came, whole (its sender writes it whole); the caller holds read_lock. Returns the number of
+ * sockets still open. */
+static int read_messages(int timeout_ms) {
+  int n = T.size, open = 0;
+  struct pollfd p[n];
+  for (int q = 0; q < n; q++) {
+    p[q] = (struct pollfd){.fd = T.rd[q], .events = POLLIN};
+    open += T.rd[q] >= 0;
+  }
+  if (open == 0 || poll(p, (nfds_t)n, timeout_ms) <= 0) return open;
+  for (int q = 0; q < n; q++) {
+    if (p[q].fd < 0 || !p[q].revents) continue;
+    header h;
+    msg *m = NULL;
+    bool ok = read_all(p[q].fd, &h, sizeof h) && (m = malloc(sizeof *m)) && (m->data = malloc(h.len + 1)) &&
+              read_all(p[q].fd, m->data, h.len);
+    if (!ok) { /* closed (or out of memory, which ends this rank's part just as well) */
+      if (m) free(m->data);
+      free(m);
+      T.rd[q] = -1;
+      open--;
+      pthread_mutex_lock(&T.lock);
+      T.gone[q] = true;
+      pthread_cond_broadcast(&T.arrived);
+      pthread_mutex_unlock(&T.lock);
+      continue;
+    }
+    *m = (msg){.comm = h.comm, .src = q, .tag = h.tag, .len = h.len, .data = m->data};
+    enqueue(m);
+  }
+  return open;
+}
+
 static void *reader(void *arg) {
   (void)arg;
-  int n = T.size, live = n - 1;
-  struct pollfd *p = calloc((size_t)n, sizeof *p);
-  if (!p) return NULL;
-  for (int q = 0; q < n; q++) p[q] = (struct pollfd){.fd = q == T.rank ? -1 : T.fd[q], .events = POLLIN};
-  while (live > 0) {
-    if (poll(p, (nfds_t)n, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
+  for (;;) {
+    int n = T.size, open = 0;
+    struct pollfd p[n];
+    for (int q = 0; q < n; q++) { /* a look without the lock: T.rd[q] only ever turns to -1 */
+      p[q] = (struct pollfd){.fd = T.rd[q], .events = POLLIN};
+      open += p[q].fd >= 0;
     }
-    for (int q = 0; q < n; q++) {
-      if (p[q].fd < 0 || !p[q].revents) continue;
-      header h;
-      msg *m = NULL;
-      bool ok = read_all(p[q].fd, &h, sizeof h) && (m = malloc(sizeof *m)) && (m->data = malloc(h.len + 1)) &&
-                read_all(p[q].fd, m->data, h.len);
-      if (!ok) { /* closed (or out of memory, which ends this rank's part just as well) */
-        if (m) free(m->data);
-        free(m);
-        p[q].fd = -1;
-        live--;
-        pthread_mutex_lock(&T.lock);
-        T.gone[q] = true;
-        pthread_cond_broadcast(&T.arrived);
-        pthread_mutex_unlock(&T.lock);
-        continue;
-      }
-      *m = (msg){.comm = h.comm, .src = q, .tag = h.tag, .len = h.len, .data = m->data};
-      enqueue(m);
-    }
+    if (open == 0) break;
+    if (poll(p, (nfds_t)n, -1) < 0 && errno != EINTR) break;
+    pthread_mutex_lock(&T.read_lock);
+    open = read_messages(0); /* a waiting thread may have read it already */
+    pthread_mutex_unlock(&T.read_lock);
+    if (open == 0) break;
   }
-  free(p);
   return NULL;
 }
 
 enum { GOT, TIMED_OUT, GONE };
 
+/* Under T.lock: unlink and return the first queued message from src with this communicator and
+ * tag; NULL if none. */
+static msg *find(uint64_t comm, int src, int tag) {
+  msg *prev = NULL, *m = T.head;
+  while (m && !(m->src == src && m->comm == comm && m->tag == tag)) { prev = m; m = m->next; }
+  if (!m) return NULL;
+  if (prev) prev->next = m->next;
+  else T.head = m->next;
+  if (T.tail == m) T.tail = prev;
+  return m;
+}
+
 /* The first queued message from world rank src with this communicator and tag, waiting until
  * `deadline` (now_s() time; a past one only looks). *why says why it returns NULL. */
 static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
+  double start = now_s();
   pthread_mutex_lock(&T.lock);
-  msg *m = NULL;
-  for (;;) {
-    msg *prev = NULL;
-    for (m = T.head; m && !(m->src == src && m->comm == comm && m->tag == tag); m = m->next) prev = m;
-    if (m) {
-      if (prev) prev->next = m->next;
-      else T.head = m->next;
-      if (T.tail == m) T.tail = prev;
-      *why = GOT;
-      break;
-    }
+  msg *m;
+  for (long looks = 0;; looks++) {
+    if ((m = find(comm, src, tag))) { *why = GOT; break; }
     if (T.gone[src]) { *why = GONE; break; }
-    double left = deadline - now_s();
+    double now = now_s(), left = deadline - now;
     if (left <= 0) { *why = TIMED_OUT; break; }
+    if (now - start < 1e-3) { /* read the sockets itself, yielding the core between looks */
+      pthread_mutex_unlock(&T.lock);
+      if (looks > 0) sched_yield();
+      if (pthread_mutex_trylock(&T.read_lock) == 0) {
+        read_messages(0);
+        pthread_mutex_unlock(&T.read_lock);
+      }
+      pthread_mutex_lock(&T.lock);
+      continue;
+    }
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     double s = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + (left > 1 ? 1 : left);
@@ -288,7 +326,7 @@ static void add_into(void *acc, const void *x, size_t n, flow_dtype dt) {
 #undef ADD_INTO
 
 /* Block q of send (scounts[q] elements at sdispls[q]) to member q; member q's block for this rank
- * into recv at rdispls[q]. Every send goes first: the peers' readers take them whatever they do. */
+ * into recv at rdispls[q]. Every send goes first: the peers' reader threads take them whatever they do. */
 static int l_alltoallv(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
                        const size_t *rcounts, const size_t *rdispls, flow_dtype dt) {
   size_t es = flow_dtype_size(dt);
@@ -688,13 +726,15 @@ void flow_comm_local_join(int rank, int size, const int *fd) {
   T.rank = rank;
   T.size = size;
   T.fd = malloc((size_t)size * sizeof *T.fd);
+  T.rd = malloc((size_t)size * sizeof *T.rd);
   T.gone = calloc((size_t)size, sizeof *T.gone);
   T.send_lock = malloc((size_t)size * sizeof *T.send_lock);
-  if (!T.fd || !T.gone || !T.send_lock) {
+  if (!T.fd || !T.rd || !T.gone || !T.send_lock) {
     fprintf(stderr, "[rank %d] out of memory joining the ranks\n", rank);
     _exit(EXIT_FAILURE);
   }
   memcpy(T.fd, fd, (size_t)size * sizeof *fd);
+  memcpy(T.rd, fd, (size_t)size * sizeof *fd);
   for (int q = 0; q < size; q++) pthread_mutex_init(&T.send_lock[q], NULL);
   pthread_condattr_t a;
   pthread_condattr_init(&a);
