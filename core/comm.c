@@ -490,6 +490,8 @@ static void finalize_at_exit(void) { flow_comm_finalize(); }
 
 int flow_comm_init_mpi(void) {
   if (world && world->ops == &mpi_ops) return 0;
+  if (flow_comm_local_joined())
+    return flow_error_set("flow_comm_init_mpi: this process is a rank of flowlua --ranks, whose world is not MPI's");
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {

@@ -749,6 +749,8 @@ void flow_comm_local_join(int rank, int size, const int *fd) {
   if (size > 1) pthread_detach(t);
 }
 
+bool flow_comm_local_joined(void) { return T.size > 0; }
+
 flow_comm *flow_comm_local_world(void) {
   if (T.size == 0) return NULL;
   int *w = malloc((size_t)T.size * sizeof *w);

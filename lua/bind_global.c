@@ -8,6 +8,7 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../core/comm.h"
 #include "../core/nccl.h"
@@ -34,6 +35,15 @@ static int l_init_mpi(lua_State *L) {
 /* mpi_running(): whether the world runs on MPI (false for a plain run: a world of one). */
 static int l_mpi_running(lua_State *L) {
   lua_pushboolean(L, flow_comm_uses_mpi());
+  return 1;
+}
+
+/* _program(): the path of the running program (/proc/self/exe), for jobs it starts of itself. */
+static int l_program(lua_State *L) {
+  char path[4096];
+  ssize_t k = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (k <= 0) return luaL_error(L, "_program: cannot read /proc/self/exe");
+  lua_pushlstring(L, path, (size_t)k);
   return 1;
 }
 
@@ -758,7 +768,8 @@ void flow_lua_open_global(lua_State *L) {
                                  {"rank", l_rank}, {"world_size", l_world_size}, {"barrier", l_barrier},
                                  {"print_all", l_print_all}, {"placement", l_placement}, {"explain", l_explain}, {"_layout", l_layout},
                                  {"set_check_consistency", l_set_check}, {"_mpi", l_raw_mpi},
-                                 {"_signatures", l_signatures}, {"_pack_blocks", l_pack_blocks}, {NULL, NULL}};
+                                 {"_signatures", l_signatures}, {"_pack_blocks", l_pack_blocks},
+                                 {"_program", l_program}, {NULL, NULL}};
   static const luaL_Reg methods[] = {{"to_global", t_to_global}, {"to_local", t_to_local}, {NULL, NULL}};
   flow_lua_register(L, fns, methods);
 #ifdef FLOW_HAVE_MPI

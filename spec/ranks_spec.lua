@@ -59,6 +59,13 @@ describe("flowlua --ranks", function()
       end
     end)
 
+    it("a rank's world is not MPI's: flow.init_mpi() refuses", function()
+      if not needs_bin() then return end
+      local out, code = flowlua("--ranks 2 -e 'print(pcall(flow.init_mpi))'")
+      assert.are.equal(0, code, out)
+      assert.matches("^false\t[^\n]*this process is a rank of flowlua %-%-ranks", out)
+    end)
+
     it("flow.rank() and flow.world_size() are the job's; print speaks for rank 0, print_all for all", function()
       if not needs_bin() then return end
       local out, code = flowlua("--ranks 3 -e 'print(\"once\", flow.mpi_running())' "
@@ -88,6 +95,49 @@ describe("flowlua --ranks", function()
       os.remove(f)
       assert.are.equal(0, code, out)
       assert.are.equal("[rank 0] 2\t--ranks\t3\n[rank 1] 2\t--ranks\t3\n", out)
+    end)
+  end)
+
+  describe("flow.run_ranks(n, fn, ...)", function()
+    it("runs fn on n ranks of a job of its own, with its upvalues and arguments copied", function()
+      if not needs_bin() then return end
+      local dir, scale = os.tmpname(), 10
+      os.remove(dir)
+      assert(os.execute("mkdir " .. sh.quote(dir)))
+      flow.run_ranks(3, function(path)
+        local P = flow.placement("cpu", { 0, 1, 2 })
+        local x = flow.ones({ 2, 2 }):to_global(P, flow.sbp.split(0))
+        local f = assert(io.open(("%s/%d"):format(path, flow.rank()), "w"))
+        f:write(flow.world_size(), " ", ("%g"):format(x:sum():item() * scale))
+        f:close()
+      end, dir)
+      for r = 0, 2 do
+        local f = assert(io.open(("%s/%d"):format(dir, r)))
+        assert.are.equal("3 120", f:read("a"))
+        f:close()
+        os.remove(("%s/%d"):format(dir, r))
+      end
+      os.remove(dir)
+    end)
+
+    it("raises with the failing rank's message", function()
+      if not needs_bin() then return end
+      local ok, err = pcall(flow.run_ranks, 2, function()
+        if flow.rank() == 1 then error("boom") end
+        flow.barrier()
+      end)
+      assert.is_false(ok)
+      assert.matches("run_ranks: .*%[rank 1%] [^\n]*: boom", err)
+      assert.matches("rank 1 exited with status 1", err, 1, true)
+    end)
+
+    it("refuses upvalues and arguments that cannot travel", function()
+      local t = {}
+      assert.has_error(function() flow.run_ranks(2, function() return t end) end,
+        "run_ranks: upvalue 't' is a table; only flow, _ENV, nil, booleans, numbers and strings reach the ranks")
+      assert.has_error(function() flow.run_ranks(2, function() end, print) end,
+        "run_ranks: argument 1 is a function; only flow, _ENV, nil, booleans, numbers and strings reach the ranks")
+      assert.has_error(function() flow.run_ranks(0, function() end) end)
     end)
   end)
 

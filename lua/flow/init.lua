@@ -39,4 +39,7 @@ require("flow.shape")(flow)
 function flow.visualize(t, path) return require("flow.visualize").draw(t, path) end
 function flow.visualize_boxing(t, placement, sbp, path) return require("flow.visualize").boxing(t, placement, sbp, path) end
 
+-- fn(...) on n ranks of a `flowlua --ranks n` job (lua/flow/ranks.lua).
+function flow.run_ranks(n, fn, ...) return require("flow.ranks").run(n, fn, ...) end
+
 return flow
