@@ -28,12 +28,13 @@
  * receive takes the first queued message from its peer with its communicator and tag (so messages
  * between two ranks with the same communicator and tag arrive in the order they were sent). A
  * reader thread drains the sockets whenever data comes, so sends are plain blocking writes that
- * never deadlock: every peer keeps reading. A thread waiting for a message also reads the sockets
- * itself for a millisecond first (yielding the core between looks, as the MPI backend polls),
- * which saves the reader thread's wake-up on every small message; then it sleeps on a condition
- * variable until a message comes, the peer's connection closes or a deadline passes. Threads of
- * one rank (a graph's forward and backward collective streams) use the transport at once: one
- * thread reads at a time, and a lock per peer keeps their sends whole on the socket. */
+ * never deadlock: every peer keeps reading. A thread waiting for a message reads the sockets itself
+ * for its first 10 ms, sleeping in poll (the kernel wakes it when data comes: one wake-up per small
+ * message instead of the reader thread's and then its own); then, or while another thread of the
+ * rank reads, it sleeps on a condition variable until a message comes, the peer's connection closes
+ * or a deadline passes. Threads of one rank (a graph's forward and backward collective streams) use
+ * the transport at once: one thread reads at a time, and a lock per peer keeps their sends whole
+ * on the socket. */
 
 typedef struct header {
   uint64_t comm;
@@ -167,13 +168,12 @@ static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
     if (T.gone[src]) { *why = GONE; break; }
     double now = now_s(), left = deadline - now;
     if (left <= 0) { *why = TIMED_OUT; break; }
-    if (now - start < 1e-3) { /* read the sockets itself, yielding the core between looks */
+    if (now - start < 1e-2) { /* read the sockets itself, sleeping in poll */
       pthread_mutex_unlock(&T.lock);
-      if (looks > 0) sched_yield();
       if (pthread_mutex_trylock(&T.read_lock) == 0) {
-        read_messages(0);
+        read_messages(looks == 0 ? 0 : 1);
         pthread_mutex_unlock(&T.read_lock);
-      }
+      } else sched_yield();
       pthread_mutex_lock(&T.lock);
       continue;
     }
