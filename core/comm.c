@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "comm_local.h"
+#include "comm_backend.h"
 #include "device.h"
 #include "error.h"
 
@@ -125,15 +126,8 @@ static bool equal_blocks(const size_t *counts, const size_t *displs, int n) {
   return true;
 }
 
-static int sum_check(const char *what, flow_dtype dt) {
-  if (dt == FLOW_F16 || dt == FLOW_BF16 || dt == FLOW_BOOL)
-    return flow_error_set("%s: partial sums of %s tensors are not supported (cast to float32 first)",
-                          what, flow_dtype_name(dt));
-  return 0;
-}
-
 static int m_allreduce(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
-  if (sum_check("all-reduce", dt)) return -1;
+  if (flow_comm_sum_check("all-reduce", dt)) return -1;
   if (count > INT_MAX) return flow_error_set("all-reduce: %zu elements is too large for MPI", count);
   CHECK("all-reduce", MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dt),
                                     MPI_SUM, mpi(c)));
@@ -163,24 +157,11 @@ static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
 static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
                        void *recv, const size_t *rcounts, const size_t *rdispls, flow_dtype dt);
 
-/* acc[i] += x[i] */
-#define ADD_INTO(T) do { T *a_ = acc; const T *x_ = x; for (size_t i = 0; i < n; i++) a_[i] += x_[i]; } while (0)
-static void add_into(void *acc, const void *x, size_t n, flow_dtype dt) {
-  switch (dt) {
-  case FLOW_F32: ADD_INTO(float); break;
-  case FLOW_F64: ADD_INTO(double); break;
-  case FLOW_I64: ADD_INTO(int64_t); break;
-  case FLOW_I32: ADD_INTO(int32_t); break;
-  default: ADD_INTO(uint8_t); break;
-  }
-}
-#undef ADD_INTO
-
 /* An all-to-all of the blocks, then a local sum of the p blocks this rank receives, in rank order.
  * OpenMPI's MPI_Reduce_scatter(_block) was 20-40x slower than that here (90 ms against 2-4 ms for
  * 16 MB on 2 ranks), because its algorithm for this size reduces the whole buffer first. */
 static int m_reduce_scatterv(flow_comm *c, const void *send, void *recv, const size_t *counts, flow_dtype dt) {
-  if (sum_check("reduce-scatter", dt)) return -1;
+  if (flow_comm_sum_check("reduce-scatter", dt)) return -1;
   int n = c->size, me = c->rank;
   size_t es = flow_dtype_size(dt), mine = counts[me];
   size_t *cnt = malloc(4 * (size_t)n * sizeof *cnt);
@@ -201,7 +182,7 @@ static int m_reduce_scatterv(flow_comm *c, const void *send, void *recv, const s
   rc = m_alltoallv(c, send, cnt, cnt + n, parts, cnt + 2 * n, cnt + 3 * n, dt);
   if (rc == 0) {
     memcpy(recv, parts, mine * es);
-    for (int q = 1; q < n; q++) add_into(recv, parts + (size_t)q * mine * es, mine, dt);
+    for (int q = 1; q < n; q++) flow_comm_add_into(recv, parts + (size_t)q * mine * es, mine, dt);
   }
 done:
   if (parts) host->free(0, parts, (size_t)n * mine * es + 1);
@@ -372,20 +353,6 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
   return rc;
 }
 
-static int m_minmax(flow_comm *c, long long v, long long *min, long long *max) {
-  return flow_comm_handshake_mpi(c, "agreement check", v, min, max);
-}
-
-/* A handshake whose value says "barrier": a rank that meets another's global op here is out of step. */
-static int m_barrier(flow_comm *c) {
-  long long lo, hi;
-  if (flow_comm_handshake_mpi(c, "barrier", -2, &lo, &hi) != 0) return -1;
-  if (lo != hi)
-    return flow_error_set("[rank %d] barrier: another rank is at a global op's handshake here, not at this barrier "
-                          "(the ranks took different paths)", c->rank);
-  return 0;
-}
-
 static const flow_comm_ops mpi_ops;
 
 /* Collective over m (it duplicates m for the handshakes). */
@@ -457,8 +424,9 @@ static void m_free(flow_comm *c) {
 static const flow_comm_ops mpi_ops = {
     .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
     .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
-    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier,
-    .handshake = flow_comm_handshake_mpi, .fail = flow_comm_fail_mpi, .minmax = m_minmax,
+    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange,
+    .barrier = flow_comm_handshake_barrier, .handshake = flow_comm_handshake_mpi, .fail = flow_comm_fail_mpi,
+    .minmax = flow_comm_handshake_minmax,
     .group = m_group, .free = m_free};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */

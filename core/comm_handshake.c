@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "comm_mpi.h"
+#include "comm_backend.h"
 #include "error.h"
 
 /* ---- the handshake: agreement, liveness and the failure channel ---------------------------------
@@ -25,27 +26,9 @@
  * - Messages of a handshake a rank failed or gave up carry an older number and are dropped. */
 
 enum { TAG_RECORD = 1, TAG_VERDICT = 2, TAG_WITHDRAW = 3 };
-enum { HS_OK, HS_FAILED, HS_CANCELLED };
-
 typedef flow_comm_record record;
 
-struct flow_comm_record {
-  unsigned long long seq;
-  long long lo, hi;
-  int status, rank; /* a verdict's HS_FAILED: the rank that failed */
-  char what[64];
-  char msg[768];    /* a failure's or a cancel's message; only its used part is sent */
-};
-
 flow_comm_record *flow_comm_record_new(void) { return malloc(sizeof(record)); }
-
-static void fill(record *r, long long v, int status, int rank, const char *what, const char *msg) {
-  r->lo = r->hi = v;
-  r->status = status;
-  r->rank = rank;
-  snprintf(r->what, sizeof r->what, "%s", what);
-  snprintf(r->msg, sizeof r->msg, "%s", msg);
-}
 
 /* Wait for this rank's previous sends to be out, then send r as this handshake's message to `to`
  * (-1: every peer). */
@@ -132,43 +115,17 @@ static int lead(flow_comm *c, const char *what, long long mine, record *v) {
   }
   double waited = 0;
   int late = rc == 0 ? await(c, TAG_RECORD, n, got, req, flow_comm_timeout(), &waited) : -1;
-  fill(v, mine, HS_OK, c->rank, what, "");
-  int who;
-  if (late < 0) {
-    flow_comm_drop_requests(n, req, NULL);
-    rc = -1;
-  } else if (late) { /* name the ranks whose record did not come, and where the others are */
-    bool *arrived = calloc((size_t)n, sizeof *arrived);
-    flow_comm_drop_requests(n, req, arrived);
-    size_t len = (size_t)snprintf(v->msg, sizeof v->msg, "waited %.0f s (FLOW_TIMEOUT) for rank", waited);
-    for (int q = 0, first = 1; q < n && len < sizeof v->msg; q++)
-      if (q != c->rank && got[q].seq != im->seq && !(arrived && arrived[q])) {
-        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s %d", first ? "" : ",", q);
-        first = 0;
-      }
-    if (len < sizeof v->msg)
-      len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", which did not arrive (stopped, stuck, failed "
-                              "outside a global op or took another path); rank %d is at %s", c->rank, what);
-    for (int q = 0; q < n && len < sizeof v->msg; q++)
-      if (q != c->rank && got[q].seq == im->seq)
-        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", rank %d at %s", q, got[q].what);
-    free(arrived);
-    v->status = HS_CANCELLED;
-  } else if (withdrawn(c, &who)) {
-    snprintf(v->msg, sizeof v->msg, "rank %d gave up waiting for this rank, the handshake's leader (FLOW_TIMEOUT)", who);
-    v->status = HS_CANCELLED;
+  int who = -1, *state = calloc((size_t)n, sizeof *state);
+  if (!state) rc = flow_error_set("handshake: out of memory");
+  if (late) flow_comm_drop_requests(n, req, NULL); /* a record that came meanwhile still counts */
+  if (late >= 0 && rc == 0) {
+    for (int q = 0; q < n; q++) state[q] = q == c->rank || got[q].seq == im->seq ? FLOW_HS_ARRIVED : FLOW_HS_LATE;
+    if (!late) withdrawn(c, &who);
+    flow_comm_verdict(v, c, im->seq, what, mine, got, state, waited, who);
   } else {
-    for (int q = 0; q < n; q++) {
-      if (q == c->rank) continue;
-      if (got[q].status == HS_FAILED && v->status == HS_OK) {
-        v->status = HS_FAILED;
-        v->rank = q;
-        snprintf(v->msg, sizeof v->msg, "%s", got[q].msg);
-      }
-      if (got[q].lo < v->lo) v->lo = got[q].lo;
-      if (got[q].hi > v->hi) v->hi = got[q].hi;
-    }
+    rc = -1;
   }
+  free(state);
   if (rc == 0) rc = send_record(c, TAG_VERDICT, -1, v);
   free(got);
   free(req);
@@ -178,7 +135,7 @@ static int lead(flow_comm *c, const char *what, long long mine, record *v) {
 /* A member: send the record to the leader (rank 0), wait for its verdict v. */
 static int follow(flow_comm *c, const char *what, long long mine, record *v) {
   flow_comm_mpi *im = flow_comm_mpi_of(c);
-  fill(v, mine, HS_OK, c->rank, what, "");
+  flow_comm_record_fill(v, im->seq, mine, FLOW_HS_OK, c->rank, what, "");
   int rc = send_record(c, TAG_RECORD, 0, v);
   if (rc != 0) return rc;
   MPI_Request req;
@@ -202,17 +159,7 @@ int flow_comm_handshake_mpi(flow_comm *c, const char *what, long long v, long lo
   flow_comm_mpi_of(c)->seq++;
   record r;
   int rc = c->rank == 0 ? lead(c, what, v, &r) : follow(c, what, v, &r);
-  if (rc != 0) return rc;
-  if (r.status == HS_FAILED) {
-    const char *m = r.msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
-    return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r.rank, tail ? tail + 2 : m);
-  }
-  if (r.status == HS_CANCELLED)
-    return flow_error_set(c->rank == 0 ? "[rank %d] %s: %s" : "[rank %d] %s: rank 0 gave up waiting, so no rank moves "
-                          "data here: %s", c->rank, what, r.msg);
-  *min = r.lo;
-  *max = r.hi;
-  return 0;
+  return rc != 0 ? rc : flow_comm_verdict_result(c, what, &r, min, max);
 }
 
 void flow_comm_fail_mpi(flow_comm *c, const char *what, const char *msg) {
@@ -221,7 +168,7 @@ void flow_comm_fail_mpi(flow_comm *c, const char *what, const char *msg) {
   char keep[1024];
   snprintf(keep, sizeof keep, "%s", flow_error_get());
   record r;
-  fill(&r, 0, HS_FAILED, c->rank, what, msg);
+  flow_comm_record_fill(&r, 0, 0, FLOW_HS_FAILED, c->rank, what, msg);
   send_record(c, c->rank == 0 ? TAG_VERDICT : TAG_RECORD, c->rank == 0 ? -1 : 0, &r);
   flow_error_set("%s", keep);
 }

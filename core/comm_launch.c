@@ -1,6 +1,7 @@
 /* `flowlua --ranks N`: N rank processes forked from one flowlua and joined by a full mesh of
  * Unix-domain sockets (comm_local.c), a job with mpirun's semantics and no mpirun. The launching
  * process stays as the job's parent: it waits for the ranks and ends the job as mpirun does. */
+#define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -12,53 +13,88 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm_local.h"
 #include "error.h"
 
 static volatile sig_atomic_t asked_to_end; /* a signal that ends the job (SIGTERM, SIGHUP) */
+static volatile sig_atomic_t aborted;      /* SIGUSR1: a rank aborts (its notice is on the pipe) */
 
 static void on_end(int sig) { asked_to_end = sig; }
+static void on_abort(int sig) { (void)sig; aborted = 1; }
 
-/* The parent: wait for every rank. The first that fails (a non-zero status, or a signal) ends the
- * others at once, as mpirun ends a job when a rank aborts or dies; its status is the job's. */
-static int wait_ranks(int n, const pid_t *pid, const char *prog) {
-  int left = n, code = 0;
-  bool *done = calloc((size_t)n, sizeof *done);
+/* A rank's wait status as the job's exit code: its exit status, or 128 + the signal that ended it. */
+static int exit_code(int st) { return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WIFEXITED(st) ? WEXITSTATUS(st) : 0; }
+
+/* Which rank ended the job, among those that failed by now (status[q] >= 0 when reaped): one killed
+ * by a signal (nothing here kills one in turn), else r, the first seen to fail. */
+static int blame(int n, const int *status, int r) {
+  for (int q = 0; q < n; q++)
+    if (status[q] >= 0 && WIFSIGNALED(status[q])) return q;
+  return r;
+}
+
+static void end_job(const char *prog, int who, const char *how, int n, const pid_t *pid, const int *status) {
+  int left = 0;
+  for (int q = 0; q < n; q++) left += q != who && status[q] < 0;
+  fprintf(stderr, "%s: rank %d %s%s\n", prog, who, how, left ? "; ending the job" : "");
+  fflush(stderr);
+  for (int q = 0; q < n; q++)
+    if (status[q] < 0) kill(pid[q], SIGKILL);
+}
+
+/* The parent: wait for every rank. The first that fails ends the others at once, as mpirun ends a
+ * job when a rank aborts or dies, and its status is the job's: a rank that aborts (an uncaught
+ * error) says so before it exits, so the others are ended before they fail on seeing it leave; a
+ * rank that exits with a failing status or is killed is seen when it has gone. */
+static int wait_ranks(int n, const pid_t *pid, int aborts, const char *prog) {
+  int left = n, code = 0, *status = malloc((size_t)n * sizeof *status);
+  char how[96];
+  if (!status) return EXIT_FAILURE;
+  for (int q = 0; q < n; q++) status[q] = -1;
   while (left > 0) {
-    int st;
+    int st, r = 0;
     pid_t p = waitpid(-1, &st, 0);
+    flow_comm_local_abort_notice a;
+    if (p < 0 && errno == EINTR && aborted && !code && read(aborts, &a, sizeof a) == (ssize_t)sizeof a &&
+        a.rank >= 0 && a.rank < n) {
+      code = a.code;
+      snprintf(how, sizeof how, "exited with status %d", a.code);
+      end_job(prog, a.rank, how, n, pid, status);
+      continue;
+    }
     if (p < 0) {
       if (errno != EINTR) break;
       if (asked_to_end)
-        for (int r = 0; r < n; r++)
-          if (!done || !done[r]) kill(pid[r], (int)asked_to_end);
+        for (int q = 0; q < n; q++)
+          if (status[q] < 0) kill(pid[q], (int)asked_to_end);
       continue;
     }
-    int r = 0;
     while (r < n && pid[r] != p) r++;
     if (r == n) continue;
-    if (done) done[r] = true;
+    status[r] = st;
     left--;
-    int failed = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 0;
-    if (!failed || code) continue;
-    code = failed;
-    if (WIFEXITED(st))
-      fprintf(stderr, "%s: rank %d exited with status %d%s\n", prog, r, failed, left ? "; ending the job" : "");
-    else
-      fprintf(stderr, "%s: rank %d was killed by signal %d (%s)%s\n", prog, r, WTERMSIG(st), strsignal(WTERMSIG(st)),
-              left ? "; ending the job" : "");
-    fflush(stderr);
+    if (code || !exit_code(st)) continue;
+    /* a rank killed makes its peers fail within moments: let them, to tell which was first */
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
     for (int q = 0; q < n; q++)
-      if (!done || !done[q]) kill(pid[q], SIGKILL);
+      if (status[q] < 0 && waitpid(pid[q], &st, WNOHANG) == pid[q]) { status[q] = st; left--; }
+    int who = blame(n, status, r);
+    code = exit_code(status[who]);
+    if (WIFSIGNALED(status[who]))
+      snprintf(how, sizeof how, "was killed by signal %d (%s)", WTERMSIG(status[who]), strsignal(WTERMSIG(status[who])));
+    else
+      snprintf(how, sizeof how, "exited with status %d", code);
+    end_job(prog, who, how, n, pid, status);
   }
-  free(done);
+  free(status);
   return code;
 }
 
 /* The child that is rank r: its row of the mesh, its terminal and signals as under mpirun. */
-static void become_rank(int r, int n, int *fd, pid_t parent) {
+static void become_rank(int r, int n, int *fd, int aborts, pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the job ends with its parent */
   if (getppid() != parent) _exit(EXIT_FAILURE);
   int *row = malloc((size_t)n * sizeof *row);
@@ -88,7 +124,7 @@ static void become_rank(int r, int n, int *fd, pid_t parent) {
     snprintf(k, sizeof k, "%ld", cores / n > 1 ? cores / n : 1);
     setenv("FLOW_NUM_THREADS", k, 1);
   }
-  flow_comm_local_join(r, n, row);
+  flow_comm_local_join(r, n, row, aborts);
   free(row);
 }
 
@@ -112,6 +148,9 @@ int flow_comm_launch_local(int n, const char *prog) {
       fd[i * n + j] = sv[0];
       fd[j * n + i] = sv[1];
     }
+  int aborts[2];
+  if (pipe2(aborts, O_CLOEXEC | O_NONBLOCK) != 0)
+    return flow_error_set("--ranks: cannot make the abort channel: %s", strerror(errno));
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
@@ -122,7 +161,8 @@ int flow_comm_launch_local(int n, const char *prog) {
     pid[r] = fork();
     if (pid[r] == 0) {
       free(pid);
-      become_rank(r, n, fd, parent);
+      close(aborts[0]);
+      become_rank(r, n, fd, aborts[1], parent);
       free(fd);
       return 0;
     }
@@ -140,7 +180,10 @@ int flow_comm_launch_local(int n, const char *prog) {
   sa.sa_handler = on_end;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
-  int code = wait_ranks(n, pid, prog);
+  sa.sa_handler = on_abort;
+  sigaction(SIGUSR1, &sa, NULL);
+  close(aborts[1]);
+  int code = wait_ranks(n, pid, aborts[0], prog);
   free(pid);
   exit(code);
 }

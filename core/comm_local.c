@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm_backend.h"
 #include "error.h"
 
 /* ---- the transport: messages with a (communicator, tag) header, matched on arrival --------------
@@ -52,6 +54,7 @@ typedef struct msg {
 
 static struct {
   int rank, size;               /* in the world; size 0: not a launched rank */
+  int aborts;                   /* the pipe to the launcher for abort notices */
   int *fd;                      /* fd[q]: the socket to world rank q */
   int *rd;                      /* fd[q] while it may bring messages; -1 once it closed (under read_lock) */
   bool *gone;                   /* rank q's connection closed: it exited or died */
@@ -305,26 +308,6 @@ static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, c
 
 /* ---- data collectives: linear exchanges of blocks, sums in rank order --------------------------- */
 
-static int sum_check(const char *what, flow_dtype dt) {
-  if (dt == FLOW_F16 || dt == FLOW_BF16 || dt == FLOW_BOOL)
-    return flow_error_set("%s: partial sums of %s tensors are not supported (cast to float32 first)",
-                          what, flow_dtype_name(dt));
-  return 0;
-}
-
-/* acc[i] += x[i] */
-#define ADD_INTO(T_) do { T_ *a_ = acc; const T_ *x_ = x; for (size_t i = 0; i < n; i++) a_[i] += x_[i]; } while (0)
-static void add_into(void *acc, const void *x, size_t n, flow_dtype dt) {
-  switch (dt) {
-  case FLOW_F32: ADD_INTO(float); break;
-  case FLOW_F64: ADD_INTO(double); break;
-  case FLOW_I64: ADD_INTO(int64_t); break;
-  case FLOW_I32: ADD_INTO(int32_t); break;
-  default: ADD_INTO(uint8_t); break;
-  }
-}
-#undef ADD_INTO
-
 /* Block q of send (scounts[q] elements at sdispls[q]) to member q; member q's block for this rank
  * into recv at rdispls[q]. Every send goes first: the peers' reader threads take them whatever they do. */
 static int l_alltoallv(flow_comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
@@ -370,7 +353,7 @@ static int l_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
 /* Every member's block for this rank, then their sum in rank order (so it is the same sum
  * whichever rank computes it). */
 static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const size_t *counts, flow_dtype dt) {
-  if (sum_check("reduce-scatter", dt)) return -1;
+  if (flow_comm_sum_check("reduce-scatter", dt)) return -1;
   int n = c->size, me = c->rank;
   size_t es = flow_dtype_size(dt), mine = counts[me];
   size_t *v = malloc(4 * (size_t)n * sizeof *v);
@@ -386,7 +369,7 @@ static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const s
   if (rc == 0) rc = l_alltoallv(c, send, v, v + n, parts, v + 2 * n, v + 3 * n, dt);
   if (rc == 0) {
     memcpy(recv, parts, mine * es);
-    for (int q = 1; q < n; q++) add_into(recv, parts + (size_t)q * mine * es, mine, dt);
+    for (int q = 1; q < n; q++) flow_comm_add_into(recv, parts + (size_t)q * mine * es, mine, dt);
   }
   free(parts);
   free(v);
@@ -397,7 +380,7 @@ static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const s
  * all-gather of the sums: each element is summed once, in rank order, and every rank gets the
  * same bits. */
 static int l_allreduce(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
-  if (sum_check("all-reduce", dt)) return -1;
+  if (flow_comm_sum_check("all-reduce", dt)) return -1;
   int n = c->size;
   size_t es = flow_dtype_size(dt), *v = malloc(2 * (size_t)n * sizeof *v), off = 0;
   if (!v) return flow_error_set("all-reduce: out of memory");
@@ -481,7 +464,7 @@ static int l_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
 }
 
 /* ---- the handshake: agreement, liveness and the failure channel ---------------------------------
- * The MPI backend's protocol (comm_handshake.c), a star: every member sends the leader (member 0)
+ * The MPI backend's protocol (comm_handshake.c; the verdict is comm_backend.c's), a star: every member sends the leader (member 0)
  * a record (the handshake's number on this communicator, its value, its op), and the leader
  * answers each with the verdict (min and max of the values, or who failed, or that it gave up), so
  * all move on or none do. A failing rank sends a record (as the leader, a verdict) marked failed
@@ -489,26 +472,7 @@ static int l_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
  * others 2 s later, withdrawing their record. Messages of an older handshake are dropped. Here a
  * rank that exited is seen at once: its connection closes. */
 
-enum { HS_OK, HS_FAILED, HS_CANCELLED };
-
-typedef struct record {
-  unsigned long long seq;
-  long long lo, hi;
-  int status, rank;
-  char what[64];
-  char msg[768];
-} record;
-
-static void fill(record *r, unsigned long long seq, long long v, int status, int rank, const char *what,
-                 const char *msg) {
-  memset(r, 0, sizeof *r);
-  r->seq = seq;
-  r->lo = r->hi = v;
-  r->status = status;
-  r->rank = rank;
-  snprintf(r->what, sizeof r->what, "%s", what ? what : "");
-  snprintf(r->msg, sizeof r->msg, "%s", msg ? msg : "");
-}
+typedef flow_comm_record record;
 
 /* This handshake's record from member q with `tag` (older ones dropped) by the deadline; GOT,
  * TIMED_OUT or GONE, or -1 with an error when q is ahead. */
@@ -545,58 +509,24 @@ static bool withdrawn(flow_comm *c, int *who) {
   return false;
 }
 
-
 /* The leader: gather every record, then send the verdict v to every member (also to those that did
  * not arrive, which find it when they do). */
 static int lead(flow_comm *c, const char *what, long long mine, record *v) {
   local_comm *l = impl(c);
-  int n = c->size, who;
+  int n = c->size, who = -1;
   double start = now_s(), deadline = start + flow_comm_timeout();
-  fill(v, l->seq, mine, HS_OK, c->rank, what, "");
   record *got = calloc((size_t)n, sizeof *got);
   int *state = calloc((size_t)n, sizeof *state);
   if (!got || !state) { free(got); free(state); return flow_error_set("handshake: out of memory"); }
   bool late = false;
   for (int q = 1; q < n; q++) {
-    state[q] = await_record(c, q, TAG_RECORD, deadline, &got[q]);
-    if (state[q] < 0) { free(got); free(state); return -1; }
-    late |= state[q] != GOT;
+    int rc = await_record(c, q, TAG_RECORD, deadline, &got[q]);
+    if (rc < 0) { free(got); free(state); return -1; }
+    state[q] = rc == GOT ? FLOW_HS_ARRIVED : rc == GONE ? FLOW_HS_EXITED : FLOW_HS_LATE;
+    late |= rc != GOT;
   }
-  if (late) { /* name the ranks that exited, those whose record did not come, and where the others are */
-    size_t len = 0;
-    for (int kind = GONE; kind >= TIMED_OUT; kind--)
-      for (int q = 1, first = 1; q < n && len < sizeof v->msg; q++) {
-        if (state[q] != kind) continue;
-        if (first && len) len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "; ");
-        if (first && kind == TIMED_OUT)
-          len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "waited %.0f s (FLOW_TIMEOUT) for ", now_s() - start);
-        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, first ? "rank %d" : ", %d", q);
-        first = 0;
-        bool last = true;
-        for (int k = q + 1; k < n; k++) last &= state[k] != kind;
-        if (last && len < sizeof v->msg)
-          len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s", kind == GONE ? " exited" :
-                                  ", which did not arrive (stopped, stuck, failed outside a global op or took another path)");
-      }
-    if (len < sizeof v->msg)
-      len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "; rank %d is at %s", c->rank, what);
-    for (int q = 1; q < n && len < sizeof v->msg; q++)
-      if (state[q] == GOT) len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, ", rank %d at %s", q, got[q].what);
-    v->status = HS_CANCELLED;
-  } else if (withdrawn(c, &who)) {
-    snprintf(v->msg, sizeof v->msg, "rank %d gave up waiting for this rank, the handshake's leader (FLOW_TIMEOUT)", who);
-    v->status = HS_CANCELLED;
-  } else {
-    for (int q = 1; q < n; q++) {
-      if (got[q].status == HS_FAILED && v->status == HS_OK) {
-        v->status = HS_FAILED;
-        v->rank = q;
-        snprintf(v->msg, sizeof v->msg, "%s", got[q].msg);
-      }
-      if (got[q].lo < v->lo) v->lo = got[q].lo;
-      if (got[q].hi > v->hi) v->hi = got[q].hi;
-    }
-  }
+  if (!late) withdrawn(c, &who);
+  flow_comm_verdict(v, c, l->seq, what, mine, got, state, now_s() - start, who);
   free(got);
   free(state);
   for (int q = 1; q < n; q++) /* a member that exited hears nothing: no error here */
@@ -608,7 +538,7 @@ static int lead(flow_comm *c, const char *what, long long mine, record *v) {
 static int follow(flow_comm *c, const char *what, long long mine, record *v) {
   local_comm *l = impl(c);
   record r;
-  fill(&r, l->seq, mine, HS_OK, c->rank, what, "");
+  flow_comm_record_fill(&r, l->seq, mine, FLOW_HS_OK, c->rank, what, "");
   if (send_to(c, 0, TAG_RECORD, &r, sizeof r, what) != 0) return -1;
   double start = now_s();
   int got = await_record(c, 0, TAG_VERDICT, start + flow_comm_timeout() + 2, v); /* the leader gives up first */
@@ -628,17 +558,7 @@ static int l_handshake(flow_comm *c, const char *what, long long v, long long *m
   impl(c)->seq++;
   record r;
   int rc = c->rank == 0 ? lead(c, what, v, &r) : follow(c, what, v, &r);
-  if (rc != 0) return rc;
-  if (r.status == HS_FAILED) {
-    const char *m = r.msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
-    return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r.rank, tail ? tail + 2 : m);
-  }
-  if (r.status == HS_CANCELLED)
-    return flow_error_set(c->rank == 0 ? "[rank %d] %s: %s" : "[rank %d] %s: rank 0 gave up waiting, so no rank moves "
-                          "data here: %s", c->rank, what, r.msg);
-  *min = r.lo;
-  *max = r.hi;
-  return 0;
+  return rc != 0 ? rc : flow_comm_verdict_result(c, what, &r, min, max);
 }
 
 static void l_fail(flow_comm *c, const char *what, const char *msg) {
@@ -648,24 +568,10 @@ static void l_fail(flow_comm *c, const char *what, const char *msg) {
   char keep[1024];
   snprintf(keep, sizeof keep, "%s", flow_error_get());
   record r;
-  fill(&r, l->seq, 0, HS_FAILED, c->rank, what, msg);
+  flow_comm_record_fill(&r, l->seq, 0, FLOW_HS_FAILED, c->rank, what, msg);
   for (int q = c->rank == 0 ? 1 : 0; q < (c->rank == 0 ? c->size : 1); q++)
     put(l->id, l->world[q], c->rank == 0 ? TAG_VERDICT : TAG_RECORD, &r, sizeof r, 1);
   flow_error_set("%s", keep);
-}
-
-static int l_minmax(flow_comm *c, long long v, long long *min, long long *max) {
-  return l_handshake(c, "agreement check", v, min, max);
-}
-
-/* A handshake whose value says "barrier": a rank that meets another's global op here is out of step. */
-static int l_barrier(flow_comm *c) {
-  long long lo, hi;
-  if (l_handshake(c, "barrier", -2, &lo, &hi) != 0) return -1;
-  if (lo != hi)
-    return flow_error_set("[rank %d] barrier: another rank is at a global op's handshake here, not at this barrier "
-                          "(the ranks took different paths)", c->rank);
-  return 0;
 }
 
 /* ---- groups ------------------------------------------------------------------------------------
@@ -717,14 +623,15 @@ static void l_free(flow_comm *c) {
 static const flow_comm_ops local_ops = {
     .allreduce = l_allreduce, .allgatherv = l_allgatherv, .reduce_scatterv = l_reduce_scatterv,
     .alltoall = l_alltoall, .alltoallv = l_alltoallv, .alltoall_blocks = l_alltoall_blocks,
-    .broadcast = l_broadcast, .send = l_send, .recv = l_recv, .exchange = l_exchange, .barrier = l_barrier,
-    .handshake = l_handshake, .fail = l_fail, .minmax = l_minmax, .group = l_group, .free = l_free};
+    .broadcast = l_broadcast, .send = l_send, .recv = l_recv, .exchange = l_exchange, .barrier = flow_comm_handshake_barrier,
+    .handshake = l_handshake, .fail = l_fail, .minmax = flow_comm_handshake_minmax, .group = l_group, .free = l_free};
 
 /* ---- joining -------------------------------------------------------------------------------- */
 
-void flow_comm_local_join(int rank, int size, const int *fd) {
+void flow_comm_local_join(int rank, int size, const int *fd, int aborts) {
   T.rank = rank;
   T.size = size;
+  T.aborts = aborts;
   T.fd = malloc((size_t)size * sizeof *T.fd);
   T.rd = malloc((size_t)size * sizeof *T.rd);
   T.gone = calloc((size_t)size, sizeof *T.gone);
@@ -765,5 +672,7 @@ void flow_comm_local_abort(int code) {
   if (T.size < 2) return;
   fflush(stdout);
   fflush(stderr);
+  flow_comm_local_abort_notice a = {T.rank, code};
+  if (write(T.aborts, &a, sizeof a) == (ssize_t)sizeof a) kill(getppid(), SIGUSR1); /* else it sees the exit */
   _exit(code);
 }

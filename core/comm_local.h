@@ -9,14 +9,21 @@
 #include "comm.h"
 
 /* This process is rank `rank` of `size` launched ranks; fd[q] is its socket to rank q (fd[rank]
- * unused). Called once, in the rank process, before the world is made. */
-void flow_comm_local_join(int rank, int size, const int *fd);
+ * unused), `aborts` the pipe on which it tells the launcher that it ends the job. Called once, in
+ * the rank process, before the world is made. */
+void flow_comm_local_join(int rank, int size, const int *fd, int aborts);
+
+/* What an aborting rank writes on the pipe before it signals the launcher (SIGUSR1), which then
+ * ends the others before they fail on seeing it leave. */
+typedef struct flow_comm_local_abort_notice {
+  int rank, code;
+} flow_comm_local_abort_notice;
 /* Whether this process is a launched rank. */
 bool flow_comm_local_joined(void);
 /* The world of the launched ranks; NULL when this process is not one of them. */
 flow_comm *flow_comm_local_world(void);
-/* End the launched job now with this exit code: the launcher ends the other ranks. Returns (doing
- * nothing) when this process is not a launched rank. */
+/* End the launched job now with this exit code: the launcher hears of it and ends the other ranks.
+ * Returns (doing nothing) when this process is not a launched rank of a job of several. */
 void flow_comm_local_abort(int code);
 
 #endif
