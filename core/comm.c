@@ -4,6 +4,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +63,8 @@ double flow_comm_timeout(void) {
 #ifdef FLOW_HAVE_MPI
 #include <mpi.h>
 
+#include "comm_mpi.h"
+
 /* MPI keeps allocations until exit by design, in components it loads and unloads itself, where
  * LeakSanitizer's fast unwinder cannot see whose they are: its set-up and tear-down are not ours
  * to check. */
@@ -82,7 +85,7 @@ static bool we_started;
 
 /* ---- MPI backend ------------------------------------------------------------------------------ */
 
-static MPI_Comm mpi(flow_comm *c) { return *(MPI_Comm *)c->impl; }
+static MPI_Comm mpi(flow_comm *c) { return flow_comm_mpi_of(c)->comm; }
 
 static MPI_Datatype mpi_type(flow_dtype dt) {
   switch (dt) {
@@ -95,14 +98,16 @@ static MPI_Datatype mpi_type(flow_dtype dt) {
   }
 }
 
-static int mpi_fail(const char *what, int rc) {
+int flow_comm_mpi_fail(const char *what, int rc) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   return flow_error_set("[rank %d] %s failed: %s", flow_comm_rank(), what, msg);
 }
 
-#define CHECK(what, call) do { int rc_ = (call); if (rc_ != MPI_SUCCESS) return mpi_fail(what, rc_); } while (0)
+/* A blocking MPI call, watched; its failure is an error naming `what`. */
+#define CHECK(what, call) do { flow_comm_watch_enter(what); int rc_ = (call); flow_comm_watch_leave(); \
+                               if (rc_ != MPI_SUCCESS) return flow_comm_mpi_fail(what, rc_); } while (0)
 
 /* MPI counts are ints: convert, refusing what does not fit. */
 static int to_ints(const char *what, const size_t *v, int n, int *out) {
@@ -145,8 +150,10 @@ static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
   if (!ic) return flow_error_set("all-gather: out of memory");
   int rc = to_ints("all-gather", counts, c->size, ic) || to_ints("all-gather", displs, c->size, ic + c->size);
   if (rc == 0) {
+    flow_comm_watch_enter("all-gather");
     int e = MPI_Allgatherv(send, (int)count, t, recv, ic, ic + c->size, t, mpi(c));
-    if (e != MPI_SUCCESS) rc = mpi_fail("all-gather", e);
+    flow_comm_watch_leave();
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("all-gather", e);
   }
   free(ic);
   return rc;
@@ -215,8 +222,10 @@ static int m_alltoallv(flow_comm *c, const void *send, const size_t *scounts, co
   int rc = to_ints("all-to-all", scounts, n, ic) || to_ints("all-to-all", sdispls, n, ic + n) ||
            to_ints("all-to-all", rcounts, n, ic + 2 * n) || to_ints("all-to-all", rdispls, n, ic + 3 * n);
   if (rc == 0) {
+    flow_comm_watch_enter("all-to-all");
     int e = MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, mpi(c));
-    if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
+    flow_comm_watch_leave();
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("all-to-all", e);
   }
   free(ic);
   return rc;
@@ -239,14 +248,16 @@ static int m_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_blo
     }
     int e = MPI_Type_vector((int)b->rows, (int)b->run, (int)b->stride, mpi_type(dt), &types[k]);
     if (e == MPI_SUCCESS) e = MPI_Type_commit(&types[k]);
-    if (e != MPI_SUCCESS) { rc = mpi_fail("all-to-all", e); break; }
+    if (e != MPI_SUCCESS) { rc = flow_comm_mpi_fail("all-to-all", e); break; }
     made = k + 1;
     ints[k] = b->rows && b->run ? 1 : 0;                /* counts: send then recv */
     ints[2 * n + k] = (int)(b->offset * es);            /* byte displacements */
   }
   if (rc == 0) {
+    flow_comm_watch_enter("all-to-all");
     int e = MPI_Alltoallw(send, ints, ints + 2 * n, types, recv, ints + n, ints + 3 * n, types + n, mpi(c));
-    if (e != MPI_SUCCESS) rc = mpi_fail("all-to-all", e);
+    flow_comm_watch_leave();
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("all-to-all", e);
   }
   for (int k = 0; k < made; k++) MPI_Type_free(&types[k]);
   free(ints);
@@ -272,29 +283,65 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
   return 0;
 }
 
-/* Wait for the requests, giving the core away while nothing arrives: a rank that waits on a peer
- * (a pipeline stage waiting for the previous one's activations) would otherwise spin on a core
- * its own compute thread needs. Spins briefly first, so quick exchanges keep their latency.
- * A wait longer than FLOW_TIMEOUT seconds (default 300) is an error naming the peers' op. */
+/* Polling with back-off, for waits on peers: spin briefly first, so quick exchanges keep their
+ * latency, then yield the core for a millisecond (ranks sharing a core get to run: the peer being
+ * waited for may be one), then nap (doubling up to 200 us) to give the core away while nothing
+ * arrives: a rank that waits on a peer (a pipeline stage waiting for the previous one's
+ * activations) would otherwise spin on a core its own compute thread needs. */
+void flow_comm_backoff_start(flow_comm_backoff *b) {
+  clock_gettime(CLOCK_MONOTONIC, &b->t0);
+  b->nap = (struct timespec){0, 0};
+  b->spins = 0;
+}
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)(now.tv_sec - t0->tv_sec) + 1e-9 * (double)(now.tv_nsec - t0->tv_nsec);
+}
+
+/* One pause between two polls; returns the seconds waited since backoff_start. */
+double flow_comm_backoff_pause(flow_comm_backoff *b) {
+  if (b->spins++ < 100) return 0;
+  double waited = seconds_since(&b->t0);
+  if (waited < 1e-3) {
+    sched_yield();
+    return waited;
+  }
+  b->nap.tv_nsec = b->nap.tv_nsec ? (b->nap.tv_nsec * 2 > 200000 ? 200000 : b->nap.tv_nsec * 2) : 5000;
+  nanosleep(&b->nap, NULL);
+  return seconds_since(&b->t0);
+}
+
+/* Receives still pending are cancelled (a late message then stays in MPI's queue, where the next
+ * receive with the same tag discards or takes it); sends complete in the background. */
+void flow_comm_drop_requests(int n, MPI_Request *req, bool *arrived) {
+  for (int i = 0; i < n; i++) {
+    if (req[i] == MPI_REQUEST_NULL) continue;
+    MPI_Status st;
+    int done = 0, cancelled = 1;
+    MPI_Cancel(&req[i]);
+    for (int k = 0; k < 1000 && !done; k++)
+      if (MPI_Test(&req[i], &done, &st) != MPI_SUCCESS) break;
+    if (done) MPI_Test_cancelled(&st, &cancelled);
+    else MPI_Request_free(&req[i]); /* a send under way: it completes in the background */
+    if (arrived) arrived[i] = !cancelled;
+  }
+}
+
+/* Wait for the requests, polling; a wait longer than FLOW_TIMEOUT seconds (default 300) is an
+ * error naming the transfer. */
 static int wait_all(const char *what, int n, MPI_Request *req) {
   double timeout = flow_comm_timeout();
-  struct timespec t0, now, nap = {0, 0};
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long spins = 0;; spins++) {
+  flow_comm_backoff b;
+  flow_comm_backoff_start(&b);
+  for (;;) {
     int done = 0, e = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
-    if (e != MPI_SUCCESS) return mpi_fail(what, e);
+    if (e != MPI_SUCCESS) return flow_comm_mpi_fail(what, e);
     if (done) return 0;
-    if (spins < 2000) continue;
-    nap.tv_nsec = nap.tv_nsec ? (nap.tv_nsec * 2 > 200000 ? 200000 : nap.tv_nsec * 2) : 5000;
-    nanosleep(&nap, NULL);
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double waited = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+    double waited = flow_comm_backoff_pause(&b);
     if (waited > timeout) {
-      for (int i = 0; i < n; i++) {
-        if (req[i] == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&req[i]);
-        MPI_Request_free(&req[i]);
-      }
+      flow_comm_drop_requests(n, req, NULL);
       return flow_error_set("[rank %d] %s: nothing arrived for %.0f s (FLOW_TIMEOUT): a peer rank stopped or "
                             "skipped this transfer", flow_comm_rank(), what, waited);
     }
@@ -309,13 +356,13 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
   for (int i = 0; i < nrecv && rc == 0; i++) {
     if (recvs[i].count > INT_MAX) { rc = flow_error_set("exchange: a message is too large for MPI"); break; }
     int e = MPI_Irecv(recvs[i].buf, (int)recvs[i].count, mpi_type(dt), recvs[i].peer, tag, mpi(c), &req[n]);
-    if (e != MPI_SUCCESS) rc = mpi_fail("recv", e);
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("recv", e);
     else n++;
   }
   for (int i = 0; i < nsend && rc == 0; i++) {
     if (sends[i].count > INT_MAX) { rc = flow_error_set("exchange: a message is too large for MPI"); break; }
     int e = MPI_Isend(sends[i].buf, (int)sends[i].count, mpi_type(dt), sends[i].peer, tag, mpi(c), &req[n]);
-    if (e != MPI_SUCCESS) rc = mpi_fail("send", e);
+    if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("send", e);
     else n++;
   }
   int e = rc == 0 ? wait_all("exchange", n, req) : (MPI_Waitall(n, req, MPI_STATUSES_IGNORE), -1);
@@ -324,30 +371,52 @@ static int m_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
   return rc;
 }
 
-static int m_barrier(flow_comm *c) {
-  CHECK("barrier", MPI_Barrier(mpi(c)));
-  return 0;
+static int m_minmax(flow_comm *c, long long v, long long *min, long long *max) {
+  return flow_comm_handshake_mpi(c, "agreement check", v, min, max);
 }
 
-static int m_minmax(flow_comm *c, long long v, long long *min, long long *max) {
-  long long in[2] = {v, -v}, out[2];
-  CHECK("agreement check", MPI_Allreduce(in, out, 2, MPI_LONG_LONG, MPI_MIN, mpi(c)));
-  *min = out[0];
-  *max = -out[1];
+/* A handshake whose value says "barrier": a rank that meets another's global op here is out of step. */
+static int m_barrier(flow_comm *c) {
+  long long lo, hi;
+  if (flow_comm_handshake_mpi(c, "barrier", -2, &lo, &hi) != 0) return -1;
+  if (lo != hi)
+    return flow_error_set("[rank %d] barrier: another rank is at a global op's handshake here, not at this barrier "
+                          "(the ranks took different paths)", c->rank);
   return 0;
 }
 
 static const flow_comm_ops mpi_ops;
 
+/* Collective over m (it duplicates m for the handshakes). */
 static flow_comm *wrap(MPI_Comm m) {
   flow_comm *c = calloc(1, sizeof *c);
-  MPI_Comm *h = malloc(sizeof *h);
-  if (!c || !h) { free(c); free(h); flow_error_set("communicator: out of memory"); return NULL; }
-  *h = m;
+  flow_comm_mpi *h = calloc(1, sizeof *h);
+  if (h) h->out = flow_comm_record_new();
+  int size = 0;
+  MPI_Comm_size(m, &size);
+  if (h) h->sends = malloc((size_t)size * sizeof *h->sends);
+  if (!c || !h || !h->out || !h->sends) {
+    if (h) { free(h->out); free(h->sends); }
+    free(c); free(h);
+    flow_error_set("communicator: out of memory");
+    return NULL;
+  }
+  for (int q = 0; q < size; q++) h->sends[q] = MPI_REQUEST_NULL;
+  h->comm = m;
+  lsan_off();
+  int e = MPI_Comm_dup(m, &h->ctl);
+  lsan_on();
+  if (e != MPI_SUCCESS) {
+    free(h->out); free(h->sends); free(h); free(c);
+    flow_comm_mpi_fail("communicator", e);
+    return NULL;
+  }
+  MPI_Comm_set_errhandler(h->ctl, MPI_ERRORS_RETURN);
   c->ops = &mpi_ops;
   c->impl = h;
+  c->rank = 0;
   MPI_Comm_rank(m, &c->rank);
-  MPI_Comm_size(m, &c->size);
+  c->size = size;
   return c;
 }
 
@@ -357,22 +426,29 @@ static int m_group(flow_comm *c, const int *members, int n, flow_comm **out) {
   CHECK("communicator group", MPI_Comm_group(mpi(c), &all));
   int rc = MPI_Group_incl(all, n, members, &sub);
   MPI_Group_free(&all);
-  if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
+  if (rc != MPI_SUCCESS) return flow_comm_mpi_fail("communicator group", rc);
   lsan_off();
   rc = MPI_Comm_create_group(mpi(c), sub, 7 + channel, &m); /* channels create at once */
   lsan_on();
   MPI_Group_free(&sub);
-  if (rc != MPI_SUCCESS) return mpi_fail("communicator group", rc);
+  if (rc != MPI_SUCCESS) return flow_comm_mpi_fail("communicator group", rc);
   MPI_Comm_set_errhandler(m, MPI_ERRORS_RETURN);
   *out = wrap(m);
   return *out ? 0 : -1;
 }
 
 static void m_free(flow_comm *c) {
-  MPI_Comm *h = c->impl;
-  int fin = 0;
+  flow_comm_mpi *h = flow_comm_mpi_of(c);
+  int fin = 0, done = 0;
   MPI_Finalized(&fin);
-  if (!fin && *h != MPI_COMM_WORLD) MPI_Comm_free(h);
+  if (!fin) MPI_Testall(c->size, h->sends, &done, MPI_STATUSES_IGNORE);
+  if (!fin && !done)
+    for (int q = 0; q < c->size; q++)
+      if (h->sends[q] != MPI_REQUEST_NULL) MPI_Request_free(&h->sends[q]);
+  if (!fin) MPI_Comm_free(&h->ctl);
+  if (!fin && h->comm != MPI_COMM_WORLD) MPI_Comm_free(&h->comm);
+  if (fin || done) free(h->out); /* else MPI may still read it */
+  free(h->sends);
   free(h);
   free(c);
 }
@@ -380,7 +456,8 @@ static void m_free(flow_comm *c) {
 static const flow_comm_ops mpi_ops = {
     .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
     .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
-    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier, .minmax = m_minmax,
+    .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange, .barrier = m_barrier,
+    .handshake = flow_comm_handshake_mpi, .fail = flow_comm_fail_mpi, .minmax = m_minmax,
     .group = m_group, .free = m_free};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */

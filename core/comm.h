@@ -49,7 +49,16 @@ typedef struct flow_comm_ops {
   int (*exchange)(flow_comm *c, const flow_comm_msg *sends, int nsend, const flow_comm_msg *recvs, int nrecv,
                   flow_dtype dt, int tag);
   int (*barrier)(flow_comm *c);
-  /* min and max of a value over the communicator (the cross-rank agreement check) */
+  /* The handshake that precedes data movement: the agreement check, a barrier and the liveness
+   * check in one. Min and max of v over the communicator. It waits by polling, at most
+   * flow_comm_timeout() seconds, then fails naming the ranks that did not arrive and where the
+   * others are; a peer's `fail` makes it fail on every rank with that peer's message. `what` names
+   * this rank's op in messages. */
+  int (*handshake)(flow_comm *c, const char *what, long long v, long long *min, long long *max);
+  /* This rank failed in `what` with message msg: the others' next handshake on c fails with it.
+   * Returns at once (a failing rank does not wait for its peers). */
+  void (*fail)(flow_comm *c, const char *what, const char *msg);
+  /* The handshake for callers with no op to name ("agreement check"). */
   int (*minmax)(flow_comm *c, long long v, long long *min, long long *max);
   /* A communicator over the given members (indices into this one, in order); called by the
    * members only. */
@@ -63,7 +72,10 @@ struct flow_comm {
   int rank, size;
 };
 
-/* How long a transfer may wait for its peers before it fails (seconds; FLOW_TIMEOUT, default 300). */
+/* How long a handshake or a transfer may wait for its peers before it fails (seconds; FLOW_TIMEOUT,
+ * default 300). A blocking data collective (it runs after a handshake saw every rank arrive) still
+ * running 10 s past that means a peer died or stopped inside it: a watchdog thread then ends the
+ * job (MPI_Abort) with a message naming the collective. */
 double flow_comm_timeout(void);
 void flow_comm_set_timeout(double seconds);
 

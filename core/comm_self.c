@@ -77,11 +77,15 @@ static int s_exchange(flow_comm *c, const flow_comm_msg *sends, int nsend, const
 
 static int s_barrier(flow_comm *c) { (void)c; return 0; }
 
-static int s_minmax(flow_comm *c, long long v, long long *min, long long *max) {
-  (void)c;
+static int s_handshake(flow_comm *c, const char *what, long long v, long long *min, long long *max) {
+  (void)c; (void)what;
   *min = *max = v;
   return 0;
 }
+
+static int s_minmax(flow_comm *c, long long v, long long *min, long long *max) { return s_handshake(c, NULL, v, min, max); }
+
+static void s_fail(flow_comm *c, const char *what, const char *msg) { (void)c; (void)what; (void)msg; }
 
 static int s_group(flow_comm *c, const int *members, int n, flow_comm **out) {
   (void)c;
@@ -95,7 +99,8 @@ static void s_free(flow_comm *c) { free(c); }
 static const flow_comm_ops self_ops = {
   .allreduce = s_allreduce, .allgatherv = s_allgatherv, .reduce_scatterv = s_reduce_scatterv,
   .alltoall = s_alltoall, .alltoallv = s_alltoallv, .broadcast = s_broadcast, .send = s_send, .recv = s_recv,
-  .exchange = s_exchange, .barrier = s_barrier, .minmax = s_minmax, .group = s_group, .free = s_free,
+  .exchange = s_exchange, .barrier = s_barrier,
+  .handshake = s_handshake, .fail = s_fail, .minmax = s_minmax, .group = s_group, .free = s_free,
 };
 
 flow_comm *flow_comm_self_new(void) {

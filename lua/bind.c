@@ -8,6 +8,116 @@
 static char methods_key, module_key, mt_key;
 
 
+/* ---- argument checks that name the op (bind.h) ---------------------------------------------------- */
+
+/* The string key of the table at t whose value is the value at v, pushed; 0 if none. */
+static int key_of(lua_State *L, int t, int v) {
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, v)) {
+      lua_pop(L, 1);
+      return 1;
+    }
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+const char *flow_lua_fn_name(lua_State *L) {
+  lua_Debug ar;
+  if (!lua_getstack(L, 0, &ar)) return "?";
+  luaL_checkstack(L, 4, NULL);
+  lua_getinfo(L, "nf", &ar);
+  int f = lua_gettop(L);
+  const void *keys[] = {&methods_key, &module_key};
+  for (int i = 0; i < 2; i++) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, keys[i]);
+    if (lua_istable(L, -1) && key_of(L, lua_gettop(L), f)) {
+      const char *name = lua_tostring(L, -1);
+      lua_remove(L, -2); /* the table; the name stays on the stack, under the function */
+      return name;
+    }
+    lua_pop(L, 1);
+  }
+  return ar.name ? ar.name : "?";
+}
+
+int flow_lua_argerror(lua_State *L, int arg, const char *extramsg) {
+  lua_Debug ar;
+  if (lua_getstack(L, 0, &ar)) {
+    lua_getinfo(L, "n", &ar);
+    if (ar.namewhat && strcmp(ar.namewhat, "method") == 0 && --arg == 0)
+      return luaL_error(L, "%s: bad self (%s)", flow_lua_fn_name(L), extramsg);
+  }
+  return luaL_error(L, "%s: bad argument #%d (%s)", flow_lua_fn_name(L), arg, extramsg);
+}
+
+int flow_lua_typeerror(lua_State *L, int arg, const char *tname) {
+  const char *got;
+  if (luaL_getmetafield(L, arg, "__name") == LUA_TSTRING) got = lua_tostring(L, -1);
+  else if (lua_type(L, arg) == LUA_TLIGHTUSERDATA) got = "light userdata";
+  else got = luaL_typename(L, arg);
+  return flow_lua_argerror(L, arg, lua_pushfstring(L, "%s expected, got %s", tname, got));
+}
+
+lua_Integer flow_lua_checkinteger(lua_State *L, int arg) {
+  int ok;
+  lua_Integer v = lua_tointegerx(L, arg, &ok);
+  if (!ok) {
+    if (lua_isnumber(L, arg)) flow_lua_argerror(L, arg, "number has no integer representation");
+    else flow_lua_typeerror(L, arg, "number");
+  }
+  return v;
+}
+
+lua_Integer flow_lua_optinteger(lua_State *L, int arg, lua_Integer def) {
+  return lua_isnoneornil(L, arg) ? def : flow_lua_checkinteger(L, arg);
+}
+
+lua_Number flow_lua_checknumber(lua_State *L, int arg) {
+  int ok;
+  lua_Number v = lua_tonumberx(L, arg, &ok);
+  if (!ok) flow_lua_typeerror(L, arg, "number");
+  return v;
+}
+
+lua_Number flow_lua_optnumber(lua_State *L, int arg, lua_Number def) {
+  return lua_isnoneornil(L, arg) ? def : flow_lua_checknumber(L, arg);
+}
+
+const char *flow_lua_checklstring(lua_State *L, int arg, size_t *len) {
+  const char *s = lua_tolstring(L, arg, len);
+  if (!s) flow_lua_typeerror(L, arg, "string");
+  return s;
+}
+
+const char *flow_lua_optlstring(lua_State *L, int arg, const char *def, size_t *len) {
+  if (!lua_isnoneornil(L, arg)) return flow_lua_checklstring(L, arg, len);
+  if (len) *len = def ? strlen(def) : 0;
+  return def;
+}
+
+void flow_lua_checktype(lua_State *L, int arg, int t) {
+  if (lua_type(L, arg) != t) flow_lua_typeerror(L, arg, lua_typename(L, t));
+}
+
+void flow_lua_checkany(lua_State *L, int arg) {
+  if (lua_type(L, arg) == LUA_TNONE) flow_lua_argerror(L, arg, "value expected");
+}
+
+int flow_lua_checkoption(lua_State *L, int arg, const char *def, const char *const lst[]) {
+  const char *name = def ? flow_lua_optlstring(L, arg, def, NULL) : flow_lua_checklstring(L, arg, NULL);
+  for (int i = 0; lst[i]; i++)
+    if (strcmp(lst[i], name) == 0) return i;
+  return flow_lua_argerror(L, arg, lua_pushfstring(L, "invalid option '%s'", name));
+}
+
+void *flow_lua_checkudata(lua_State *L, int arg, const char *tname) {
+  void *p = luaL_testudata(L, arg, tname);
+  if (!p) flow_lua_typeerror(L, arg, tname);
+  return p;
+}
+
 /* luaL_testudata, but comparing with the metatable kept under a pointer key: no string lookup
  * on the hot path of every op. */
 static flow_lua_box *test_box(lua_State *L, int idx) {
@@ -134,10 +244,12 @@ int flow_lua_axes(lua_State *L, int idx, int64_t *axes, const char *fn) {
 }
 
 flow_dtype flow_lua_check_dtype(lua_State *L, int idx) {
-  const char *s = luaL_checkstring(L, idx);
+  const char *s = lua_type(L, idx) == LUA_TSTRING ? lua_tostring(L, idx) : NULL;
   flow_dtype d;
+  if (!s) luaL_error(L, "%s: a dtype is a string such as \"float32\" (got %s)", flow_lua_fn_name(L), luaL_typename(L, idx));
   if (flow_dtype_parse(s, &d) != 0)
-    luaL_error(L, "unknown dtype '%s' (expected float32, float64, float16, bfloat16, int64, int32, uint8 or bool)", s);
+    luaL_error(L, "%s: unknown dtype '%s' (expected float32, float64, float16, bfloat16, int64, int32, uint8 or bool)",
+               flow_lua_fn_name(L), s);
   return d;
 }
 
@@ -153,7 +265,8 @@ flow_device flow_lua_opt_device(lua_State *L, int idx, flow_device def) {
   if (!lua_istable(L, idx)) return def;
   lua_getfield(L, idx, "device");
   flow_device d = def;
-  if (!lua_isnil(L, -1) && flow_device_parse(luaL_checkstring(L, -1), &d) != 0) flow_lua_error(L);
+  if (!lua_isnil(L, -1) && flow_device_parse(luaL_checkstring(L, -1), &d) != 0)
+    luaL_error(L, "%s: %s", flow_lua_fn_name(L), flow_error_get());
   lua_pop(L, 1);
   return d;
 }

@@ -46,6 +46,39 @@ void flow_lua_check_opts(lua_State *L, int idx, const char *fn, const char *cons
 /* Parse a dtype from a string at idx. */
 flow_dtype flow_lua_check_dtype(lua_State *L, int idx);
 
+/* ---- argument checks that name the op ------------------------------------------------------------
+ * lauxlib's checks name the function from the calling instruction, which gives '?' for a call
+ * through pcall, a computed field or a local variable. These name the running function by finding
+ * it in the module and method tables instead: "chunk: bad argument #2 (number expected, got nil)".
+ * The luaL_ names are redirected to them here, so every binding (and any added later) gets them. */
+int flow_lua_argerror(lua_State *L, int arg, const char *extramsg);
+int flow_lua_typeerror(lua_State *L, int arg, const char *tname);
+lua_Integer flow_lua_checkinteger(lua_State *L, int arg);
+lua_Integer flow_lua_optinteger(lua_State *L, int arg, lua_Integer def);
+lua_Number flow_lua_checknumber(lua_State *L, int arg);
+lua_Number flow_lua_optnumber(lua_State *L, int arg, lua_Number def);
+const char *flow_lua_checklstring(lua_State *L, int arg, size_t *len);
+const char *flow_lua_optlstring(lua_State *L, int arg, const char *def, size_t *len);
+void flow_lua_checktype(lua_State *L, int arg, int t);
+void flow_lua_checkany(lua_State *L, int arg);
+int flow_lua_checkoption(lua_State *L, int arg, const char *def, const char *const lst[]);
+void *flow_lua_checkudata(lua_State *L, int arg, const char *tname);
+/* The running C function's name ("chunk"), or "?" when it is in neither table. */
+const char *flow_lua_fn_name(lua_State *L);
+
+#define luaL_argerror flow_lua_argerror
+#define luaL_typeerror flow_lua_typeerror
+#define luaL_checkinteger flow_lua_checkinteger
+#define luaL_optinteger flow_lua_optinteger
+#define luaL_checknumber flow_lua_checknumber
+#define luaL_optnumber flow_lua_optnumber
+#define luaL_checklstring flow_lua_checklstring
+#define luaL_optlstring flow_lua_optlstring
+#define luaL_checktype flow_lua_checktype
+#define luaL_checkany flow_lua_checkany
+#define luaL_checkoption flow_lua_checkoption
+#define luaL_checkudata flow_lua_checkudata
+
 /* Call an op from a binding: raises on error; pushes the outputs; returns nout. */
 int flow_lua_call(lua_State *L, const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a);
 

@@ -130,7 +130,7 @@ static int report(lua_State *L, int status) {
     int top = lua_gettop(L);
     const char *msg = lua_tostring(L, -1);
     if (!msg) msg = "(error object is not a string)";
-    if (flow_comm_size() > 1) msg = lua_pushfstring(L, "[rank %d] %s", flow_comm_rank(), msg);
+    if (flow_comm_size() > 1 && strncmp(msg, "[rank ", 6) != 0) msg = lua_pushfstring(L, "[rank %d] %s", flow_comm_rank(), msg);
     flow_repl_print_error(L, progname, msg);
     lua_settop(L, top - 1);
   }

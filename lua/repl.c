@@ -491,6 +491,8 @@ void flow_repl_run(lua_State *L) {
     nranks = flow_comm_size();
   }
   repl_L = L;
+  /* a wait on a peer gives up sooner than in a script: the user is there, waiting */
+  if (!getenv("FLOW_TIMEOUT")) flow_comm_set_timeout(30);
   if (nranks > 1) {
     if (rank == 0 && !isatty(0)) take_terminal();
     if (rank != 0) set_sigint(SIG_IGN);

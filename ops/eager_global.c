@@ -278,12 +278,18 @@ static uint64_t op_hash(const flow_op *op, flow_tensor *const *in, int nin, cons
   return fnv(h, p->ranks, (size_t)p->nranks * sizeof(int));
 }
 
-static int same_everywhere(const flow_placement *p, uint64_t h, bool *same) {
+/* Set when an error was found by all the placement's ranks together (a handshake failed, or showed
+ * the ranks disagree): the others know of it, so it is not announced (see run_global). */
+static bool shared_error;
+
+/* The handshake over p (every rank arrived, none failed: comm.h) comparing h. */
+static int same_everywhere(const flow_placement *p, const char *what, uint64_t h, bool *same) {
   flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
   if (!c) return -1;
   long long lo, hi;
-  if (c->ops->minmax(c, (long long)(h >> 2), &lo, &hi) != 0) return -1;
+  if (c->ops->handshake(c, what, (long long)(h >> 2), &lo, &hi) != 0) { shared_error = true; return -1; }
   *same = lo == hi;
+  shared_error = !*same;
   return 0;
 }
 
@@ -291,7 +297,7 @@ static int same_everywhere(const flow_placement *p, uint64_t h, bool *same) {
 static int agree(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, const char *sig,
                  const flow_nd_sbp *target) {
   bool same;
-  if (same_everywhere(p, op_hash(op, in, nin, p, target), &same) != 0) return -1;
+  if (same_everywhere(p, op->name, op_hash(op, in, nin, p, target), &same) != 0) return -1;
   if (!same)
     return rank_error("%s: ranks disagree on this global op (the op, its input shapes or SBP differ between "
                       "ranks); this rank called %s", op->name, sig);
@@ -311,6 +317,7 @@ static struct pending {
 } pending[PENDING_MAX];
 
 static void fold(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p, const flow_nd_sbp *target) {
+  if (p->me < 0 || check_on || check_off) return;
   uint64_t h = op_hash(op, in, nin, p, target);
   int k = 0;
   while (k < PENDING_MAX && pending[k].p && pending[k].p != p) k++;
@@ -329,12 +336,23 @@ int flow_global_settle(const flow_placement *p) {
     pending[k].h = 0;
     pending[k].n = 0;
     bool same;
-    if (same_everywhere(p, was.h, &same) != 0) return -1;
+    if (same_everywhere(p, was.last, was.h, &same) != 0) return -1;
     if (!same)
       return rank_error("ranks disagree on the global ops they ran on this placement since its last transfer (an op, "
                         "an input shape, dtype or SBP differs; %d ops here, the last was %s)", was.n, was.last);
   }
   return 0;
+}
+
+/* This rank failed in op on p alone: the placement's other ranks hear of it at their next
+ * handshake, and raise with this rank's message instead of waiting for it (the failure channel).
+ * The ops folded since the last handshake are dropped with the failure. */
+static void announce_failure(const flow_op *op, const flow_placement *p) {
+  if (check_off || p->me < 0 || p->nranks < 2) return;
+  for (int k = 0; k < PENDING_MAX; k++)
+    if (pending[k].p == p) { pending[k].h = 0; pending[k].n = 0; }
+  flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
+  if (c) c->ops->fail(c, op->name, flow_error_get());
 }
 
 /* "matmul({8,16} S(0), {16,32} B)" for messages and traces */
@@ -459,7 +477,7 @@ static int local_logical_shape(const flow_placement *p, const flow_nd_sbp *sbp, 
   flow_comm *all = flow_comm_for_ranks(p->ranks, p->nranks);
   long long lo, hi, fit = flow_shape_eq(nd, box, nd, in->shape);
   uint64_t h = fnv(fnv(1469598103934665603ull, shape, (size_t)nd * sizeof(int64_t)), &in->dtype, sizeof in->dtype);
-  if (!all || all->ops->minmax(all, fit ? (long long)(h >> 2) : -1, &lo, &hi) != 0) return -1;
+  if (!all || all->ops->handshake(all, "to_global", fit ? (long long)(h >> 2) : -1, &lo, &hi) != 0) return -1;
   int64_t msg[2 + FLOW_MAX_DIMS] = {lo != hi || lo < 0 ? -1 : nd, in->dtype};
   memcpy(msg + 2, shape, (size_t)nd * sizeof(int64_t));
   if (tell_outsiders(p, msg) != 0) return -1;
@@ -478,6 +496,10 @@ static FLOW_KERNEL(kernel_local_to_global) {
   const target *tg = &targets[a->k];
   const flow_placement *p = tg->placement;
   if (p->me < 0) return rank_error("to_global: this rank is not in the placement"); /* see local_to_global_outside */
+  /* data moves: every rank must be here, and agree on the ops so far and on this target (the
+   * shards' shapes may differ, so they are checked below) */
+  fold(&flow_op_to_global, NULL, 0, p, &tg->sbp);
+  if (flow_global_settle(p) != 0) return -1;
   /* out[0] := in[0], densely */
   flow_device dev = in[0]->device;
   flow_tensor *d = flow_kernel_dense(in[0]);
@@ -527,8 +549,11 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     flow_box_desc d = {.src_p = g->placement, .dst_p = tg->placement, .src = g->sbp, .dst = tg->sbp,
                        .ndim = g->ndim, .dtype = in->dtype};
     memcpy(d.shape, g->shape, (size_t)g->ndim * sizeof(int64_t));
-    if (!flow_lazy_tracing() && (flow_global_settle(g->placement) != 0 || flow_global_settle(tg->placement) != 0))
-      return -1;
+    if (!flow_lazy_tracing()) {
+      fold(&flow_op_to_global, &in, 1, g->placement, &tg->sbp);
+      fold(&flow_op_to_global, &in, 1, tg->placement, &tg->sbp);
+      if (flow_global_settle(g->placement) != 0 || flow_global_settle(tg->placement) != 0) return -1;
+    }
     flow_tensor *plain = flow_tensor_view_of(in, in->ndim, in->shape, in->stride, in->offset);
     flow_tensor *y = !plain ? NULL : flow_lazy_tracing() ? flow_lazy_box(&d, plain) : flow_box_run(&d, plain);
     flow_tensor_decref(plain);
@@ -544,7 +569,7 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     snprintf(s + strlen(s), sizeof s - strlen(s), " -> %s", flow_nd_sbp_str(&tg->sbp, t, sizeof t));
   }
   if (check_on && agree(&flow_op_to_global, &in, 1, g->placement, s, &tg->sbp) != 0) return -1;
-  if (!check_on && !check_off) fold(&flow_op_to_global, &in, 1, g->placement, &tg->sbp);
+  fold(&flow_op_to_global, &in, 1, g->placement, &tg->sbp);
   tracef("%s\n", s);
   flow_tensor *y = box_shard("input 1", in, tg->placement, &tg->sbp);
   if (!y) return rank_prefix();
@@ -736,7 +761,7 @@ char *flow_global_explain_boxing(const flow_tensor *t, const flow_placement *p, 
 
 /* ---- the dispatcher ------------------------------------------------------------------------------ */
 
-static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
+static int run_global_op(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
   for (int j = 0; j < op->nout; j++) out[j] = NULL;
   if (op == &flow_op_to_global) return run_to_global(in[0], a, out);
   if (op == &flow_op_to_local) {
@@ -759,7 +784,7 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   char desc[768] = "";
   if (check_on || tracing) describe(op, in, nin, p, desc, sizeof desc);
   if (p->me >= 0 && check_on && agree(op, in, nin, p, desc, NULL) != 0) return -1;
-  if (p->me >= 0 && !check_on && !check_off) fold(op, in, nin, p, NULL);
+  fold(op, in, nin, p, NULL);
 
   flow_meta lin[FLOW_SIG_MAX_IO], lmeta[FLOW_SIG_MAX_IO];
   for (int i = 0; i < nin; i++) flow_meta_from(&lin[i], in[i]); /* logical shapes */
@@ -839,6 +864,19 @@ static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const 
   }
   if (rc != 0)
     for (int j = 0; j < op->nout; j++) { flow_tensor_decref(out[j]); out[j] = NULL; }
+  return rc;
+}
+
+/* An error on this rank alone is announced to the placement's other ranks. */
+static int run_global(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
+  shared_error = false;
+  int rc = run_global_op(op, in, nin, a, out);
+  if (rc == 0 || shared_error || flow_lazy_tracing()) return rc;
+  for (int i = 0; i < nin; i++)
+    if (in[i]->global) {
+      announce_failure(op, flow_global_of(in[i])->placement);
+      break;
+    }
   return rc;
 }
 

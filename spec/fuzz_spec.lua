@@ -35,6 +35,30 @@ describe("other bad input", function()
     assert.matches("save: a key contains a zero byte", err_of(flow.save, { ["a\0b"] = flow.ones({ 2 }) }, os.tmpname()))
     assert.matches("to_global: no boxing target", err_of(flow._call, "to_global", {}, flow.ones({ 2 })))
   end)
+  it("names the function in argument errors, however it is called", function()
+    local t = flow.ones({ 2, 2 })
+    local chunk = t.chunk
+    assert.matches("^chunk: bad argument #2 %(number expected, got nil%)", err_of(chunk, t, nil))
+    assert.matches("fuzz_spec.lua:%d+: transpose: bad argument #3 %(number expected, got table%)", err_of(function() return t[("transpose")](t, 0, {}) end))
+    assert.matches("^cast: unknown dtype 'x'", err_of(flow.cast, t, "x"))
+    assert.matches("^autocast: a dtype is a string", err_of(flow.autocast, 1))
+    assert.matches("^to: unknown device 'tpu'", err_of(t.to, t, { device = "tpu" }))
+  end)
+  it("checks the nn layers' arguments", function()
+    local nn = flow.nn
+    assert.matches("^nn.Conv2d: in_channels must be a positive integer %(got nil%)", err_of(nn.Conv2d, nil, 4, 3))
+    assert.matches("^nn.Conv2d: groups %(3%) must divide", err_of(nn.Conv2d, 4, 4, 3, { groups = 3 }))
+    assert.matches("^nn.Conv2d: unknown option 'strides'", err_of(nn.Conv2d, 4, 4, 3, { strides = 2 }))
+    assert.matches("^nn.LayerNorm: normalized_shape must be a non%-negative integer", err_of(nn.LayerNorm, "x"))
+    assert.matches("^nn.LayerNorm: ones: shape {4611686018427387904}", err_of(nn.LayerNorm, 1 << 62))
+    assert.matches("^nn.Linear: unknown option 'dtyp'", err_of(nn.Linear, 2, 3, { dtyp = "float64" }))
+    assert.matches("^linear: shape: argument 1 is a freed tensor", err_of(function()
+      local x = flow.ones({ 2, 2 }); x:free(); return flow.nn.functional.linear(x, flow.ones({ 2, 2 }))
+    end))
+    local l = nn.Linear(2, 3, { bias = false, dtype = "float64" }) -- options in the bias table
+    assert.is_nil(l.bias)
+    assert.equal("float64", l.weight.dtype)
+  end)
   it("names the op in its errors", function()
     assert.matches("item: the tensor has 2 elements", err_of(function() return flow.ones({ 2 }):item() end))
     assert.matches("tensor: bad nesting", err_of(flow.tensor, { { 1, 2 }, { 3 } }))
@@ -94,10 +118,9 @@ describe("the random-API fuzzer", function()
     it("needs the binary", function() pending("FLOW_BIN is not set (scripts/test.sh exports the flowlua path)") end)
     return
   end
-  -- Errors that do not name their function, at seed 1 and 3000 calls: mostly luaL_check* messages
-  -- ("bad argument #2 to '?'") from calls through pcall, where Lua cannot name the callee. The
-  -- target is 0; the count must not grow.
-  local UNNAMED_MAX = 182
+  -- Errors that do not name their function, at seed 1 and 3000 calls (182 before the bindings'
+  -- argument checks named their function and the nn layers checked their arguments).
+  local UNNAMED_MAX = 0
   it("makes 3000 calls with 0 crashes and no more errors without the op's name", function()
     local h = io.popen("FLOW_MAX_ALLOC_BYTES=268435456 timeout 300 '" .. bin .. "' spec/support/fuzz.lua 1 3000 2>&1")
     local out = h:read("a")

@@ -162,6 +162,16 @@ static int n_barrier(flow_comm *c) {
   return im->boot->ops->barrier(im->boot);
 }
 
+static int n_handshake(flow_comm *c, const char *what, long long v, long long *min, long long *max) {
+  flow_comm *b = impl_of(c)->boot;
+  return b->ops->handshake(b, what, v, min, max);
+}
+
+static void n_fail(flow_comm *c, const char *what, const char *msg) {
+  flow_comm *b = impl_of(c)->boot;
+  b->ops->fail(b, what, msg);
+}
+
 static int n_minmax(flow_comm *c, long long v, long long *min, long long *max) {
   flow_comm *b = impl_of(c)->boot;
   return b->ops->minmax(b, v, min, max);
@@ -191,7 +201,7 @@ static const flow_comm_ops nccl_ops = {
   .allreduce = n_allreduce, .allgatherv = n_allgatherv, .reduce_scatterv = n_reduce_scatterv,
   .alltoall = n_alltoall, .alltoallv = n_alltoallv, /* strided blocks: boxing packs them */
   .broadcast = n_broadcast, .send = n_send, .recv = n_recv, .exchange = n_exchange, .barrier = n_barrier,
-  .minmax = n_minmax, .group = n_group, .free = n_free,
+  .handshake = n_handshake, .fail = n_fail, .minmax = n_minmax, .group = n_group, .free = n_free,
 };
 
 /* An NCCL communicator over the members of boot (an MPI communicator) on GPU `device`. */

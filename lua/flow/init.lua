@@ -17,6 +17,9 @@ setmetatable(flow, {
 -- f as the function `name`: an error raised inside it (by an op it calls, or by Lua on a bad
 -- argument) is raised again naming `name`, as the C bindings name theirs.
 function flow._named(name, f)
+  if type(name) ~= "string" or type(f) ~= "function" then
+    error(("_named: expected a name and a function (got %s, %s)"):format(type(name), type(f)), 2)
+  end
   local prefix = name .. ":"
   local function pass(ok, ...)
     if ok then return ... end

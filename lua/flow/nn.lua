@@ -13,7 +13,7 @@ nn.functional = F
 -- row, its result 1-D, as torch.
 -- With a bias, the fused "linear" op writes the bias and lets GEMM add onto it (one pass over the
 -- output fewer); on global tensors its SBP rule splits rows, out features or in features.
-function F.linear(x, weight, bias)
+F.linear = flow._named("linear", function(x, weight, bias)
   local s = x:shape()
   local x2 = x
   if #s ~= 2 then
@@ -29,7 +29,7 @@ function F.linear(x, weight, bias)
     y = flow.reshape(y, s)
   end
   return y
-end
+end)
 
 -- opts: {approximate = "none" (erf, torch's default) | "tanh"}
 function F.gelu(x, opts) return flow.gelu(x, opts) end
@@ -98,12 +98,12 @@ F.layer_norm = flow._named("layer_norm", function(x, normalized_shape, weight, b
 end)
 -- PyTorch's layout: logits [C], [N, C] or [N, C, d1, ...], target [], [N] or [N, d1, ...].
 -- Logits split on the class axis (vocab parallel): the composition in flow.parallel.
-function F.cross_entropy(logits, target, opts)
+F.cross_entropy = flow._named("cross_entropy", function(logits, target, opts)
   flow._check_opts("cross_entropy", opts, { "ignore_index", "reduction" })
   local parallel = require "flow.parallel"
   if parallel.class_axis_split(logits) then return parallel.cross_entropy(logits, target, opts) end
   return flow.cross_entropy(logits, target, opts)
-end
+end)
 -- The losses below are compositions of flow ops, computed as torch computes them (same numbers),
 -- with the gradient from the ops' rules. reduction: "mean" (default) | "sum" | "none".
 local function reduce(fn, loss, reduction)
@@ -500,24 +500,51 @@ function nn.init.ones_(t) flow.no_grad(function() t:fill_(1) end) return t end
 -- y = x W^T + b with W [out, in]; PyTorch's default init U(-1/sqrt(in), 1/sqrt(in)).
 -- Sizes of a layer's parameter matrix: non-negative integers whose product fits in an integer, so a
 -- bad size fails here, naming the layer, instead of deep inside the op that makes the matrix.
-local function check_sizes(layer, a, an, b, bn)
-  for _, v in ipairs({ { a, an }, { b, bn } }) do
-    if math.type(v[1]) ~= "integer" or v[1] < 0 then
-      error(("%s: %s must be a non-negative integer (got %s)"):format(layer, v[2], tostring(v[1])), 0)
+-- A layer's constructor arguments, checked before any parameter is made, so that errors name the
+-- layer: sizes are integers >= min (0 unless given), their product fits, opts is a table or nil.
+local function check_size(layer, name, v, min)
+  min = min or 0
+  if math.type(v) ~= "integer" or v < min then
+    error(("%s: %s must be %s integer (got %s)"):format(layer, name, min == 0 and "a non-negative" or "a positive",
+      tostring(v)), 0)
+  end
+end
+
+local function check_numel(layer, dims)
+  local n = 1
+  for _, d in ipairs(dims) do
+    if d ~= 0 and n > math.maxinteger // d then
+      error(("%s: a parameter of shape {%s} has too many elements"):format(layer, table.concat(dims, ",")), 0)
     end
+    n = n * d
   end
-  if a ~= 0 and b > math.maxinteger // a then
-    error(("%s: a %d x %d parameter has too many elements"):format(layer, b, a), 0)
+end
+
+-- the options a layer hands to the tensor constructors
+local TENSOR_OPTS = { "dtype", "device", "requires_grad", "placement", "sbp" }
+
+local function check_opts(layer, opts, keys)
+  if opts ~= nil and type(opts) ~= "table" then
+    error(("%s: options must be a table (got %s)"):format(layer, type(opts)), 0)
   end
+  flow._check_opts(layer, opts, keys or TENSOR_OPTS)
+end
+
+local function check_sizes(layer, a, an, b, bn)
+  check_size(layer, an, a)
+  check_size(layer, bn, b)
+  check_numel(layer, { b, a })
 end
 
 local Linear = nn.class("Linear", Module)
 nn.Linear = Linear
 function Linear:__init(in_features, out_features, bias, opts)
   if type(bias) == "table" then
-    opts, bias = {}, bias.bias
-    for k, v in pairs(bias) do if k ~= "bias" then opts[k] = v end end
+    local t = bias
+    opts, bias = {}, t.bias
+    for k, v in pairs(t) do if k ~= "bias" then opts[k] = v end end
   end
+  check_opts("nn.Linear", opts)
   opts = opts or {}
   check_sizes("nn.Linear", in_features, "in_features", out_features, "out_features")
   self.in_features, self.out_features = in_features, out_features
@@ -527,6 +554,7 @@ function Linear:__init(in_features, out_features, bias, opts)
     self.bias = nn.Parameter(nn.init.uniform_(flow.zeros({ out_features }, opts), -bound, bound))
   end
 end
+Linear.__init = flow._named("nn.Linear", Linear.__init) -- errors making its parameters name the layer
 function Linear:forward(x) return F.linear(x, self.weight, self.bias) end
 function Linear:__repr() return ("Linear(%d -> %d%s)"):format(self.in_features, self.out_features, self.bias and "" or ", no bias") end
 
@@ -534,19 +562,27 @@ local Embedding = nn.class("Embedding", Module)
 nn.Embedding = Embedding
 function Embedding:__init(num, dim, opts)
   check_sizes("nn.Embedding", num, "num_embeddings", dim, "embedding_dim")
+  check_opts("nn.Embedding", opts)
   self.num_embeddings, self.embedding_dim = num, dim
   self.weight = nn.Parameter(flow.randn({ num, dim }, opts))
 end
+Embedding.__init = flow._named("nn.Embedding", Embedding.__init) -- errors making its parameters name the layer
 function Embedding:forward(ids) return F.embedding(ids, self.weight) end
 function Embedding:__repr() return ("Embedding(%d, %d)"):format(self.num_embeddings, self.embedding_dim) end
 
 local LayerNorm = nn.class("LayerNorm", Module)
 nn.LayerNorm = LayerNorm
 function LayerNorm:__init(dim, eps, opts)
+  check_size("nn.LayerNorm", "normalized_shape", dim)
+  if eps ~= nil and type(eps) ~= "number" then
+    error(("nn.LayerNorm: eps must be a number (got %s)"):format(type(eps)), 0)
+  end
+  check_opts("nn.LayerNorm", opts)
   self.dim, self.eps = dim, eps or 1e-5
   self.weight = nn.Parameter(flow.ones({ dim }, opts))
   self.bias = nn.Parameter(flow.zeros({ dim }, opts))
 end
+LayerNorm.__init = flow._named("nn.LayerNorm", LayerNorm.__init) -- errors making its parameters name the layer
 function LayerNorm:forward(x) return F.layer_norm(x, self.weight, self.bias, self.eps) end
 function LayerNorm:__repr() return ("LayerNorm(%d, eps=%g)"):format(self.dim, self.eps) end
 
@@ -643,8 +679,20 @@ local Conv2d = nn.class("Conv2d", Module)
 nn.Conv2d = Conv2d
 -- opts: stride, padding, dilation, groups, bias (default true), dtype, device.
 function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
+  check_opts("nn.Conv2d", opts, { "stride", "padding", "dilation", "groups", "bias", "dtype", "device" })
   opts = opts or {}
   local k = pair(kernel_size)
+  check_size("nn.Conv2d", "in_channels", in_channels, 1)
+  check_size("nn.Conv2d", "out_channels", out_channels, 1)
+  check_size("nn.Conv2d", "kernel_size[1]", k[1], 1)
+  check_size("nn.Conv2d", "kernel_size[2]", k[2], 1)
+  local groups = opts.groups or 1
+  check_size("nn.Conv2d", "groups", groups, 1)
+  if in_channels % groups ~= 0 or out_channels % groups ~= 0 then
+    error(("nn.Conv2d: groups (%d) must divide in_channels (%d) and out_channels (%d)"):format(groups, in_channels,
+      out_channels), 0)
+  end
+  check_numel("nn.Conv2d", { out_channels, in_channels // groups, k[1], k[2] })
   self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
   self.stride, self.padding = opts.stride or 1, opts.padding or 0
   self.dilation, self.groups = opts.dilation or 1, opts.groups or 1
@@ -656,6 +704,7 @@ function Conv2d:__init(in_channels, out_channels, kernel_size, opts)
     self.bias = nn.Parameter(nn.init.uniform_(flow.zeros({ out_channels }, topts), -bound, bound))
   end
 end
+Conv2d.__init = flow._named("nn.Conv2d", Conv2d.__init)
 function Conv2d:forward(x)
   return flow.conv2d(x, self.weight, self.bias,
     { stride = self.stride, padding = self.padding, dilation = self.dilation, groups = self.groups })

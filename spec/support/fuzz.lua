@@ -18,12 +18,13 @@ end
 local function pick(list) return list[rand(#list)] end
 
 -- Functions that are not part of the user API under test: collectives, graph internals, global
--- state printers, file writers (flow.load is fuzzed on its own in spec/io_spec.lua).
+-- state printers, file writers (flow.load is fuzzed on its own in spec/io_spec.lua), and
+-- _check_opts, whose errors name the function that calls it by design.
 local skip = {
   _mpi = true, barrier = true, _allgather_strings = true, _graph = true, _bench = true, _actor_chain = true,
   _defer_backward = true, _run_deferred_backward = true, _partial_leaf_grads = true, save = true,
   read_file = true, load = true, print_all = true, set_printoptions = true, set_check_consistency = true,
-  manual_seed = true, set_rng_state = true, _create_shard = true,
+  manual_seed = true, set_rng_state = true, _create_shard = true, _check_opts = true,
 }
 
 local targets = {}
