@@ -152,6 +152,30 @@ describe("flow.data", function()
     assert.has_error(function() data.load(p) end, "data: cannot open '" .. p .. "': No such file or directory")
   end)
 
+  it("reads llm.c's tokenizer file (versions 1 and 2) and decodes ids to their bytes", function()
+    local p = os.tmpname()
+    data.write_tokenizer(p, { "a", "", "\0\255", " the", "<|endoftext|>" }, 4)
+    local tok = data.read_tokenizer(p)
+    assert.are.same({ 5, 4 }, { tok.vocab_size, tok.eot })
+    assert.are.equal("a the\0\255a<|endoftext|>", tok:decode({ 0, 3, 1, 2, 0, 4 }))
+    assert.has_error(function() tok:decode({ 5 }) end, "tokenizer: token 5 is outside the vocabulary of 5")
+    local s = assert(io.open(p, "rb")):read("a")
+    local function fails(bytes, msg)
+      local f = assert(io.open(p, "wb"))
+      f:write(bytes)
+      f:close()
+      assert.has_error(function() data.read_tokenizer(p) end, "tokenizer: '" .. p .. "' " .. msg)
+    end
+    fails(s:sub(1, 1020), "is too short for an llm.c tokenizer header (1020 bytes)")
+    fails(string.pack("<I4", 20240520) .. s:sub(5), "has magic 20240520, expected 20240328 (llm.c's gpt2_tokenizer.bin)")
+    fails(s:sub(1, 4) .. string.pack("<I4", 3) .. s:sub(9), "has version 3, expected 1 or 2")
+    fails(s:sub(1, -3), "ends inside token 4 of 5")
+    fails(s .. "x", "holds 1 bytes after its 5 tokens")
+    -- version 1 has no end-of-text entry: GPT-2's 50256, which must then be in the vocabulary
+    fails(s:sub(1, 4) .. string.pack("<I4", 1) .. s:sub(9), "names end-of-text token 50256 in a vocabulary of 5")
+    os.remove(p)
+  end)
+
   it("draws batches whose windows cross shard boundaries", function()
     local dir = os.tmpname()
     os.remove(dir)
@@ -328,6 +352,52 @@ describe("scripts/train_gpt.lua", function()
       assert.is_false(ok, c[1])
       assert.matches(c[2], out)
     end
+  end)
+
+  it("prints samples of token shards through llm.c's tokenizer file next to them, else as token ids", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local toks = {}
+    for i = 1, 200 do toks[i] = (i * 7) % 50 end
+    data.write_shard(dir .. "/train_000.bin", toks)
+    local pieces = {}
+    for i = 0, 50256 do pieces[i + 1] = ("[%d]"):format(i) end
+    data.write_tokenizer(dir .. "/gpt2_tokenizer.bin", pieces, 50256)
+    local base = ("--data %s/train_*.bin --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 2 --warmup 1 "
+      .. "--eval-every 0 --sample-len 5"):format(dir)
+    local ok, out = run(base)
+    assert.is_true(ok, out)
+    local sample = out:match("\nsample: ([^\n]*)")
+    assert.truthy(sample, out)
+    local rest, n = sample:gsub("%[%d+%]", "")
+    assert.are.same({ "", 5 }, { rest, n })
+    -- the same run with the file named
+    local okn, named = run(base .. " --tokenizer " .. dir .. "/gpt2_tokenizer.bin")
+    assert.is_true(okn, named)
+    assert.are.equal(sample, named:match("\nsample: ([^\n]*)"))
+    -- a tokenizer of another vocabulary, a broken one, or one for byte data: said, exit 2
+    data.write_tokenizer(dir .. "/small.bin", { "a", "b" }, 1)
+    local bad = {
+      { " --tokenizer " .. dir .. "/small.bin", "%-%-tokenizer .-small.bin: a vocabulary of 2 tokens, but %-%-data's is 50257" },
+      { " --tokenizer " .. dir .. "/train_000.bin", "tokenizer: '.-train_000.bin' has magic 20240520, expected 20240328" },
+    }
+    for _, c in ipairs(bad) do
+      local okb, msg = run(base .. c[1])
+      assert.is_false(okb)
+      assert.matches(c[2], msg)
+    end
+    local p = text_file()
+    local okt, msg = run("--data " .. p .. " --tokenizer " .. dir .. "/small.bin")
+    assert.is_false(okt)
+    assert.matches("%-%-tokenizer .-: %-%-data holds bytes, which print as text without one", msg)
+    os.remove(p)
+    -- without a tokenizer file: ids, said once, after GPT-2's <|endoftext|>
+    os.remove(dir .. "/gpt2_tokenizer.bin")
+    local oki, ids = run(base)
+    assert.is_true(oki, ids)
+    assert.matches("\nsample %(token ids after 50256; no %-%-tokenizer, and no gpt2_tokenizer.bin next to %-%-data%): %d+ %d+ %d+ %d+ %d+\n", ids .. "\n")
+    os.execute("rm -rf '" .. dir .. "'")
   end)
 
   it("--help lists every flag with its description and default, and exits 0", function()

@@ -5,7 +5,8 @@
 -- shards, magic 20240801 version 7, uint32). Shards are mapped by flow.open_tokens (C, core/io.c)
 -- and batches copied from them straight into int64 tensors: a shard is never a Lua string.
 -- Batches are random windows drawn from flow's RNG, so they are fixed by flow.manual_seed and a
--- checkpoint of flow.get_rng_state() resumes them exactly.
+-- checkpoint of flow.get_rng_state() resumes them exactly. data.read_tokenizer reads llm.c's
+-- GPT-2 tokenizer file (gpt2_tokenizer.bin), to print samples of a token model as text.
 local flow = require "flow"
 
 local data = {}
@@ -205,6 +206,51 @@ end
 
 function data.encode_bytes(s)
   return { s:byte(1, -1) }
+end
+
+-- llm.c's tokenizer file: a header of 256 uint32 (magic 20240328; version 1 or 2; the vocabulary
+-- size; in version 2 the end-of-text token, in version 1 GPT-2's 50256), then for each token a
+-- uint8 length and that many bytes. Read whole (GPT-2's is 0.5 MB). tokenizer:decode(ids) joins
+-- the tokens' bytes.
+local TOKENIZER_MAGIC, TOKENIZER_HEADER = 20240328, 256 * 4
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+
+function data.read_tokenizer(path)
+  local s = flow.read_file(path)
+  local function bad(fmt, ...) error(("tokenizer: '%s' "):format(path) .. fmt:format(...), 0) end
+  if #s < TOKENIZER_HEADER then bad("is too short for an llm.c tokenizer header (%d bytes)", #s) end
+  local magic, version, vocab, eot = string.unpack("<I4I4I4I4", s)
+  if magic ~= TOKENIZER_MAGIC then bad("has magic %d, expected %d (llm.c's gpt2_tokenizer.bin)", magic, TOKENIZER_MAGIC) end
+  if version ~= 1 and version ~= 2 then bad("has version %d, expected 1 or 2", version) end
+  if version == 1 then eot = 50256 end
+  if eot >= vocab then bad("names end-of-text token %d in a vocabulary of %d", eot, vocab) end
+  local pieces, pos = {}, TOKENIZER_HEADER + 1
+  for i = 1, vocab do
+    local len = s:byte(pos)
+    if not len or pos + len > #s then bad("ends inside token %d of %d", i - 1, vocab) end
+    pieces[i] = s:sub(pos + 1, pos + len)
+    pos = pos + 1 + len
+  end
+  if pos <= #s then bad("holds %d bytes after its %d tokens", #s - pos + 1, vocab) end
+  return setmetatable({ vocab_size = vocab, eot = eot, pieces = pieces }, Tokenizer)
+end
+
+function Tokenizer:decode(ids)
+  local out = {}
+  for i, id in ipairs(ids) do
+    out[i] = self.pieces[id + 1] or error(("tokenizer: token %d is outside the vocabulary of %d"):format(id, self.vocab_size), 2)
+  end
+  return table.concat(out)
+end
+
+-- Write a tokenizer file (version 2) from a list of byte strings, token 0 first: for tests.
+function data.write_tokenizer(path, pieces, eot)
+  local parts = { string.pack("<I4I4I4I4", TOKENIZER_MAGIC, 2, #pieces, eot), string.rep("\0", TOKENIZER_HEADER - 16) }
+  for i, p in ipairs(pieces) do parts[i + 2] = string.pack("<s1", p) end
+  local f = assert(io.open(path, "wb"))
+  f:write(table.concat(parts))
+  f:close()
 end
 
 -- Write tokens (a Lua list of integers) as an llm.c shard, uint16 (version 1) or with
