@@ -176,7 +176,11 @@ static int l_open_tokens(lua_State *L) {
   flow_io_tokens *t = lua_newuserdatauv(L, sizeof *t, 0);
   memset(t, 0, sizeof *t);
   luaL_setmetatable(L, TOKENS_MT);
-  if (flow_io_tokens_open(path, t) != 0) return flow_lua_error(L);
+  if (flow_io_tokens_open(path, t) != 0) {
+    const char *m = flow_error_get();
+    lua_pushfstring(L, "open_tokens: %s", strncmp(m, "data: ", 6) == 0 ? m + 6 : m);
+    return lua_error(L);
+  }
   return 1;
 }
 

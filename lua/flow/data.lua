@@ -114,7 +114,8 @@ Dataset.__index = Dataset
 -- vocabulary: GPT-2's for uint16 shards, Llama 3's for uint32 ones, 256 for bytes.
 local VOCAB_BY_WIDTH = { [1] = 256, [2] = 50257, [4] = 128256 }
 local function open_file(path)
-  local src = flow.open_tokens(path)
+  local ok, src = pcall(flow.open_tokens, path)
+  if not ok then error((tostring(src):gsub("^open_tokens: ", "data: ")), 0) end
   return tokens(src, 0, src:len()), VOCAB_BY_WIDTH[src:width()]
 end
 
