@@ -37,6 +37,8 @@ typedef struct flow_gnode {
   flow_dtype autocast;       /* OP: the autocast dtype it was traced under (kernels read it per thread) */
   int phase;                 /* enum flow_gphase it was traced in */
   bool live;                 /* set by the dead-node pass */
+  bool repeat;               /* BOX with pieces: its source is the same at every piece (a parameter),
+                              * agreed by every rank of the boxing when traced */
 } flow_gnode;
 
 typedef struct flow_gvalue {

@@ -36,6 +36,9 @@ typedef struct ptask {
   flow_plan *plan;
   int node, id, stream;
   int *in_pos;               /* per op input: index into in_slot, or -1 for a captured value */
+  bool repeat;               /* pieces: a boxing of a parameter (sent to the stage that reads it, a
+                              * ZeRO-3 all-gather) moves data at piece 0 only; later pieces hand on
+                              * the same result (OneFlow's repeat actor) */
   flow_attrs attrs;          /* the node's, with the feeds applied */
 } ptask;
 
@@ -143,6 +146,14 @@ static int act_box(void *ctx, int64_t piece, const int *in_slot, const int *out_
   flow_plan *p = t->plan;
   const flow_gnode *n = &p->g->nodes[t->node];
   if (passes(p, n, piece)) return 0;
+  pvalue *out = &p->v[n->out0];
+  if (t->repeat && piece > 0) {
+    flow_tensor *y = out->slot[out->last];
+    if (!y) return failed ? 0 : flow_error_set("boxing: its piece-0 result is missing");
+    flow_tensor_incref(y);
+    store(out, out_slot_of(p, n->out0, out_slot), y);
+    return 0;
+  }
   flow_comm_set_channel(t->stream == FLOW_STREAM_COMM_B);
   flow_tensor *x = input_tensor(p, t, 0, in_slot), *zeros = NULL;
   if (!x) {
@@ -390,6 +401,7 @@ flow_plan *flow_plan_build(flow_graph *g, const flow_plan_options *o) {
     t->node = n;
     t->stream = stream_of(x);
     if (x->kind == FLOW_GNODE_OP) t->attrs = x->attrs;
+    t->repeat = g->pieces > 1 && x->kind == FLOW_GNODE_BOX && x->repeat;
     flow_rt_act_fn fn = x->kind == FLOW_GNODE_INPUT ? act_input
                         : x->kind == FLOW_GNODE_BOX ? act_box
                         : x->kind == FLOW_GNODE_ACC ? act_acc : act_op;
@@ -579,6 +591,12 @@ void flow_plan_memory_of(const flow_plan *p, flow_plan_memory *m) {
 
 int flow_plan_fused(const flow_plan *p) { return p->fused; }
 int flow_plan_recomputed(const flow_plan *p) { return p->recomputed; }
+
+int flow_plan_repeated(const flow_plan *p) {
+  int n = 0;
+  for (int i = 0; i < p->ntasks; i++) n += p->tasks[i].repeat;
+  return n;
+}
 
 int flow_plan_ntasks(const flow_plan *p, int stream) {
   int n = 0;

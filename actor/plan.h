@@ -54,5 +54,6 @@ char *flow_plan_trace_events(const flow_plan *p, int rank);
 int flow_plan_ntasks(const flow_plan *p, int stream);
 int flow_plan_fused(const flow_plan *p);
 int flow_plan_recomputed(const flow_plan *p);
+int flow_plan_repeated(const flow_plan *p);  /* boxings of parameters that move data once per run */
 
 #endif

@@ -1,5 +1,5 @@
-/* safetensors read/write and whole-file reading through zlib (see io.h).
- * Layout: u64 little-endian header length N, N bytes of JSON, then the raw little-endian data;
+/* safetensors read/write, whole-file reading through zlib, and token files (see io.h).
+ * safetensors layout: u64 little-endian header length N, N bytes of JSON, then the raw little-endian data;
  * each tensor's JSON entry gives dtype, shape and [begin, end) byte offsets into the data. */
 #include "io.h"
 
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -643,4 +644,107 @@ int flow_io_read_file(const char *path, char **data, size_t *len) {
   *data = b.p;
   *len = b.len;
   return 0;
+}
+
+/* ---------------------------------------------------------------- token files */
+
+static uint32_t le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Bytes a token for a shard's magic and version; 0 for a pair llm.c does not write. */
+static int shard_width(uint32_t magic, uint32_t version) {
+  if (magic == FLOW_IO_SHARD_MAGIC) return version == 1 ? 2 : version == 2 ? 4 : 0;
+  if (magic == FLOW_IO_SHARD_MAGIC_LLAMA3) return version == 7 ? 4 : 0;
+  return 0;
+}
+
+static int is_shard_magic(uint32_t magic) {
+  return magic == FLOW_IO_SHARD_MAGIC || magic == FLOW_IO_SHARD_MAGIC_LLAMA3;
+}
+
+/* Read up to n bytes at offset off; returns the count read (short only at the end of the file). */
+static ssize_t pread_full(int fd, unsigned char *p, size_t n, off_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, p + got, n - got, off + (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+/* Check the header of the shard open as fd (size bytes) and map its tokens into t. */
+static int shard_open(int fd, const char *path, off_t size, flow_io_tokens *t) {
+  unsigned char h[FLOW_IO_SHARD_HEADER];
+  ssize_t got = pread_full(fd, h, sizeof h, 0);
+  if (got < 0) return flow_error_set("data: reading '%s' failed: %s", path, strerror(errno));
+  if (got < (ssize_t)sizeof h)
+    return flow_error_set("data: '%s' is too short for an llm.c shard header (%d bytes)", path, (int)got);
+  uint32_t magic = le32(h), version = le32(h + 4);
+  int32_t count = (int32_t)le32(h + 8);
+  if (!is_shard_magic(magic))
+    return flow_error_set("data: '%s' has magic %d, expected %d (an llm.c .bin shard)", path, (int32_t)magic,
+                          FLOW_IO_SHARD_MAGIC);
+  int width = shard_width(magic, version);
+  if (!width)
+    return flow_error_set("data: '%s' has shard version %d, expected %s", path, (int32_t)version,
+                          magic == FLOW_IO_SHARD_MAGIC ? "1 (uint16) or 2 (uint32)" : "7");
+  int64_t held = (int64_t)size - FLOW_IO_SHARD_HEADER;
+  if (count < 0 || held != (int64_t)width * count)
+    return flow_error_set("data: '%s' says %d tokens but holds %lld bytes of tokens", path, count, (long long)held);
+  t->width = width;
+  t->count = count;
+  if (count == 0) return 0;
+  void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (m == MAP_FAILED) return flow_error_set("data: cannot map '%s': %s", path, strerror(errno));
+  t->map = m;
+  t->map_len = (size_t)size;
+  t->data = (const unsigned char *)m + FLOW_IO_SHARD_HEADER;
+  return 0;
+}
+
+int flow_io_tokens_open(const char *path, flow_io_tokens *t) {
+  memset(t, 0, sizeof *t);
+  int fd = open_regular("data", path);
+  if (fd < 0) return -1;
+  struct stat st;
+  unsigned char head[4];
+  int rc = fstat(fd, &st);
+  ssize_t got = rc == 0 ? pread_full(fd, head, sizeof head, 0) : -1;
+  if (got < 0) {
+    int err = errno;
+    close(fd);
+    return flow_error_set("data: reading '%s' failed: %s", path, strerror(err));
+  }
+  size_t n = strlen(path);
+  if ((n >= 4 && strcmp(path + n - 4, ".bin") == 0) || (got == 4 && is_shard_magic(le32(head)))) {
+    rc = shard_open(fd, path, st.st_size, t);
+    close(fd); /* the mapping outlives the descriptor */
+    return rc;
+  }
+  close(fd);
+  size_t len;
+  if (flow_io_read_file(path, &t->text, &len) != 0) return -1;
+  t->data = (const unsigned char *)t->text;
+  t->count = (int64_t)len;
+  t->width = 1;
+  return 0;
+}
+
+void flow_io_tokens_read(const flow_io_tokens *t, int64_t start, int64_t n, int64_t *out) {
+  const unsigned char *p = t->data + start * t->width;
+  switch (t->width) {
+  case 1: for (int64_t i = 0; i < n; i++) out[i] = p[i]; break;
+  case 2: for (int64_t i = 0; i < n; i++) out[i] = (int64_t)(p[2 * i] | p[2 * i + 1] << 8); break;
+  default: for (int64_t i = 0; i < n; i++) out[i] = (int64_t)le32(p + 4 * i); break;
+  }
+}
+
+void flow_io_tokens_close(flow_io_tokens *t) {
+  if (t->map) munmap(t->map, t->map_len);
+  free(t->text);
+  memset(t, 0, sizeof *t);
 }

@@ -164,7 +164,9 @@ static int clamp_one(lua_State *L, const char *fn, bool is_min) {
   if (lua_type(L, 2) != LUA_TNUMBER)
     return luaL_error(L, "%s: %s must be a number (got %s)", fn, is_min ? "min" : "max", luaL_typename(L, 2));
   double v = lua_tonumber(L, 2);
-  return flow_lua_push(L, flow_clamp(t, is_min, v, !is_min, v));
+  flow_tensor *r = flow_clamp(t, is_min, v, !is_min, v);
+  if (!r) flow_error_prefix("%s", fn); /* "clamp_max: clamp: ..." */
+  return flow_lua_push(L, r);
 }
 static int l_clamp_min(lua_State *L) { return clamp_one(L, "clamp_min", true); }
 static int l_clamp_max(lua_State *L) { return clamp_one(L, "clamp_max", false); }

@@ -73,9 +73,9 @@ static int l_print_all(lua_State *L) {
   luaL_pushresult(&b);
   size_t len, *lens;
   const char *line = lua_tolstring(L, -1, &len);
+  char *all;
   flow_comm *w = flow_comm_world();
   if (w->ops->barrier(w) != 0) return flow_lua_error(L); /* every rank is here (else an error, not a hang) */
-  char *all;
   if (flow_comm_allgather_bytes(w, line, len, &all, &lens) != 0) return flow_lua_error(L);
   if (me == 0) { /* the lines are back to back in rank order */
     size_t total = 0;

@@ -189,7 +189,7 @@ static int g_memory(lua_State *L) {
   return 1;
 }
 
-/* graph:stats() -> {nodes, live, boxings, fused, recomputed, tasks = {compute, collective, copy}} */
+/* graph:stats() -> {nodes, live, boxings, fused, recomputed, repeated, tasks = {compute, collective, copy, ...}} */
 static int g_stats(lua_State *L) {
   lgraph *x = check(L, "graph:stats");
   int boxes = 0, live = 0;
@@ -204,6 +204,7 @@ static int g_stats(lua_State *L) {
   if (x->plan) {
     lua_pushinteger(L, flow_plan_fused(x->plan)); lua_setfield(L, -2, "fused");
     lua_pushinteger(L, flow_plan_recomputed(x->plan)); lua_setfield(L, -2, "recomputed");
+    lua_pushinteger(L, flow_plan_repeated(x->plan)); lua_setfield(L, -2, "repeated");
     lua_createtable(L, 0, 3);
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMPUTE)); lua_setfield(L, -2, "compute");
     lua_pushinteger(L, flow_plan_ntasks(x->plan, FLOW_STREAM_COMM)); lua_setfield(L, -2, "collective");

@@ -1,5 +1,6 @@
-/* Lua bindings: io. flow.save/flow.load (safetensors checkpoints) and flow.read_file (a whole
- * file as a Lua string, gunzipped when compressed). */
+/* Lua bindings: io. flow.save/flow.load (safetensors checkpoints), flow.read_file (a whole
+ * file as a Lua string, gunzipped when compressed) and flow.open_tokens (token files for
+ * lua/flow/data.lua: llm.c shards read straight into int64 tensors). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,7 +158,76 @@ static int l_read_file(lua_State *L) {
   return 1;
 }
 
+/* ---------------------------------------------------------------- token files */
+
+#define TOKENS_MT "flow.Tokens"
+
+static flow_io_tokens *check_tokens(lua_State *L, const char *fn) {
+  flow_io_tokens *t = luaL_checkudata(L, 1, TOKENS_MT);
+  if (!t->width) luaL_error(L, "%s: the token file is closed", fn);
+  return t;
+}
+
+/* flow.open_tokens(path) -> a token file (core/io.h: an llm.c shard, mapped, or a text file's
+ * bytes), with f:len(), f:width() (bytes a token: 1, 2 or 4), f:read() and f:close(). */
+static int l_open_tokens(lua_State *L) {
+  luaL_checkstring(L, 1);
+  const char *path = check_cstring(L, 1, "open_tokens", "the path");
+  flow_io_tokens *t = lua_newuserdatauv(L, sizeof *t, 0);
+  memset(t, 0, sizeof *t);
+  luaL_setmetatable(L, TOKENS_MT);
+  if (flow_io_tokens_open(path, t) != 0) {
+    const char *m = flow_error_get();
+    lua_pushfstring(L, "open_tokens: %s", strncmp(m, "data: ", 6) == 0 ? m + 6 : m);
+    return lua_error(L);
+  }
+  return 1;
+}
+
+static int tok_len(lua_State *L) {
+  lua_pushinteger(L, check_tokens(L, "len")->count);
+  return 1;
+}
+
+static int tok_width(lua_State *L) {
+  lua_pushinteger(L, check_tokens(L, "width")->width);
+  return 1;
+}
+
+/* f:read(start, n, out, offset = 0): tokens [start, start + n) (0-based) into the elements
+ * [offset, offset + n) of out, a contiguous int64 CPU tensor. */
+static int tok_read(lua_State *L) {
+  flow_io_tokens *t = check_tokens(L, "read");
+  lua_Integer start = luaL_checkinteger(L, 2), n = luaL_checkinteger(L, 3);
+  flow_tensor *out = flow_lua_check(L, 4, "read");
+  lua_Integer offset = luaL_optinteger(L, 5, 0);
+  if (out->dtype != FLOW_I64 || out->device.type != FLOW_CPU || !flow_tensor_is_contiguous(out))
+    return luaL_error(L, "read: out must be a contiguous int64 CPU tensor (got %s)", flow_dtype_name(out->dtype));
+  if (n < 0 || start < 0 || start > t->count - n)
+    return luaL_error(L, "read: tokens [%I, %I) are outside the file's [0, %I)", (LUAI_UACINT)start,
+                      (LUAI_UACINT)(start + n), (LUAI_UACINT)t->count);
+  if (offset < 0 || offset > flow_tensor_numel(out) - n)
+    return luaL_error(L, "read: elements [%I, %I) are outside out's %I", (LUAI_UACINT)offset, (LUAI_UACINT)(offset + n),
+                      (LUAI_UACINT)flow_tensor_numel(out));
+  flow_io_tokens_read(t, start, n, (int64_t *)flow_tensor_data(out) + offset);
+  return 0;
+}
+
+static int tok_close(lua_State *L) {
+  flow_io_tokens_close(luaL_checkudata(L, 1, TOKENS_MT));
+  return 0;
+}
+
 void flow_lua_open_io(lua_State *L) {
-  static const luaL_Reg funcs[] = {{"save", l_save}, {"load", l_load}, {"read_file", l_read_file}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"save", l_save}, {"load", l_load}, {"read_file", l_read_file},
+                                   {"open_tokens", l_open_tokens}, {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"len", tok_len}, {"width", tok_width}, {"read", tok_read},
+                                     {"close", tok_close}, {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__gc", tok_close}, {"__close", tok_close}, {"__len", tok_len}, {NULL, NULL}};
+  luaL_newmetatable(L, TOKENS_MT);
+  luaL_setfuncs(L, meta, 0);
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   flow_lua_register(L, funcs, NULL);
 }

@@ -86,7 +86,10 @@ static int sort_call(lua_State *L, const char *fn, bool want_values) {
   opt_axis(L, 2, fn, &axis);
   bool desc = flag_or_opts(L, 3, fn, "descending", (const char *const[]){"descending", "stable", NULL}, false);
   flow_tensor *v = NULL, *i;
-  if (flow_sort(t, axis, desc, want_values ? &v : NULL, &i) != 0) return flow_lua_error(L);
+  if (flow_sort(t, axis, desc, want_values ? &v : NULL, &i) != 0) {
+    if (!want_values) flow_error_prefix("%s", fn); /* "argsort: sort: ..." */
+    return flow_lua_error(L);
+  }
   if (!want_values) return flow_lua_push(L, i);
   flow_lua_push(L, v);
   flow_lua_push(L, i);

@@ -61,7 +61,8 @@ local sections = {
     {"eval_every", false, "validation loss every this many steps, 0: off (default: 300)", integer},
     {"eval_iters", 10, "batches per validation loss"}, {"log_every", 50, "print a step line every this many steps"},
     {"log", "", "append one JSON object per step and per evaluation to this .jsonl file"},
-    {"sample_len", 200, "bytes sampled at the end (byte vocabularies only; 0: off)"},
+    {"sample_len", 200, "tokens sampled at the end (0: off)"},
+    {"tokenizer", "", "llm.c tokenizer file to print samples of token shards as text (default: gpt2_tokenizer.bin next to --data, if there)"},
     {"temperature", 0.8, "sampling temperature"}},
   {"Checkpoints",
     {"save", "", "write a checkpoint here (at the end, and every --save-every steps)"},
@@ -174,6 +175,28 @@ if args.dim % args.heads ~= 0 then fail(("--dim %d must be divisible by --heads 
 flow.manual_seed(args.seed)
 local ok_data, ds = pcall(data.load, args.data, { val_fraction = args.val_fraction, val = args.val ~= "" and args.val or nil })
 if not ok_data then fail(ds) end
+
+-- Samples of token shards print as text through llm.c's tokenizer file: --tokenizer, or
+-- gpt2_tokenizer.bin in --data's folder (where llm.c's data scripts write it); without one, as ids.
+local tokenizer
+if ds.vocab_size == 256 then
+  if args.tokenizer ~= "" then fail(("--tokenizer %s: --data holds bytes, which print as text without one"):format(args.tokenizer)) end
+else
+  local path = args.tokenizer
+  if path == "" then
+    local nearby = (args.data:match("^(.*)/[^/]*$") or ".") .. "/gpt2_tokenizer.bin"
+    local f = io.open(nearby, "rb")
+    if f then f:close(); path = nearby end
+  end
+  if path ~= "" then
+    local ok_tok, tok = pcall(data.read_tokenizer, path)
+    if not ok_tok then fail(tok) end
+    if tok.vocab_size ~= ds.vocab_size then
+      fail(("--tokenizer %s: a vocabulary of %d tokens, but --data's is %d"):format(path, tok.vocab_size, ds.vocab_size))
+    end
+    tokenizer = tok
+  end
+end
 
 local cfg = { vocab_size = ds.vocab_size, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim,
               dropout = args.dropout }
@@ -440,11 +463,23 @@ if first_loss then
   print(("done: %d steps in %s, loss %.4f -> %.4f"):format(last_step - start, utils.format_seconds(elapsed), first_loss, last_loss))
 end
 
-if args.sample_len > 0 and ds.vocab_size == 256 and args.pp > 1 then
+-- A token model's sample starts from the token its documents start after: the tokenizer's
+-- end-of-text, GPT-2's <|endoftext|> or Llama 3's <|begin_of_text|>.
+local SAMPLE_START = { [50257] = 50256, [128256] = 128000 }
+if args.sample_len > 0 and args.pp > 1 then
   print("sample: skipped (generation runs eagerly, and the model is split into pipeline stages)")
 elseif args.sample_len > 0 and ds.vocab_size == 256 then
   local prompt = data.encode_bytes("The ")
   local toks = model:generate(prompt, args.sample_len, args.temperature)
   print("sample: " .. data.decode_bytes(prompt) .. data.decode_bytes(toks))
+elseif args.sample_len > 0 then
+  local start_tok = tokenizer and tokenizer.eot or SAMPLE_START[ds.vocab_size] or 0
+  local toks = model:generate({ start_tok }, args.sample_len, args.temperature)
+  if tokenizer then
+    print("sample: " .. tokenizer:decode(toks))
+  else
+    print(("sample (token ids after %d; no --tokenizer, and no gpt2_tokenizer.bin next to --data): %s"):format(
+      start_tok, table.concat(toks, " ")))
+  end
 end
 if log_file then log_file:close() end

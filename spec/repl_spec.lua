@@ -67,12 +67,14 @@ describe("the flowlua REPL", function()
 
   it("interrupts a running chunk on SIGINT and reads on", function()
     -- the REPL reads from a fifo we hold open; the chunk says "ready" once it is running, and
-    -- only then comes the signal (timeout passes it on, and kills the REPL if it never lands)
+    -- only then comes the signal (timeout passes it on, and kills the REPL if it never lands).
+    -- --foreground: without it timeout also signals its process group, so the REPL would get a
+    -- second SIGINT, which (as in lua.c) ends a run the first did not stop
     local dir = os.tmpname()
     os.remove(dir)
     local script = table.concat({
       "mkdir " .. dir .. " && mkfifo " .. dir .. "/in || exit 1",
-      env .. "timeout -s KILL 20 " .. sh_quote(bin) .. " < " .. dir .. "/in > "
+      env .. "timeout --foreground -s KILL 20 " .. sh_quote(bin) .. " < " .. dir .. "/in > "
         .. dir .. "/out 2>&1 & pid=$!",
       "exec 3>" .. dir .. "/in",
       "echo 'print(\"ready\") while true do end' >&3",

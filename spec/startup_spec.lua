@@ -13,6 +13,14 @@ if not bin then
 end
 local flow_so_dir = bin:match("^(.*)/[^/]*$") or "."
 
+-- An AddressSanitizer build's flow.so cannot load into an uninstrumented lua5.4.
+local function sanitized()
+  local cache = io.open(flow_so_dir .. "/CMakeCache.txt")
+  local on = cache and cache:read("a"):match("FLOW_SANITIZE:BOOL=ON")
+  if cache then cache:close() end
+  return on ~= nil
+end
+
 describe("flowlua start-up", function()
   it("is a world of one without MPI in a plain run", function()
     local out, _, code = run(sh_quote(bin) .. " -e 'print(flow.world_size(), flow.mpi_running())'")
@@ -42,10 +50,7 @@ describe("flowlua start-up", function()
 
   it("leaves a host lua5.4's GC mode and print alone when required from flow.so", function()
     if not shell.has("lua5.4") then return pending("lua5.4 is not installed") end
-    local cache = io.open(flow_so_dir .. "/CMakeCache.txt")
-    local sanitized = cache and cache:read("a"):match("FLOW_SANITIZE:BOOL=ON")
-    if cache then cache:close() end
-    if sanitized then return pending("an AddressSanitizer flow.so cannot load into an uninstrumented lua5.4") end
+    if sanitized() then return pending("an AddressSanitizer flow.so cannot load into an uninstrumented lua5.4") end
     local out, err, code = run("lua5.4 -e " .. sh_quote(
       "package.cpath = " .. ("%q"):format(flow_so_dir .. "/?.so;") .. " .. package.cpath "
       .. "collectgarbage('incremental') local p = print local flow = require 'flow' "
@@ -74,7 +79,7 @@ describe("the CUDA plugin", function()
     assert.equal("", err)
     assert.equal(0, code)
     assert.equal("\n", out)
-    if not shell.has("lua5.4") then return end
+    if not shell.has("lua5.4") or sanitized() then return end
     out, err, code = run("lua5.4 -e " .. sh_quote("package.cpath = " .. ("%q"):format(flow_so_dir .. "/?.so;")
       .. " .. package.cpath local flow = require 'flow' local x = flow.ones({4}):sum() " .. mapped))
     assert.equal("", err)
@@ -91,7 +96,7 @@ describe("the CUDA plugin", function()
     assert.truthy(avail, out)
     assert.is_true(avail == "true" and reason == "nil" or reason:find("^no GPU found") ~= nil, out)
     assert.equal("flow_cuda.so libcublas libcudart libcudnn libnccl", libs)
-    if not shell.has("lua5.4") then return end
+    if not shell.has("lua5.4") or sanitized() then return end
     out, err, code = run("lua5.4 -e " .. sh_quote("package.cpath = " .. ("%q"):format(flow_so_dir .. "/?.so;")
       .. " .. package.cpath flow = require 'flow' " .. probe))
     assert.equal(0, code, err)

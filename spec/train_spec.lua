@@ -98,6 +98,106 @@ describe("flow.data", function()
       "data: '" .. dir .. "/*.bin' mixes token widths or text and shards ('" .. dir .. "/train_000.bin')")
     os.execute("rm -rf '" .. dir .. "'")
   end)
+
+  it("maps shards in C: flow.open_tokens reads windows of uint16 and uint32 tokens into int64 tensors", function()
+    local p = os.tmpname() .. ".bin"
+    data.write_shard(p, { 1, 65535, 2, 3 })
+    local f = flow.open_tokens(p)
+    assert.are.same({ 4, 2, 4 }, { f:len(), f:width(), #f })
+    local out = flow.zeros({ 6 }, { dtype = "int64" })
+    f:read(1, 3, out, 2)
+    assert.are.same({ 0, 0, 65535, 2, 3, 0 }, out:totable())
+    assert.has_error(function() f:read(2, 3, out) end, "read: tokens [2, 5) are outside the file's [0, 4)")
+    assert.has_error(function() f:read(0, 2, out, 5) end, "read: elements [5, 7) are outside out's 6")
+    assert.has_error(function() f:read(0, 1, flow.zeros({ 2 })) end, "read: out must be a contiguous int64 CPU tensor (got float32)")
+    f:close()
+    assert.has_error(function() f:len() end, "len: the token file is closed")
+    data.write_shard(p, { 4294967295, 70000 }, 4)
+    f = flow.open_tokens(p)
+    f:read(0, 2, out)
+    assert.are.same({ 4294967295, 70000 }, { out:totable()[1], out:totable()[2] })
+    assert.are.equal(4, f:width())
+    os.remove(p)
+  end)
+
+  it("names the file and the fault of a bad shard: short header, magic, version, truncated or padded tokens", function()
+    local p = os.tmpname() .. ".bin"
+    local function write(...)
+      local f = assert(io.open(p, "wb"))
+      f:write(...)
+      f:close()
+    end
+    local function header(magic, version, count) return string.pack("<i4i4i4", magic, version, count) .. string.rep("\0", 1012) end
+    local function fails(msg) assert.has_error(function() data.load(p) end, "data: '" .. p .. "' " .. msg) end
+    write(string.rep("\0", 100))
+    fails("is too short for an llm.c shard header (100 bytes)")
+    write(header(20240520, 3, 0))
+    fails("has shard version 3, expected 1 (uint16) or 2 (uint32)")
+    write(header(20240801, 1, 0))
+    fails("has shard version 1, expected 7")
+    write(header(20240520, 1, 10), string.rep("\1", 19))
+    fails("says 10 tokens but holds 19 bytes of tokens")
+    write(header(20240520, 2, 2), string.rep("\1", 12))
+    fails("says 2 tokens but holds 12 bytes of tokens")
+    write(header(20240801, 7, 2), string.pack("<I4I4", 128000, 5))
+    local ds = data.load(p, { val_fraction = 0.5 })
+    assert.are.same({ 128256, { 128000 }, { 5 } }, { ds.vocab_size, ds.train:slice(0, 1), ds.val:slice(0, 1) })
+    -- a file not named .bin is a shard when it starts with a shard magic
+    local q = os.tmpname()
+    data.write_shard(q, { 7, 8, 9, 10 })
+    ds = data.load(q, { val_fraction = 0.25 })
+    assert.are.same({ 50257, { 7, 8, 9 } }, { ds.vocab_size, ds.train:slice(0, 3) })
+    os.remove(p)
+    os.remove(q)
+    assert.has_error(function() data.load(p) end, "data: cannot open '" .. p .. "': No such file or directory")
+  end)
+
+  it("reads llm.c's tokenizer file (versions 1 and 2) and decodes ids to their bytes", function()
+    local p = os.tmpname()
+    data.write_tokenizer(p, { "a", "", "\0\255", " the", "<|endoftext|>" }, 4)
+    local tok = data.read_tokenizer(p)
+    assert.are.same({ 5, 4 }, { tok.vocab_size, tok.eot })
+    assert.are.equal("a the\0\255a<|endoftext|>", tok:decode({ 0, 3, 1, 2, 0, 4 }))
+    assert.has_error(function() tok:decode({ 5 }) end, "tokenizer: token 5 is outside the vocabulary of 5")
+    local s = assert(io.open(p, "rb")):read("a")
+    local function fails(bytes, msg)
+      local f = assert(io.open(p, "wb"))
+      f:write(bytes)
+      f:close()
+      assert.has_error(function() data.read_tokenizer(p) end, "tokenizer: '" .. p .. "' " .. msg)
+    end
+    fails(s:sub(1, 1020), "is too short for an llm.c tokenizer header (1020 bytes)")
+    fails(string.pack("<I4", 20240520) .. s:sub(5), "has magic 20240520, expected 20240328 (llm.c's gpt2_tokenizer.bin)")
+    fails(s:sub(1, 4) .. string.pack("<I4", 3) .. s:sub(9), "has version 3, expected 1 or 2")
+    fails(s:sub(1, -3), "ends inside token 4 of 5")
+    fails(s .. "x", "holds 1 bytes after its 5 tokens")
+    -- version 1 has no end-of-text entry: GPT-2's 50256, which must then be in the vocabulary
+    fails(s:sub(1, 4) .. string.pack("<I4", 1) .. s:sub(9), "names end-of-text token 50256 in a vocabulary of 5")
+    os.remove(p)
+  end)
+
+  it("draws batches whose windows cross shard boundaries", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    for s = 0, 2 do -- tokens 0..29 over three shards of 10, uint16 then uint32 widths alike
+      local t = {}
+      for i = 1, 10 do t[i] = 10 * s + i - 1 end
+      data.write_shard(("%s/train_%d.bin"):format(dir, s), t)
+    end
+    local ds = data.load(dir .. "/train_*.bin", { val = dir .. "/train_2.bin" })
+    flow.manual_seed(3)
+    local x, y = ds:batch("train", 6, 12) -- 12 + 1 tokens: every window spans two shards
+    assert.are.same({ 6, 12 }, x:shape())
+    for b, row in ipairs(x:totable()) do
+      local yr = y:totable()[b]
+      for t = 1, 12 do
+        assert.are.equal(row[1] + t - 1, row[t])
+        assert.are.equal(row[t] + 1, yr[t])
+      end
+    end
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
 end)
 
 describe("GPT training", function()
@@ -252,6 +352,52 @@ describe("scripts/train_gpt.lua", function()
       assert.is_false(ok, c[1])
       assert.matches(c[2], out)
     end
+  end)
+
+  it("prints samples of token shards through llm.c's tokenizer file next to them, else as token ids", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local toks = {}
+    for i = 1, 200 do toks[i] = (i * 7) % 50 end
+    data.write_shard(dir .. "/train_000.bin", toks)
+    local pieces = {}
+    for i = 0, 50256 do pieces[i + 1] = ("[%d]"):format(i) end
+    data.write_tokenizer(dir .. "/gpt2_tokenizer.bin", pieces, 50256)
+    local base = ("--data %s/train_*.bin --layers 1 --dim 16 --heads 2 --seq 8 --batch 2 --steps 2 --warmup 1 "
+      .. "--eval-every 0 --sample-len 5"):format(dir)
+    local ok, out = run(base)
+    assert.is_true(ok, out)
+    local sample = out:match("\nsample: ([^\n]*)")
+    assert.truthy(sample, out)
+    local rest, n = sample:gsub("%[%d+%]", "")
+    assert.are.same({ "", 5 }, { rest, n })
+    -- the same run with the file named
+    local okn, named = run(base .. " --tokenizer " .. dir .. "/gpt2_tokenizer.bin")
+    assert.is_true(okn, named)
+    assert.are.equal(sample, named:match("\nsample: ([^\n]*)"))
+    -- a tokenizer of another vocabulary, a broken one, or one for byte data: said, exit 2
+    data.write_tokenizer(dir .. "/small.bin", { "a", "b" }, 1)
+    local bad = {
+      { " --tokenizer " .. dir .. "/small.bin", "%-%-tokenizer .-small.bin: a vocabulary of 2 tokens, but %-%-data's is 50257" },
+      { " --tokenizer " .. dir .. "/train_000.bin", "tokenizer: '.-train_000.bin' has magic 20240520, expected 20240328" },
+    }
+    for _, c in ipairs(bad) do
+      local okb, msg = run(base .. c[1])
+      assert.is_false(okb)
+      assert.matches(c[2], msg)
+    end
+    local p = text_file()
+    local okt, msg = run("--data " .. p .. " --tokenizer " .. dir .. "/small.bin")
+    assert.is_false(okt)
+    assert.matches("%-%-tokenizer .-: %-%-data holds bytes, which print as text without one", msg)
+    os.remove(p)
+    -- without a tokenizer file: ids, said once, after GPT-2's <|endoftext|>
+    os.remove(dir .. "/gpt2_tokenizer.bin")
+    local oki, ids = run(base)
+    assert.is_true(oki, ids)
+    assert.matches("\nsample %(token ids after 50256; no %-%-tokenizer, and no gpt2_tokenizer.bin next to %-%-data%): %d+ %d+ %d+ %d+ %d+\n", ids .. "\n")
+    os.execute("rm -rf '" .. dir .. "'")
   end)
 
   it("--help lists every flag with its description and default, and exits 0", function()

@@ -71,7 +71,7 @@ static int64_t ipow(int64_t b, int64_t e) {
  * Dense loops first run over a multiple of 32 elements: -O2's "very cheap" vectoriser only takes
  * loops that need no scalar epilogue. ivdep: the output is fresh or exactly an input (in place). */
 #define DEF_LOOP(fname, TI, TO, EXPR)                                                 \
-  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {               \
+  FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *s, int64_t n, void *ctx) { \
     (void)ctx;                                                                        \
     TO *o = (TO *)p[0];                                                               \
     const TI *x = (const TI *)p[1], *y = (const TI *)p[2];                            \

@@ -8,6 +8,18 @@
 #include "../../core/error.h"
 #include "../../core/tensor.h"
 
+/* Run-time dispatch for the hot loops. In a build for the x86-64 baseline (FLOW_ARCH=x86-64: no
+ * AVX2 assumed at compile time) a function marked FLOW_CPU_DISPATCH is compiled three times, for
+ * x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the baseline, and the loader binds its name to
+ * the best copy this CPU runs (GCC's target_clones: an ifunc). What the function inlines is
+ * compiled into each copy, so mark the loop, not each helper. A build that assumes AVX2
+ * (x86-64-v3, native) compiles it once, as before. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(__AVX2__)
+#define FLOW_CPU_DISPATCH __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FLOW_CPU_DISPATCH
+#endif
+
 /* Elementwise binary ops with broadcasting (out = a OP b). */
 typedef enum flow_binary_code {
   FLOW_BIN_ADD, FLOW_BIN_SUB, FLOW_BIN_MUL, FLOW_BIN_DIV, FLOW_BIN_POW, FLOW_BIN_MAX, FLOW_BIN_MIN,

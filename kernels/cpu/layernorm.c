@@ -81,6 +81,7 @@ static inline __attribute__((always_inline)) real GEN(row_moment)(const real *x,
 
 /* The row loops run over a multiple of 32 first (-O2's cheap vectoriser takes only loops without
  * a scalar epilogue), with weight and bias present (nn.LayerNorm) split from the general case. */
+FLOW_CPU_DISPATCH
 static void GEN(layernorm_forward)(real *y, real *mean, real *rstd, const real *x, const real *w,
                                    const real *b, int64_t rows, int64_t C, real eps) {
   int64_t C32 = w && b ? C & ~(int64_t)31 : 0;
@@ -104,6 +105,7 @@ static void GEN(layernorm_forward)(real *y, real *mean, real *rstd, const real *
  * dx = (dn - mean(dn) - xhat * mean(dn * xhat)) * rstd,  dw += dy * xhat,  db += dy  (dw, db zeroed);
  * the saved statistics add d(mean)/dx = 1/C and d(rstd)/dx = -rstd^2 xhat / C:
  * dx += (dmean - drstd * rstd^2 * xhat) / C, folded into the two row means below. */
+FLOW_CPU_DISPATCH
 static void GEN(layernorm_backward)(real *dx, real *dw, real *db, const real *dy, const real *dmean,
                                     const real *drstd, const real *x, const real *w, const real *mean,
                                     const real *rstd, int64_t rows, int64_t C) {

@@ -10,7 +10,7 @@
 /* acc (type TO) += x (type TI). Reducing along the inner loop (acc stride 0) uses eight partial
  * sums, which vectorise and keep the rounding error of long float sums small. */
 #define DEF_SUM(fname, TI, TO)                                                          \
-  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                 \
+  FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *s, int64_t n, void *ctx) { \
     (void)ctx;                                                                          \
     int64_t i = 0;                                                                      \
     if (s[0] == 0) {                                                                    \

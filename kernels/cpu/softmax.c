@@ -94,7 +94,7 @@ int flow_cpu_softmax_backward(flow_tensor *dx, const flow_tensor *y, const flow_
 
 #else
 
-real GEN(flow_cpu_row_max)(const real *x, int64_t n) {
+FLOW_CPU_DISPATCH real GEN(flow_cpu_row_max)(const real *x, int64_t n) {
   real m[LANES], r = -INFINITY;
   int64_t j = 0;
   for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
@@ -105,7 +105,7 @@ real GEN(flow_cpu_row_max)(const real *x, int64_t n) {
   return r;
 }
 
-real GEN(flow_cpu_exp_shift)(real *y, const real *x, int64_t n, real shift) {
+FLOW_CPU_DISPATCH real GEN(flow_cpu_exp_shift)(real *y, const real *x, int64_t n, real shift) {
   real s[LANES] = {0}, sum = 0;
   int64_t j = 0;
   for (; j + LANES <= n; j += LANES) GEN(exp_block)(y + j, x + j, shift, s);
@@ -116,6 +116,7 @@ real GEN(flow_cpu_exp_shift)(real *y, const real *x, int64_t n, real shift) {
 
 /* One contiguous row: m = max x,  s = sum exp(x - m),
  * softmax: y = exp(x - m) / s;  log_softmax: y = x - m - log s. */
+FLOW_CPU_DISPATCH
 static void GEN(softmax_row)(real *y, const real *x, int64_t n, bool as_log) {
   real m = GEN(flow_cpu_row_max)(x, n);
   real s = GEN(flow_cpu_exp_shift)(y, x, n, m);
@@ -141,6 +142,7 @@ static real GEN(row_dot)(const real *a, const real *b, int64_t n) {
 
 /* softmax:     dx = y * (dy - sum(dy * y))
  * log_softmax: dx = dy - exp(y) * sum(dy) */
+FLOW_CPU_DISPATCH
 static void GEN(softmax_backward_row)(real *dx, const real *y, const real *dy, int64_t n, bool as_log) {
   if (as_log) {
     real s = GEN(row_dot)(dy, NULL, n);

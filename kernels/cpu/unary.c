@@ -145,7 +145,7 @@ SOFTPLUS(double, exp, log1p)
 /* Dense loops run over a multiple of 32 elements first: -O2's "very cheap" vectoriser only takes
  * loops it needs no scalar epilogue for. ivdep: out is a fresh buffer or exactly the input. */
 #define DEF_UNARY(fname, T, F)                                                                   \
-  static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {                         \
+  FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *s, int64_t n, void *ctx) {        \
     const bounds *b = ctx;                                                                       \
     (void)b;                                                                                     \
     if (s[0] == sizeof(T) && s[1] == sizeof(T)) {                                                \
@@ -163,7 +163,7 @@ SOFTPLUS(double, exp, log1p)
 
 /* gin = F(s, g); g may also be one value broadcast (the gradient of a sum) */
 #define DEF_BACKWARD(fname, T, F)                                                                \
-  static void fname(char **p, const int64_t *st, int64_t n, void *ctx) {                        \
+  FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *st, int64_t n, void *ctx) {       \
     const bounds *b = ctx;                                                                       \
     (void)b;                                                                                     \
     if (st[0] == sizeof(T) && st[1] == sizeof(T) && (st[2] == sizeof(T) || st[2] == 0)) {        \

@@ -2,50 +2,30 @@
 -- format: data.read_idx). Byte-level tokens from a text file (plain or gzip), or llm.c .bin
 -- shards, one file or a glob of them (a header of 256 int32: magic, version, token count; then
 -- the tokens: magic 20240520 version 1 holds uint16 (GPT-2), version 2 uint32; llm.c's Llama 3
--- shards, magic 20240801 version 7, uint32). Batches are random windows drawn from flow's RNG,
--- so they are fixed by flow.manual_seed and a checkpoint of flow.get_rng_state() resumes them
--- exactly.
+-- shards, magic 20240801 version 7, uint32). Shards are mapped by flow.open_tokens (C, core/io.c)
+-- and batches copied from them straight into int64 tensors: a shard is never a Lua string.
+-- Batches are random windows drawn from flow's RNG, so they are fixed by flow.manual_seed and a
+-- checkpoint of flow.get_rng_state() resumes them exactly. data.read_tokenizer reads llm.c's
+-- GPT-2 tokenizer file (gpt2_tokenizer.bin), to print samples of a token model as text.
 local flow = require "flow"
 
 local data = {}
 
 local SHARD_MAGIC, SHARD_HEADER = 20240520, 256 * 4
--- token width in bytes, by magic and version
-local SHARD_WIDTH = { [SHARD_MAGIC] = { [1] = 2, [2] = 4 }, [20240801] = { [7] = 4 } }
 
--- A token sequence over a Lua string: 1 byte a token (text), or 2 or 4 little-endian bytes
--- (shards).
+-- Tokens [first, first+n) of a token file (flow.open_tokens; src is nil when n is 0).
 local Tokens = {}
 Tokens.__index = Tokens
 
-local function tokens(bytes, width, first, count)
-  return setmetatable({ bytes = bytes, width = width, first = first, n = count }, Tokens)
+local function tokens(src, first, count)
+  return setmetatable({ src = src, first = first, n = count }, Tokens)
 end
 
 function Tokens:len() return self.n end
 
--- Tokens [start, start+len) (0-based) as a Lua list.
-function Tokens:slice(start, len)
-  local out = {}
-  if self.width == 1 then
-    local b = self.first + start
-    local k = 1
-    -- string.byte returns at most a few thousand values at once on the C stack: chunk it
-    while k <= len do
-      local n = math.min(4096, len - k + 1)
-      local t = { self.bytes:byte(b + k - 1, b + k + n - 2) }
-      table.move(t, 1, n, k, out)
-      k = k + n
-    end
-  else
-    local w = self.width
-    local fmt, pos = "<I" .. w, self.first + w * start
-    for k = 1, len do
-      out[k] = string.unpack(fmt, self.bytes, pos)
-      pos = pos + w
-    end
-  end
-  return out
+-- Tokens [start, start+len) (0-based) into the int64 tensor out, from element offset on.
+function Tokens:read(start, len, out, offset)
+  if len > 0 then self.src:read(self.first + start, len, out, offset) end
 end
 
 -- Several token sequences as one (the shards of a glob, in name order).
@@ -61,26 +41,32 @@ end
 
 function Concat:len() return self.n end
 
-function Concat:slice(start, len)
-  local out = {}
+-- A window across shard boundaries reads the end of one and the start of the next.
+function Concat:read(start, len, out, offset)
   for _, p in ipairs(self.parts) do
     if len == 0 then break end
     if start < p.n then
       local k = math.min(len, p.n - start)
-      table.move(p:slice(start, k), 1, k, #out + 1, out)
-      len = len - k
-      start = 0
+      p:read(start, k, out, offset)
+      start, len, offset = 0, len - k, offset + k
     else
       start = start - p.n
     end
   end
-  return out
 end
+
+-- Tokens [start, start+len) (0-based) of a Tokens or a Concat as a Lua list.
+local function slice(t, start, len)
+  local out = flow.zeros({ len }, { dtype = "int64" })
+  t:read(start, len, out, 0)
+  return out:totable()
+end
+Tokens.slice, Concat.slice = slice, slice
 
 -- The last `count` tokens of t (a Tokens or a Concat), and the ones before.
 local function split_tail(t, count)
   if getmetatable(t) == Tokens then
-    return tokens(t.bytes, t.width, t.first, t.n - count), tokens(t.bytes, t.width, t.first + t.width * (t.n - count), count)
+    return tokens(t.src, t.first, t.n - count), tokens(t.src, t.first + t.n - count, count)
   end
   local head, tail, left = {}, {}, t.n - count
   for _, p in ipairs(t.parts) do
@@ -92,24 +78,9 @@ local function split_tail(t, count)
     end
     left = left - p.n
   end
-  if #head == 0 then head[1] = tokens("", 1, 1, 0) end
-  if #tail == 0 then tail[1] = tokens("", 1, 1, 0) end
+  if #head == 0 then head[1] = tokens(nil, 0, 0) end
+  if #tail == 0 then tail[1] = tokens(nil, 0, 0) end
   return concat(head), concat(tail)
-end
-
--- Check an llm.c shard held in s (the bytes of path); returns its token count and width.
-local function check_shard(path, s)
-  if #s < SHARD_HEADER then error(("data: '%s' is too short for an llm.c shard header (%d bytes)"):format(path, #s), 0) end
-  local magic, version, count = string.unpack("<i4i4i4", s)
-  if not SHARD_WIDTH[magic] then error(("data: '%s' has magic %d, expected %d (an llm.c .bin shard)"):format(path, magic, SHARD_MAGIC), 0) end
-  local width = SHARD_WIDTH[magic][version]
-  if not width then
-    error(("data: '%s' has shard version %d, expected %s"):format(path, version, magic == SHARD_MAGIC and "1 (uint16) or 2 (uint32)" or "7"), 0)
-  end
-  if count < 0 or #s ~= SHARD_HEADER + width * count then
-    error(("data: '%s' says %d tokens but holds %d bytes of tokens"):format(path, count, #s - SHARD_HEADER), 0)
-  end
-  return count, width
 end
 
 -- The files a pattern names, sorted: the pattern itself when it has no * ? or [ (it need not
@@ -141,13 +112,11 @@ Dataset.__index = Dataset
 
 -- A file is a shard when it is named .bin or starts with a shard magic; else it is bytes. The
 -- vocabulary: GPT-2's for uint16 shards, Llama 3's for uint32 ones, 256 for bytes.
+local VOCAB_BY_WIDTH = { [1] = 256, [2] = 50257, [4] = 128256 }
 local function open_file(path)
-  local s = flow.read_file(path)
-  if path:match("%.bin$") or (#s >= 4 and SHARD_WIDTH[string.unpack("<i4", s)]) then
-    local count, width = check_shard(path, s)
-    return tokens(s, width, SHARD_HEADER + 1, count), width == 2 and 50257 or 128256
-  end
-  return tokens(s, 1, 1, #s), 256
+  local ok, src = pcall(flow.open_tokens, path)
+  if not ok then error((tostring(src):gsub("^open_tokens: ", "data: ")), 0) end
+  return tokens(src, 0, src:len()), VOCAB_BY_WIDTH[src:width()]
 end
 
 -- Every file a pattern names, as one stream (all shards, or one text file).
@@ -186,13 +155,12 @@ function Dataset:batch(split, B, T)
   local span = toks.n - T - 1
   if span < 0 then error(("Dataset:batch: the %s split has %d tokens, fewer than seq+1 = %d"):format(split, toks.n, T + 1), 2) end
   local starts = flow.randint(0, span + 1, { B }):totable()
-  local xs, ys = {}, {}
+  local x, y = flow.zeros({ B, T }, { dtype = "int64" }), flow.zeros({ B, T }, { dtype = "int64" })
   for b = 1, B do
-    local w = toks:slice(starts[b], T + 1)
-    xs[b] = table.move(w, 1, T, 1, {})
-    ys[b] = table.move(w, 2, T + 1, 1, {})
+    toks:read(starts[b], T, x, (b - 1) * T)
+    toks:read(starts[b] + 1, T, y, (b - 1) * T)
   end
-  return flow.tensor(xs, { dtype = "int64" }), flow.tensor(ys, { dtype = "int64" })
+  return x, y
 end
 
 -- IDX files (LeCun's MNIST format, as Fashion-MNIST ships them; plain or gzip): a big-endian
@@ -239,6 +207,51 @@ end
 
 function data.encode_bytes(s)
   return { s:byte(1, -1) }
+end
+
+-- llm.c's tokenizer file: a header of 256 uint32 (magic 20240328; version 1 or 2; the vocabulary
+-- size; in version 2 the end-of-text token, in version 1 GPT-2's 50256), then for each token a
+-- uint8 length and that many bytes. Read whole (GPT-2's is 0.5 MB). tokenizer:decode(ids) joins
+-- the tokens' bytes.
+local TOKENIZER_MAGIC, TOKENIZER_HEADER = 20240328, 256 * 4
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+
+function data.read_tokenizer(path)
+  local s = flow.read_file(path)
+  local function bad(fmt, ...) error(("tokenizer: '%s' "):format(path) .. fmt:format(...), 0) end
+  if #s < TOKENIZER_HEADER then bad("is too short for an llm.c tokenizer header (%d bytes)", #s) end
+  local magic, version, vocab, eot = string.unpack("<I4I4I4I4", s)
+  if magic ~= TOKENIZER_MAGIC then bad("has magic %d, expected %d (llm.c's gpt2_tokenizer.bin)", magic, TOKENIZER_MAGIC) end
+  if version ~= 1 and version ~= 2 then bad("has version %d, expected 1 or 2", version) end
+  if version == 1 then eot = 50256 end
+  if eot >= vocab then bad("names end-of-text token %d in a vocabulary of %d", eot, vocab) end
+  local pieces, pos = {}, TOKENIZER_HEADER + 1
+  for i = 1, vocab do
+    local len = s:byte(pos)
+    if not len or pos + len > #s then bad("ends inside token %d of %d", i - 1, vocab) end
+    pieces[i] = s:sub(pos + 1, pos + len)
+    pos = pos + 1 + len
+  end
+  if pos <= #s then bad("holds %d bytes after its %d tokens", #s - pos + 1, vocab) end
+  return setmetatable({ vocab_size = vocab, eot = eot, pieces = pieces }, Tokenizer)
+end
+
+function Tokenizer:decode(ids)
+  local out = {}
+  for i, id in ipairs(ids) do
+    out[i] = self.pieces[id + 1] or error(("tokenizer: token %d is outside the vocabulary of %d"):format(id, self.vocab_size), 2)
+  end
+  return table.concat(out)
+end
+
+-- Write a tokenizer file (version 2) from a list of byte strings, token 0 first: for tests.
+function data.write_tokenizer(path, pieces, eot)
+  local parts = { string.pack("<I4I4I4I4", TOKENIZER_MAGIC, 2, #pieces, eot), string.rep("\0", TOKENIZER_HEADER - 16) }
+  for i, p in ipairs(pieces) do parts[i + 2] = string.pack("<s1", p) end
+  local f = assert(io.open(path, "wb"))
+  f:write(table.concat(parts))
+  f:close()
 end
 
 -- Write tokens (a Lua list of integers) as an llm.c shard, uint16 (version 1) or with

@@ -224,7 +224,15 @@ function F.scaled_dot_product_attention(q, k, v, opts)
     error(("scaled_dot_product_attention: flow.backends.attention is %q; expected \"fused\" or \"math\""):format(
       tostring(backend)), 2)
   end
-  local sq, sk, sv = q:shape(), k:shape(), v:shape()
+  local function shape_of(t, name)
+    local ok, s = pcall(function() return t:shape() end)
+    if not ok or type(s) ~= "table" then
+      error(("scaled_dot_product_attention: %s must be a tensor (%s)"):format(name,
+        flow.is_tensor(t) and tostring(s) or "got a " .. type(t)), 3)
+    end
+    return s
+  end
+  local sq, sk, sv = shape_of(q, "q"), shape_of(k, "k"), shape_of(v, "v")
   local n = #sq
   if n ~= 4 then
     local lead, same = 1, n >= 2 and #sk == n and #sv == n

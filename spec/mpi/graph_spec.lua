@@ -209,6 +209,14 @@ describe("nn.Graph 3-D parallelism #mpi", function()
     assert.is_true(best > 0, "stage 0 and stage 1 never computed different micro-batches at the same time")
   end)
 
+  it("micro-batches repeat the parameters' boxings: ZeRO-3 gathers once per step, with the 1-rank losses", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local losses, G = train(dp, true, { rows = 16, config = { grad_accumulation_steps = 4, zero_stage = 3 } })
+    assert_same(big, losses)
+    -- every parameter's all-gather (S(0) -> B) moves data at the first micro-batch only
+    assert.is_true(G:stats().repeated >= #gpt.GPT(cfg):parameters(), "repeated " .. G:stats().repeated)
+  end)
+
   it("pipeline: the buffer (credits on the stage's forward-to-backward edges) bounds the micro-batches in flight", function()
     if ws ~= 2 then return pending("needs exactly 2 ranks") end
     -- stage 0's forward of micro-batch p waits for a free slot in the registers its backward
