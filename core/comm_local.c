@@ -285,8 +285,8 @@ static int send_to(flow_comm *c, int peer, int tag, const void *buf, size_t byte
   return 0;
 }
 
-/* Receive exactly `bytes` from member peer; `patience` seconds without it: a timeout error when
- * soft, else the job ends (stuck). */
+/* Receive exactly `bytes` from member peer. Nothing for FLOW_TIMEOUT seconds is an error when soft
+ * (a transfer without a handshake before it); else the job ends after FLOW_TIMEOUT + 10 s (stuck). */
 static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, const char *what, bool soft) {
   double patience = flow_comm_timeout() + (soft ? 0 : 10), start = now_s();
   int why, src = impl(c)->world[peer];
