@@ -28,18 +28,34 @@ static void on_abort(int sig) { (void)sig; aborted = 1; }
 /* A rank's wait status as the job's exit code: its exit status, or 128 + the signal that ended it. */
 static int exit_code(int st) { return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WIFEXITED(st) ? WEXITSTATUS(st) : 0; }
 
-/* Which rank ended the job, among those that failed by now (status[q] >= 0 when reaped): one killed
- * by a signal (nothing here kills one in turn), else r, the first seen to fail. */
-static int blame(int n, const int *status, int r) {
+/* Which rank ended the job, once a failure was seen (status[q] >= 0: reaped; those gone by now are
+ * reaped first): one killed by a signal (nothing here kills one in turn), else the first that
+ * aborted (an uncaught error: it said so on `aborts` before it exited, so before any peer could
+ * fail on seeing it leave), else r, the first seen to fail. Sets the job's exit code. */
+static int blame(int n, const pid_t *pid, int *status, int *left, int aborts, int r, int *code) {
+  int st;
   for (int q = 0; q < n; q++)
-    if (status[q] >= 0 && WIFSIGNALED(status[q])) return q;
-  return r;
+    if (status[q] < 0 && waitpid(pid[q], &st, WNOHANG) == pid[q]) { status[q] = st; (*left)--; }
+  for (int q = 0; q < n; q++)
+    if (status[q] >= 0 && WIFSIGNALED(status[q])) { *code = exit_code(status[q]); return q; }
+  flow_comm_local_abort_notice a;
+  if (read(aborts, &a, sizeof a) == (ssize_t)sizeof a && a.rank >= 0 && a.rank < n && a.code) {
+    *code = a.code;
+    return a.rank;
+  }
+  *code = r >= 0 ? exit_code(status[r]) : EXIT_FAILURE;
+  return r >= 0 ? r : 0;
 }
 
-static void end_job(const char *prog, int who, const char *how, int n, const pid_t *pid, const int *status) {
+/* Say which rank ended the job and how, and end the others. */
+static void end_job(const char *prog, int who, int code, int n, const pid_t *pid, const int *status) {
   int left = 0;
   for (int q = 0; q < n; q++) left += q != who && status[q] < 0;
-  fprintf(stderr, "%s: rank %d %s%s\n", prog, who, how, left ? "; ending the job" : "");
+  if (status[who] >= 0 && WIFSIGNALED(status[who]))
+    fprintf(stderr, "%s: rank %d was killed by signal %d (%s)%s\n", prog, who, WTERMSIG(status[who]),
+            strsignal(WTERMSIG(status[who])), left ? "; ending the job" : "");
+  else
+    fprintf(stderr, "%s: rank %d exited with status %d%s\n", prog, who, code, left ? "; ending the job" : "");
   fflush(stderr);
   for (int q = 0; q < n; q++)
     if (status[q] < 0) kill(pid[q], SIGKILL);
@@ -47,26 +63,22 @@ static void end_job(const char *prog, int who, const char *how, int n, const pid
 
 /* The parent: wait for every rank. The first that fails ends the others at once, as mpirun ends a
  * job when a rank aborts or dies, and its status is the job's: a rank that aborts (an uncaught
- * error) says so before it exits, so the others are ended before they fail on seeing it leave; a
- * rank that exits with a failing status or is killed is seen when it has gone. */
+ * error) signals the parent before it exits, so the others are ended before they fail on seeing
+ * it leave; a rank that exits failing or is killed is seen when it has gone, and the others are
+ * given a moment to fail after it, to tell which was first. */
 static int wait_ranks(int n, const pid_t *pid, int aborts, const char *prog) {
   int left = n, code = 0, *status = malloc((size_t)n * sizeof *status);
-  char how[96];
   if (!status) return EXIT_FAILURE;
   for (int q = 0; q < n; q++) status[q] = -1;
   while (left > 0) {
     int st, r = 0;
     pid_t p = waitpid(-1, &st, 0);
-    flow_comm_local_abort_notice a;
-    if (p < 0 && errno == EINTR && aborted && !code && read(aborts, &a, sizeof a) == (ssize_t)sizeof a &&
-        a.rank >= 0 && a.rank < n) {
-      code = a.code;
-      snprintf(how, sizeof how, "exited with status %d", a.code);
-      end_job(prog, a.rank, how, n, pid, status);
-      continue;
-    }
     if (p < 0) {
       if (errno != EINTR) break;
+      if (aborted && !code) {
+        int who = blame(n, pid, status, &left, aborts, -1, &code);
+        end_job(prog, who, code, n, pid, status);
+      }
       if (asked_to_end)
         for (int q = 0; q < n; q++)
           if (status[q] < 0) kill(pid[q], (int)asked_to_end);
@@ -77,17 +89,9 @@ static int wait_ranks(int n, const pid_t *pid, int aborts, const char *prog) {
     status[r] = st;
     left--;
     if (code || !exit_code(st)) continue;
-    /* a rank killed makes its peers fail within moments: let them, to tell which was first */
     nanosleep(&(struct timespec){0, 50000000}, NULL);
-    for (int q = 0; q < n; q++)
-      if (status[q] < 0 && waitpid(pid[q], &st, WNOHANG) == pid[q]) { status[q] = st; left--; }
-    int who = blame(n, status, r);
-    code = exit_code(status[who]);
-    if (WIFSIGNALED(status[who]))
-      snprintf(how, sizeof how, "was killed by signal %d (%s)", WTERMSIG(status[who]), strsignal(WTERMSIG(status[who])));
-    else
-      snprintf(how, sizeof how, "exited with status %d", code);
-    end_job(prog, who, how, n, pid, status);
+    int who = blame(n, pid, status, &left, aborts, r, &code);
+    end_job(prog, who, code, n, pid, status);
   }
   free(status);
   return code;
