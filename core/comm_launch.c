@@ -110,8 +110,8 @@ static void become_rank(int r, int n, int *fd, int aborts, pid_t parent) {
       else close(fd[i * n + j]);
     }
   row[r] = -1;
-  signal(SIGINT, SIG_DFL);
-  signal(SIGQUIT, SIG_DFL);
+  int sigs[] = {SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGUSR1};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
   if (r > 0) {
     /* only rank 0 reads stdin, and a Ctrl-C at the terminal reaches rank 0 alone (the REPL passes
      * it on), as under mpirun */
@@ -158,9 +158,17 @@ int flow_comm_launch_local(int n, const char *prog) {
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
-  /* the parent leaves Ctrl-C to rank 0 (which ends, or, in the REPL, interrupts its line) */
+  /* the parent leaves Ctrl-C to rank 0 (which ends, or, in the REPL, interrupts its line); its own
+   * handlers are in place before a rank can signal it */
   signal(SIGINT, SIG_IGN);
   signal(SIGQUIT, SIG_IGN);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_end;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  sa.sa_handler = on_abort;
+  sigaction(SIGUSR1, &sa, NULL);
   for (int r = 0; r < n; r++) {
     pid[r] = fork();
     if (pid[r] == 0) {
@@ -179,13 +187,6 @@ int flow_comm_launch_local(int n, const char *prog) {
   for (int i = 0; i < n * n; i++)
     if (i / n != i % n) close(fd[i]);
   free(fd);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_end;
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL);
-  sa.sa_handler = on_abort;
-  sigaction(SIGUSR1, &sa, NULL);
   close(aborts[1]);
   int code = wait_ranks(n, pid, aborts[0], prog);
   free(pid);
