@@ -511,17 +511,31 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
       }
     }
   }
-  /* the messages go over a communicator of the ranks of either placement (NCCL for device data) */
+  /* Host data goes point to point over the world, so nothing collective precedes the transfer
+   * (a group made for it would hang, not time out, when a peer skips this boxing), with a tag of
+   * the thread's comm channel so a graph's two collective streams never match each other's
+   * messages. Device data goes over an NCCL communicator of the ranks of either placement. */
   if (rc == 0 && (ps->me >= 0 || pd->me >= 0)) {
-    flow_comm *c = (uranks = union_ranks(ps, pd, &nu)) ? data_comm(uranks, nu, dev) : NULL;
-    if (!c) rc = -1;
+    flow_comm *c = NULL;
+    int tag = 12;
+    if (dev.type == FLOW_CPU) {
+      c = flow_comm_world();
+      if ((uranks = malloc((size_t)c->size * sizeof *uranks))) {
+        for (int q = 0; q < c->size; q++) uranks[q] = q;
+        nu = c->size;
+      }
+      tag += 16 * flow_comm_channel();
+    } else if ((uranks = union_ranks(ps, pd, &nu))) {
+      c = data_comm(uranks, nu, dev);
+    }
+    if (!c || !uranks) rc = uranks ? -1 : flow_error_set("to_global: out of memory");
     for (int k = 0; rc == 0 && k < nsend; k++)
       msgs[k] = (flow_comm_msg){index_of(uranks, nu, sends[k].peer), flow_tensor_data(sends[k].buf),
                                 (size_t)flow_shape_numel(ndim, sends[k].size)};
     for (int k = 0; rc == 0 && k < nrecv; k++)
       msgs[cap + k] = (flow_comm_msg){index_of(uranks, nu, recvs[k].peer), flow_tensor_data(recvs[k].buf),
                                       (size_t)flow_shape_numel(ndim, recvs[k].size)};
-    if (rc == 0) rc = c->ops->exchange(c, msgs, nsend, msgs + cap, nrecv, local->dtype, 12);
+    if (rc == 0) rc = c->ops->exchange(c, msgs, nsend, msgs + cap, nrecv, local->dtype, tag);
   }
   for (int k = 0; rc == 0 && k < nrecv; k++)
     rc = copy_box(dev, flow_tensor_data(y), yn, recvs[k].start, flow_tensor_data(recvs[k].buf), recvs[k].size, zero,
