@@ -32,12 +32,17 @@ static int exit_code(int st) { return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WIF
  * reaped first): one killed by a signal (nothing here kills one in turn), else the first that
  * aborted (an uncaught error: it said so on `aborts` before it exited, so before any peer could
  * fail on seeing it leave), else r, the first seen to fail. Sets the job's exit code. */
-static int blame(int n, const pid_t *pid, int *status, int *left, int aborts, int r, int *code) {
+static int pick(int n, const pid_t *pid, int *status, int *left, int aborts, int r, int *code) {
   int st;
-  for (int q = 0; q < n; q++)
-    if (status[q] < 0 && waitpid(pid[q], &st, WNOHANG) == pid[q]) { status[q] = st; (*left)--; }
-  for (int q = 0; q < n; q++)
-    if (status[q] >= 0 && WIFSIGNALED(status[q])) { *code = exit_code(status[q]); return q; }
+  /* A killed rank's sockets close before the kernel lets its parent reap it, so a peer may fail on
+   * seeing it leave and say so first: look for a killed rank for up to 100 ms. */
+  for (int tries = 0; tries < 20; tries++) {
+    for (int q = 0; q < n; q++)
+      if (status[q] < 0 && waitpid(pid[q], &st, WNOHANG) == pid[q]) { status[q] = st; (*left)--; }
+    for (int q = 0; q < n; q++)
+      if (status[q] >= 0 && WIFSIGNALED(status[q])) { *code = exit_code(status[q]); return q; }
+    nanosleep(&(struct timespec){0, 5000000}, NULL);
+  }
   flow_comm_local_abort_notice a;
   if (read(aborts, &a, sizeof a) == (ssize_t)sizeof a && a.rank >= 0 && a.rank < n && a.code) {
     *code = a.code;
@@ -47,10 +52,20 @@ static int blame(int n, const pid_t *pid, int *status, int *left, int aborts, in
   return r >= 0 ? r : 0;
 }
 
+/* blame, also saying how many other ranks were still running when the failure was seen (the wait
+ * for a killed rank may let them fail on their own meanwhile). */
+static int blame(int n, const pid_t *pid, int *status, int *left, int aborts, int r, int *code, int *others) {
+  bool *running = malloc((size_t)n * sizeof *running);
+  for (int q = 0; running && q < n; q++) running[q] = status[q] < 0;
+  int who = pick(n, pid, status, left, aborts, r, code);
+  *others = 0;
+  for (int q = 0; q < n; q++) *others += q != who && (running ? running[q] : status[q] < 0);
+  free(running);
+  return who;
+}
+
 /* Say which rank ended the job and how, and end the others. */
-static void end_job(const char *prog, int who, int code, int n, const pid_t *pid, const int *status) {
-  int left = 0;
-  for (int q = 0; q < n; q++) left += q != who && status[q] < 0;
+static void end_job(const char *prog, int who, int code, int n, const pid_t *pid, const int *status, int left) {
   if (status[who] >= 0 && WIFSIGNALED(status[who]))
     fprintf(stderr, "%s: rank %d was killed by signal %d (%s)%s\n", prog, who, WTERMSIG(status[who]),
             strsignal(WTERMSIG(status[who])), left ? "; ending the job" : "");
@@ -76,8 +91,8 @@ static int wait_ranks(int n, const pid_t *pid, int aborts, const char *prog) {
     if (p < 0) {
       if (errno != EINTR) break;
       if (aborted && !code) {
-        int who = blame(n, pid, status, &left, aborts, -1, &code);
-        end_job(prog, who, code, n, pid, status);
+        int others, who = blame(n, pid, status, &left, aborts, -1, &code, &others);
+        end_job(prog, who, code, n, pid, status, others);
       }
       if (asked_to_end)
         for (int q = 0; q < n; q++)
@@ -90,8 +105,8 @@ static int wait_ranks(int n, const pid_t *pid, int aborts, const char *prog) {
     left--;
     if (code || !exit_code(st)) continue;
     nanosleep(&(struct timespec){0, 50000000}, NULL);
-    int who = blame(n, pid, status, &left, aborts, r, &code);
-    end_job(prog, who, code, n, pid, status);
+    int others, who = blame(n, pid, status, &left, aborts, r, &code, &others);
+    end_job(prog, who, code, n, pid, status, others);
   }
   free(status);
   return code;
