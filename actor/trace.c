@@ -222,8 +222,6 @@ static int record_op(const flow_op *op, flow_tensor *const *in, int nin, const f
   return 0;
 }
 
-static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
-
 /* Is a boxing's source the same at every piece: a tensor the graph captures (a parameter), not a
  * value of the trace? Ranks outside the source placement hold only an empty stand-in and cannot
  * tell, so between placements the source's ranks decide for all: one min over the ranks of both
@@ -231,15 +229,9 @@ static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(c
 static int invariant_source(const flow_box_desc *d, const flow_tensor *t) {
   bool mine = t->lazy == 0, in_src = d->src_p->me >= 0;
   if (d->src_p == d->dst_p || (!in_src && d->dst_p->me < 0)) return mine;
-  int n = 0, *ranks = malloc((size_t)(d->src_p->nranks + d->dst_p->nranks) * sizeof *ranks);
-  if (!ranks) return flow_error_set("nn.Graph: out of memory");
-  for (int i = 0; i < d->src_p->nranks; i++) ranks[n++] = d->src_p->ranks[i];
-  for (int i = 0; i < d->dst_p->nranks; i++) ranks[n++] = d->dst_p->ranks[i];
-  qsort(ranks, (size_t)n, sizeof *ranks, cmp_int);
-  int u = 0;
-  for (int i = 0; i < n; i++)
-    if (u == 0 || ranks[u - 1] != ranks[i]) ranks[u++] = ranks[i];
-  flow_comm *c = flow_comm_for_ranks(ranks, u);
+  int n, *ranks = flow_placement_union(d->src_p, d->dst_p, &n);
+  if (!ranks) return -1;
+  flow_comm *c = flow_comm_for_ranks(ranks, n);
   free(ranks);
   long long lo, hi;
   if (!c || c->ops->minmax(c, in_src ? mine : 1, &lo, &hi) != 0) return -1;

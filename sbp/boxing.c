@@ -433,21 +433,6 @@ typedef struct piece {
   flow_tensor *buf;
 } piece;
 
-/* The ranks of either placement, ascending; n of them. */
-static int *union_ranks(const flow_placement *a, const flow_placement *b, int *n) {
-  int world = flow_comm_size(), k = 0;
-  char *in = calloc((size_t)world, 1);
-  int *r = malloc(((size_t)a->nranks + (size_t)b->nranks) * sizeof *r);
-  if (!in || !r) { free(in); free(r); flow_error_set("to_global: out of memory"); return NULL; }
-  for (int i = 0; i < a->nranks; i++) in[a->ranks[i]] = 1;
-  for (int i = 0; i < b->nranks; i++) in[b->ranks[i]] = 1;
-  for (int q = 0; q < world; q++)
-    if (in[q]) r[k++] = q;
-  free(in);
-  *n = k;
-  return r;
-}
-
 static int index_of(const int *ranks, int n, int rank) {
   for (int i = 0; i < n; i++)
     if (ranks[i] == rank) return i;
@@ -520,21 +505,18 @@ flow_tensor *flow_boxing_between(const flow_placement *ps, const flow_nd_sbp *sr
     int tag = 12;
     if (dev.type == FLOW_CPU) {
       c = flow_comm_world();
-      if ((uranks = malloc((size_t)c->size * sizeof *uranks))) {
-        for (int q = 0; q < c->size; q++) uranks[q] = q;
-        nu = c->size;
-      }
       tag += 16 * flow_comm_channel();
-    } else if ((uranks = union_ranks(ps, pd, &nu))) {
+    } else if ((uranks = flow_placement_union(ps, pd, &nu))) {
       c = data_comm(uranks, nu, dev);
     }
-    if (!c || !uranks) rc = uranks ? -1 : flow_error_set("to_global: out of memory");
+    if (!c) rc = -1;
+    /* peers are world ranks, or indices into the union's communicator */
     for (int k = 0; rc == 0 && k < nsend; k++)
-      msgs[k] = (flow_comm_msg){index_of(uranks, nu, sends[k].peer), flow_tensor_data(sends[k].buf),
-                                (size_t)flow_shape_numel(ndim, sends[k].size)};
+      msgs[k] = (flow_comm_msg){uranks ? index_of(uranks, nu, sends[k].peer) : sends[k].peer,
+                                flow_tensor_data(sends[k].buf), (size_t)flow_shape_numel(ndim, sends[k].size)};
     for (int k = 0; rc == 0 && k < nrecv; k++)
-      msgs[cap + k] = (flow_comm_msg){index_of(uranks, nu, recvs[k].peer), flow_tensor_data(recvs[k].buf),
-                                      (size_t)flow_shape_numel(ndim, recvs[k].size)};
+      msgs[cap + k] = (flow_comm_msg){uranks ? index_of(uranks, nu, recvs[k].peer) : recvs[k].peer,
+                                      flow_tensor_data(recvs[k].buf), (size_t)flow_shape_numel(ndim, recvs[k].size)};
     if (rc == 0) rc = c->ops->exchange(c, msgs, nsend, msgs + cap, nrecv, local->dtype, tag);
   }
   for (int k = 0; rc == 0 && k < nrecv; k++)

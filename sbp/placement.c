@@ -125,6 +125,20 @@ char *flow_placement_str(const flow_placement *p, char *buf, size_t n) {
   return buf;
 }
 
+int *flow_placement_union(const flow_placement *a, const flow_placement *b, int *n) {
+  int world = flow_comm_size(), k = 0;
+  char *in = calloc((size_t)world, 1);
+  int *r = malloc(((size_t)a->nranks + (size_t)b->nranks) * sizeof *r);
+  if (!in || !r) { free(in); free(r); flow_error_set("placement: out of memory"); return NULL; }
+  for (int i = 0; i < a->nranks; i++) in[a->ranks[i]] = 1;
+  for (int i = 0; i < b->nranks; i++) in[b->ranks[i]] = 1;
+  for (int q = 0; q < world; q++)
+    if (in[q]) r[k++] = q;
+  free(in);
+  *n = k;
+  return r;
+}
+
 void flow_placement_free_all(void) {
   while (interned) {
     flow_placement *p = interned;

@@ -31,6 +31,8 @@ flow_comm *flow_placement_axis_data_comm(const flow_placement *p, int axis, flow
 char *flow_placement_str(const flow_placement *p, char *buf, size_t n);
 /* Mesh coordinate of ranks[index]. */
 void flow_placement_coord(const flow_placement *p, int index, int *coord);
+/* The world ranks of either placement, ascending (malloc'ed; *n of them), or NULL + error. */
+int *flow_placement_union(const flow_placement *a, const flow_placement *b, int *n);
 void flow_placement_free_all(void);
 
 #endif
