@@ -571,6 +571,79 @@ int flow_comm_rank(void) { return world ? world->rank : 0; }
 int flow_comm_size(void) { return world ? world->size : 1; }
 flow_comm *flow_comm_world(void) { return world; }
 
+/* "[0, 1, 2]" (the first 16 ranks, then "...") into buf */
+static const char *rank_list(char *buf, size_t size, const int64_t *ranks, int64_t n) {
+  size_t len = (size_t)snprintf(buf, size, "[");
+  for (int64_t i = 0; i < n && i < 16 && len < size; i++)
+    len += (size_t)snprintf(buf + len, size - len, i ? ", %lld" : "%lld", (long long)ranks[i]);
+  if (len < size) snprintf(buf + len, size - len, n > 16 ? ", ...] (%lld ranks)" : "]", (long long)n);
+  return buf;
+}
+
+/* Before the members make a communicator (a collective over them that would wait forever when one
+ * of them names another group: the same placement listed in another order, or another placement),
+ * they agree on the group, point to point over the world, each within FLOW_TIMEOUT: each member
+ * sends the group as it sees it to the lowest rank of that group, which answers every member with
+ * its verdict. A member that names another group fails at once, on both sides; one that never
+ * comes makes the lowest rank fail after FLOW_TIMEOUT and the others 2 s later. */
+enum { GROUP_LIST = 16 };
+typedef struct group_record {
+  int64_t n, hash, ranks[GROUP_LIST];
+} group_record;
+
+static int agree_on_group(const int *ranks, int n) {
+  if (world->size < 2 || n < 2) return 0;
+  group_record mine = {.n = n, .hash = (int64_t)14695981039346656037ull};
+  int lead = ranks[0];
+  for (int i = 0; i < n; i++) {
+    mine.hash = (int64_t)(((uint64_t)mine.hash ^ (uint64_t)ranks[i]) * 1099511628211ull);
+    if (i < GROUP_LIST) mine.ranks[i] = ranks[i];
+    if (ranks[i] < lead) lead = ranks[i];
+  }
+  const size_t words = sizeof(group_record) / sizeof(int64_t);
+  int tag_record = 13 + 16 * channel, tag_verdict = 14 + 16 * channel, rc = 0;
+  char verdict[512] = "", a[160], b[160];
+  double saved = flow_comm_timeout();
+  if (world->rank != lead) { /* a member: the group to the lowest rank, then its verdict */
+    flow_comm_msg send = {lead, &mine, words}, recv = {lead, verdict, sizeof verdict};
+    rc = world->ops->exchange(world, &send, 1, NULL, 0, FLOW_I64, tag_record);
+    flow_comm_set_timeout(saved + 2); /* the lowest rank gives up first */
+    if (rc == 0) rc = world->ops->exchange(world, NULL, 0, &recv, 1, FLOW_U8, tag_verdict);
+    flow_comm_set_timeout(saved);
+    verdict[sizeof verdict - 1] = 0;
+    if (rc != 0)
+      return flow_error_set("[rank %d] communicator for ranks %s: rank %d, the group's lowest rank, did not answer "
+                            "within FLOW_TIMEOUT + 2 s (it skipped this op or names another group)", world->rank,
+                            rank_list(a, sizeof a, mine.ranks, n), lead);
+    return verdict[0] ? flow_error_set("[rank %d] %s", world->rank, verdict) : 0;
+  }
+  group_record *got = calloc((size_t)n, sizeof *got);
+  flow_comm_msg *msgs = calloc((size_t)n, sizeof *msgs);
+  if (!got || !msgs) { free(got); free(msgs); return flow_error_set("communicator: out of memory"); }
+  int m = 0;
+  for (int i = 0; i < n; i++)
+    if (ranks[i] != lead) msgs[m++] = (flow_comm_msg){ranks[i], &got[i], words};
+  if (world->ops->exchange(world, NULL, 0, msgs, m, FLOW_I64, tag_record) != 0) {
+    free(got);
+    free(msgs);
+    return flow_error_set("[rank %d] communicator for ranks %s: a member did not come within FLOW_TIMEOUT (it "
+                          "skipped this op or names another group)", world->rank, rank_list(a, sizeof a, mine.ranks, n));
+  }
+  for (int i = 0; i < n && !verdict[0]; i++)
+    if (ranks[i] != lead && (got[i].n != n || got[i].hash != mine.hash))
+      snprintf(verdict, sizeof verdict, "communicator: the ranks name different groups (a placement listed in "
+               "another order, or another placement): rank %d has %s, rank %d has %s", lead,
+               rank_list(a, sizeof a, mine.ranks, n), ranks[i], rank_list(b, sizeof b, got[i].ranks,
+               got[i].n < 0 ? 0 : got[i].n));
+  for (int i = 0, k = 0; i < n; i++)
+    if (ranks[i] != lead) msgs[k++] = (flow_comm_msg){ranks[i], verdict, sizeof verdict};
+  rc = world->ops->exchange(world, msgs, m, NULL, 0, FLOW_U8, tag_verdict);
+  free(got);
+  free(msgs);
+  if (rc != 0) return -1;
+  return verdict[0] ? flow_error_set("[rank %d] %s", world->rank, verdict) : 0;
+}
+
 flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   if (!world && flow_comm_init() != 0) return NULL;
   bool all = n == world->size; /* every rank in world order: the world itself, not a copy of it */
@@ -593,7 +666,11 @@ flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   memcpy(c->ranks, ranks, (size_t)n * sizeof(int));
   c->n = n;
   c->channel = channel;
-  if (world->ops->group(world, ranks, n, &c->comm) != 0) { free(c->ranks); free(c); return NULL; }
+  if (agree_on_group(ranks, n) != 0 || world->ops->group(world, ranks, n, &c->comm) != 0) {
+    free(c->ranks);
+    free(c);
+    return NULL;
+  }
   pthread_mutex_lock(&cache_lock);
   c->next = cache;
   cache = c;

@@ -117,7 +117,8 @@ int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const
     return flow_error_set("%s: no kernel for device %s", op->name, name);
   }
   if (k(in, nin, out, op->nout, a) != 0) {
-    if (strncmp(flow_error_get(), op->name, strlen(op->name)) != 0) flow_error_prefix("%s", op->name);
+    const char *m = flow_error_get(); /* "[rank r] ..." came from a global op, which names its op */
+    if (strncmp(m, op->name, strlen(op->name)) != 0 && strncmp(m, "[rank ", 6) != 0) flow_error_prefix("%s", op->name);
     return -1;
   }
   if (op->kind == FLOW_OP_INPLACE) in[0]->storage->version++;

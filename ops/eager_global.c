@@ -285,7 +285,13 @@ static bool shared_error;
 /* The handshake over p (every rank arrived, none failed: comm.h) comparing h. */
 static int same_everywhere(const flow_placement *p, const char *what, uint64_t h, bool *same) {
   flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
-  if (!c) return -1;
+  if (!c) { /* the members failed to make it together (comm.c), or it ran out of memory */
+    char msg[1024];
+    const char *e = flow_error_get(), *tail = strncmp(e, "[rank ", 6) == 0 ? strstr(e, "] ") : NULL;
+    snprintf(msg, sizeof msg, "%s", tail ? tail + 2 : e);
+    shared_error = true;
+    return flow_error_set("[rank %d] %s: %s", flow_comm_rank(), what, msg);
+  }
   long long lo, hi;
   if (c->ops->handshake(c, what, (long long)(h >> 2), &lo, &hi) != 0) { shared_error = true; return -1; }
   *same = lo == hi;
@@ -326,6 +332,16 @@ static void fold(const flow_op *op, flow_tensor *const *in, int nin, const flow_
   pending[k].h = fnv(pending[k].h ? pending[k].h : 1469598103934665603ull, &h, sizeof h);
   pending[k].n++;
   pending[k].last = op->name;
+}
+
+/* Folds into p's running hash the other placement of a transfer (its ranks in order and its mesh),
+ * so ranks that name different placements for one transfer disagree before data moves. */
+static void fold_other(const flow_placement *p, const flow_placement *other) {
+  if (p->me < 0 || check_on || check_off) return;
+  uint64_t h = fnv(fnv(1469598103934665603ull, other->ranks, (size_t)other->nranks * sizeof(int)), other->shape,
+                   (size_t)other->ndim * sizeof other->shape[0]);
+  for (int k = 0; k < PENDING_MAX; k++)
+    if (pending[k].p == p) { pending[k].h = fnv(pending[k].h, &h, sizeof h); return; }
 }
 
 int flow_global_settle(const flow_placement *p) {
@@ -551,7 +567,9 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
     memcpy(d.shape, g->shape, (size_t)g->ndim * sizeof(int64_t));
     if (!flow_lazy_tracing()) {
       fold(&flow_op_to_global, &in, 1, g->placement, &tg->sbp);
+      fold_other(g->placement, tg->placement); /* both sides agree on where the data goes */
       fold(&flow_op_to_global, &in, 1, tg->placement, &tg->sbp);
+      fold_other(tg->placement, g->placement);
       if (flow_global_settle(g->placement) != 0 || flow_global_settle(tg->placement) != 0) return -1;
     }
     flow_tensor *plain = flow_tensor_view_of(in, in->ndim, in->shape, in->stride, in->offset);

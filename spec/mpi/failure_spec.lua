@@ -101,6 +101,50 @@ describe("a failure on one rank #mpi", function()
     end
   end)
 
+  -- every rank boxes x onto its own list of the ranks: the error on every rank, and the seconds
+  local function onto(ranks)
+    local Q = flow.placement("cpu", ranks)
+    return fails(function() return x:to_global(Q, B):sum():item() end)
+  end
+  local function reversed(t)
+    local r = {}
+    for i = #t, 1, -1 do r[#r + 1] = t[i] end
+    return r
+  end
+
+  it("ranks that list a placement in another order: an error on every rank, no data moved", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local ranks = reversed(GL.all_ranks())
+    if me == ws - 1 then ranks[#ranks], ranks[#ranks - 1] = ranks[#ranks - 1], ranks[#ranks] end
+    -- a global tensor moved there: the source placement's ranks find that they disagree
+    local err, took = onto(ranks)
+    assert.matches(("^%%[rank %d%%] ranks disagree on the global ops .* the last was to_global"):format(me), err)
+    assert.is_true(took < 1, "no rank waited for a timeout")
+    -- a local tensor made global there: the members of the placement's communicator disagree on it
+    if ws == 2 then return end -- rank 1 names the world itself, which needs no new communicator
+    err, took = fails(function() return flow.ones({ 2 * ws, 3 }):to_global(flow.placement("cpu", ranks), S(0)) end)
+    assert.matches(("^%%[rank %d%%] to_global: communicator: the ranks name different groups %%(a placement "
+      .. "listed in another order, or another placement%%): rank 0 has %%[3, 2, 1, 0%%], rank 3 has "
+      .. "%%[3, 2, 0, 1%%]"):format(me), err)
+    assert.is_true(took < 1, "no rank waited for a timeout")
+  end)
+
+  it("a different placement per rank: an error on every rank at once", function()
+    if ws < 4 then return pending("needs 4 ranks") end
+    local err, took = onto(me < 2 and { 0, 1 } or GL.all_ranks())
+    assert.matches(("^%%[rank %d%%] ranks disagree on the global ops .* the last was "):format(me), err)
+    assert.is_true(took < 1, "no rank waited for a timeout")
+  end)
+
+  it("a 2-D mesh listed in another order on one rank: an error on every rank at once", function()
+    if ws ~= 4 then return pending("needs 4 ranks") end
+    local Q = flow.placement("cpu", me == 2 and { { 0, 2 }, { 1, 3 } } or { { 0, 1 }, { 2, 3 } })
+    local err, took = fails(function() return x:to_global(Q, { B, S(0) }):sum():item() end)
+    assert.matches(("^%%[rank %d%%] "):format(me), err)
+    assert.matches("disagree", err)
+    assert.is_true(took < 1, "no rank waited for a timeout")
+  end)
+
   it("a stopped rank (SIGSTOP): the others raise after FLOW_TIMEOUT; continued, it raises too", function()
     if ws < 2 then return pending("needs 2 ranks or more") end
     local pids = flow._allgather_strings(assert(io.open("/proc/self/stat")):read("l"):match("^(%d+)"))
