@@ -2,7 +2,10 @@
  * without MPI (FLOW_MPI=OFF) is a world of one on comm_self.c's backend. */
 #include "comm.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
@@ -11,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm_local.h"
 #include "comm_backend.h"
@@ -456,6 +460,105 @@ static bool want_mpi(void) {
  * mpirun reports a rank that exits without MPI_Finalize as a failure. */
 static void finalize_at_exit(void) { flow_comm_finalize(); }
 
+/* ---- a rank that is gone -------------------------------------------------------------------------
+ * When a rank dies (SIGKILL, a crash), mpirun ends the others with SIGTERM (then SIGKILL). Before
+ * it does, each rank knows the process id and node of every rank (gathered at start), so the
+ * lowest living rank of a node names the ranks of its node that are gone, in our own words, then
+ * lets SIGTERM end it. Only async-signal-safe calls here: kill, open, read, write. */
+typedef struct { long host; long pid; } rank_proc;
+static rank_proc *procs;
+static int nprocs, my_rank;
+
+static bool proc_gone(long pid) {
+  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+  char path[40] = "/proc/", stat[160];
+  int len = 6;
+  char digits[24];
+  int nd = 0;
+  for (long v = pid; v > 0 && nd < 20; v /= 10) digits[nd++] = (char)('0' + v % 10);
+  while (nd > 0) path[len++] = digits[--nd];
+  memcpy(path + len, "/stat", 6);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return true;
+  ssize_t n = read(fd, stat, sizeof stat - 1);
+  close(fd);
+  if (n <= 0) return true;
+  stat[n] = 0;
+  const char *p = strrchr(stat, ')'); /* "pid (name) S ...": a zombie (Z) is gone */
+  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static void put_num(char *buf, int *len, long v) {
+  char d[24];
+  int n = 0;
+  do { d[n++] = (char)('0' + v % 10); v /= 10; } while (v > 0 && n < 20);
+  while (n > 0) buf[(*len)++] = d[--n];
+}
+
+static void put_str(char *buf, int *len, const char *s) {
+  while (*s && *len < 400) buf[(*len)++] = *s++;
+}
+
+static volatile sig_atomic_t said_who_is_gone;
+
+static void say_who_is_gone(void) {
+  if (said_who_is_gone) return;
+  int gone = 0, lowest = -1, len = 0;
+  char msg[512];
+  for (int q = 0; q < nprocs; q++) {
+    if (procs[q].host != procs[my_rank].host) continue;
+    if (q != my_rank && proc_gone(procs[q].pid)) {
+      put_str(msg, &len, gone++ ? ", rank " : " rank ");
+      put_num(msg, &len, q);
+      put_str(msg, &len, " (pid ");
+      put_num(msg, &len, procs[q].pid);
+      put_str(msg, &len, ")");
+    } else if (lowest < 0) {
+      lowest = q;
+    }
+  }
+  if (gone && lowest == my_rank) {
+    char out[600];
+    int n = 0;
+    put_str(out, &n, "flowlua: [rank ");
+    put_num(out, &n, my_rank);
+    put_str(out, &n, "]");
+    memcpy(out + n, msg, (size_t)len);
+    n += len;
+    put_str(out, &n, gone > 1 ? " are gone" : " is gone");
+    put_str(out, &n, " (exited, killed or crashed), so the job ends\n");
+    ssize_t w = write(2, out, (size_t)n);
+    (void)w;
+    said_who_is_gone = 1;
+  }
+}
+
+static void on_sigterm(int sig) {
+  say_who_is_gone();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void name_the_gone(void) {
+  struct sigaction old;
+  if (world->size < 2 || sigaction(SIGTERM, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
+  rank_proc me = {0, (long)getpid()};
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  for (const char *h = host; *h; h++) me.host = me.host * 131 + (unsigned char)*h;
+  rank_proc *all = calloc((size_t)world->size, sizeof *all);
+  if (!all) return;
+  if (MPI_Allgather(&me, 2, MPI_LONG, all, 2, MPI_LONG, MPI_COMM_WORLD) != MPI_SUCCESS) { free(all); return; }
+  procs = all; /* kept for the life of the process: the handler reads it */
+  nprocs = world->size;
+  my_rank = world->rank;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigterm;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
 int flow_comm_init_mpi(void) {
   if (world && world->ops == &mpi_ops) return 0;
   if (flow_comm_local_joined())
@@ -484,6 +587,7 @@ int flow_comm_init_mpi(void) {
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   world = wrap(MPI_COMM_WORLD);
+  if (world) name_the_gone();
   return world ? 0 : -1;
 }
 
@@ -518,6 +622,7 @@ void flow_comm_abort(int code) {
   if (!flow_comm_uses_mpi() || world->size < 2 || fin) return;
   fflush(stdout);
   fflush(stderr);
+  if (procs) say_who_is_gone(); /* a rank's death may be why this one gives up */
   MPI_Abort(MPI_COMM_WORLD, code);
 }
 

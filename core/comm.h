@@ -72,6 +72,11 @@ struct flow_comm {
   int rank, size;
 };
 
+/* When this thread's last handshake failed because a peer had failed (its `fail`), that peer's rank
+ * in the handshake's communicator; else -1. */
+int flow_comm_failed_rank(void);
+void flow_comm_forget_failure(void);
+
 /* How long a handshake or a transfer may wait for its peers before it fails (seconds; FLOW_TIMEOUT,
  * default 300). A blocking data collective (it runs after a handshake saw every rank arrive) still
  * running 10 s past that means a peer died or stopped inside it: a watchdog thread then ends the

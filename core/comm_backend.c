@@ -98,8 +98,14 @@ void flow_comm_verdict(flow_comm_record *v, const flow_comm *c, unsigned long lo
   }
 }
 
+static _Thread_local int failed_rank = -1;
+
+int flow_comm_failed_rank(void) { return failed_rank; }
+void flow_comm_forget_failure(void) { failed_rank = -1; }
+
 int flow_comm_verdict_result(const flow_comm *c, const char *what, const flow_comm_record *r, long long *min,
                              long long *max) {
+  failed_rank = r->status == FLOW_HS_FAILED ? r->rank : -1;
   if (r->status == FLOW_HS_FAILED) {
     const char *m = r->msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
     return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r->rank, tail ? tail + 2 : m);

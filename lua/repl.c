@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../core/comm.h"
+#include "../ops/eager_global.h"
 #include "bind.h"
 
 #define HISTORY_FILE ".flowlua_history"
@@ -329,7 +330,9 @@ static void report(lua_State *L, const char *msg) {
     if (msg) flow_repl_print_error(L, "flowlua", msg);
     return;
   }
-  char *all;
+  char own[32], *all;
+  int skip = snprintf(own, sizeof own, "[rank %d] ", rank); /* the report names the rank */
+  if (msg && strncmp(msg, own, (size_t)skip) == 0) msg += skip;
   size_t *lens, *displs = calloc((size_t)nranks, sizeof *displs); /* a message's length counts its NUL */
   if (!displs || flow_comm_allgather_bytes(flow_comm_world(), msg ? msg : "", msg ? strlen(msg) + 1 : 0, &all, &lens) != 0) {
     fprintf(stderr, "flowlua: [rank %d] %s\n", rank, msg ? msg : displs ? flow_error_get() : "out of memory");
@@ -364,6 +367,39 @@ static void report(lua_State *L, const char *msg) {
   free(all);
 }
 
+/* The end of a line in a multi-rank world: every rank waits here until all have finished the line,
+ * so that a line failing on one rank fails at once on the others, instead of after FLOW_TIMEOUT.
+ * A rank whose line failed sends its message down the world's failure channel: a rank still at a
+ * handshake over the world raises with it ("rank 1 failed: ..."); one whose handshake meets this
+ * one's raises that the ranks disagree. Either way the others' lines fail and they come here too.
+ * Each rank then repeats the handshake until every rank is at it (a verdict naming a failed rank,
+ * or one still at a global op, means another round); the sequence numbers stay in step because a
+ * failing rank's `fail` takes the place of the handshake it skipped. Returns an error to report on
+ * this rank when the wait itself failed (a rank stopped or stuck: FLOW_TIMEOUT), else NULL. */
+enum { LINE_END = -3 };
+static const char *line_end(const char *failed) {
+  flow_comm *w = flow_comm_world();
+  if (nranks == 1 || !w) return NULL;
+  if (failed) w->ops->fail(w, "REPL line", failed);
+  bool someone_failed = failed;
+  const char *err = NULL;
+  for (;;) {
+    long long lo, hi;
+    flow_comm_forget_failure();
+    if (w->ops->handshake(w, "the end of a REPL line", LINE_END, &lo, &hi) != 0) {
+      if (flow_comm_failed_rank() >= 0) { someone_failed = true; continue; }
+      err = flow_error_get();
+      break;
+    }
+    if (lo == LINE_END && hi == LINE_END) break;
+  }
+  /* The line is over on every rank, and it failed somewhere, so every rank knows (a failing rank's
+   * message reached all): the global ops it ran on some ranks only are void, and the next line
+   * starts the agreement check afresh instead of failing on them again. */
+  if (someone_failed) flow_global_forget_all();
+  return err;
+}
+
 /* Run the compiled chunk on top; print its values (rank 0) or the error (see report). */
 static void run_chunk(lua_State *L) {
   int base = lua_gettop(L) - 1;
@@ -382,7 +418,9 @@ static void run_chunk(lua_State *L) {
   set_sigint(rank == 0 ? SIG_DFL : SIG_IGN);
   lua_sethook(L, NULL, 0, 0);
   fflush(stdout);
-  report(L, status == LUA_OK ? NULL : lua_tostring(L, -1) ? lua_tostring(L, -1) : "(error object is not a string)");
+  const char *msg = status == LUA_OK ? NULL : lua_tostring(L, -1) ? lua_tostring(L, -1) : "(error object is not a string)";
+  const char *waited = line_end(msg);
+  report(L, msg ? msg : waited);
   lua_settop(L, base);
 }
 

@@ -334,6 +334,16 @@ static void fold(const flow_op *op, flow_tensor *const *in, int nin, const flow_
   pending[k].last = op->name;
 }
 
+/* Drops p's running hash (its ops failed before their check). */
+static void forget(const flow_placement *p) {
+  for (int k = 0; k < PENDING_MAX; k++)
+    if (pending[k].p == p) { pending[k].h = 0; pending[k].n = 0; }
+}
+
+void flow_global_forget_all(void) {
+  for (int k = 0; k < PENDING_MAX; k++) { pending[k].h = 0; pending[k].n = 0; }
+}
+
 /* Folds into p's running hash the other placement of a transfer (its ranks in order and its mesh),
  * so ranks that name different placements for one transfer disagree before data moves. */
 static void fold_other(const flow_placement *p, const flow_placement *other) {
@@ -365,8 +375,7 @@ int flow_global_settle(const flow_placement *p) {
  * The ops folded since the last handshake are dropped with the failure. */
 static void announce_failure(const flow_op *op, const flow_placement *p) {
   if (check_off || p->me < 0 || p->nranks < 2) return;
-  for (int k = 0; k < PENDING_MAX; k++)
-    if (pending[k].p == p) { pending[k].h = 0; pending[k].n = 0; }
+  forget(p);
   flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
   if (c) c->ops->fail(c, op->name, flow_error_get());
 }
@@ -570,7 +579,11 @@ static int run_to_global(flow_tensor *in, const flow_attrs *a, flow_tensor **out
       fold_other(g->placement, tg->placement); /* both sides agree on where the data goes */
       fold(&flow_op_to_global, &in, 1, tg->placement, &tg->sbp);
       fold_other(tg->placement, g->placement);
-      if (flow_global_settle(g->placement) != 0 || flow_global_settle(tg->placement) != 0) return -1;
+      if (flow_global_settle(g->placement) != 0) { /* the target's share of this op is void too */
+        forget(tg->placement);
+        return -1;
+      }
+      if (flow_global_settle(tg->placement) != 0) return -1;
     }
     flow_tensor *plain = flow_tensor_view_of(in, in->ndim, in->shape, in->stride, in->offset);
     flow_tensor *y = !plain ? NULL : flow_lazy_tracing() ? flow_lazy_box(&d, plain) : flow_box_run(&d, plain);

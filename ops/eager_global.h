@@ -30,6 +30,9 @@ bool flow_global_set_partial_leaf_grads(bool on);
  * placement's running hash, and the ranks compare it before data moves on that placement (this
  * call) or a value is read. FLOW_CHECK=0 turns it off; set_check below makes it strict. */
 int flow_global_settle(const flow_placement *p);
+/* Drops every placement's pending ops (not yet checked): after a failure every rank knows of (the
+ * REPL's failed line), so the ops some ranks ran before it do not fail the next check. */
+void flow_global_forget_all(void);
 
 /* The strict cross-rank agreement check, before each global op (off by default). */
 void flow_global_set_check(bool on);

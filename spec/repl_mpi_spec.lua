@@ -41,6 +41,7 @@ local session = {
   'x = flow.ones({4, 4}, {placement = flow.placement("cpu", {0, 1}), sbp = flow.sbp.split(0)})',
   "x:sum():to_local()",
   'if flow.rank() == 1 then error("boom") end',
+  'if flow.rank() == 1 then error("boom2") end; z = x:to_global(x.placement, flow.sbp.broadcast)',
   "(x * 2):sum():to_local()",
   "x:sum(1)",
 }
@@ -51,8 +52,13 @@ for _, launcher in ipairs(launchers) do
     it("runs each line on every rank, reports a failure on rank 1 and goes on; exits 0 at EOF", function()
       local why = cannot()
       if why then return pending(why) end
+      local t0 = flow.now()
       local out, code = run(flowlua() .. " <<'FLOW_EOF'\n" .. table.concat(session, "\n") .. "\nFLOW_EOF")
       assert.equal(0, code)
+      -- a line failing on rank 1 before a global op fails on rank 0 at once with rank 1's message,
+      -- not after the REPL's FLOW_TIMEOUT (30 s)
+      assert.matches("%[rank 0%] to_global: rank 1 failed: stdin:1: boom2", out)
+      assert.is_true(flow.now() - t0 < 10, "the session took " .. (flow.now() - t0) .. " s")
       assert.matches("tensor%(8%.0000, shape={}", out)
       assert.matches("%[rank 1%] stdin:1: boom", out)
       assert.not_matches("%[rank 0[^%]]*%] stdin:1: boom", out)
@@ -83,7 +89,7 @@ for _, launcher in ipairs(launchers) do
         keys(session[1], "Enter"), keys(session[3], "Enter"),
         keys("flow.world_si", "Tab"), keys("()", "Enter"),
         keys("while true do end", "Enter"), "sleep 0.5", keys("C-c"),
-        keys(session[4], "Enter"), keys("C-d"), "sleep 1",
+        keys(session[5], "Enter"), keys("C-d"), "sleep 1",
         "tmux capture-pane -p -t " .. s, "tmux kill-session -t " .. s,
         "rm -rf " .. dir,
       }, "\n")
