@@ -269,35 +269,6 @@ static int m_recv(flow_comm *c, void *buf, size_t count, flow_dtype dt, int peer
   return 0;
 }
 
-/* Polling with back-off, for waits on peers: spin briefly first, so quick exchanges keep their
- * latency, then yield the core for a millisecond (ranks sharing a core get to run: the peer being
- * waited for may be one), then nap (doubling up to 200 us) to give the core away while nothing
- * arrives: a rank that waits on a peer (a pipeline stage waiting for the previous one's
- * activations) would otherwise spin on a core its own compute thread needs. */
-void flow_comm_backoff_start(flow_comm_backoff *b) {
-  clock_gettime(CLOCK_MONOTONIC, &b->t0);
-  b->nap = (struct timespec){0, 0};
-  b->spins = 0;
-}
-
-static double seconds_since(const struct timespec *t0) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return (double)(now.tv_sec - t0->tv_sec) + 1e-9 * (double)(now.tv_nsec - t0->tv_nsec);
-}
-
-/* One pause between two polls; returns the seconds waited since backoff_start. */
-double flow_comm_backoff_pause(flow_comm_backoff *b) {
-  if (b->spins++ < 100) return 0;
-  double waited = seconds_since(&b->t0);
-  if (waited < 1e-3) {
-    sched_yield();
-    return waited;
-  }
-  b->nap.tv_nsec = b->nap.tv_nsec ? (b->nap.tv_nsec * 2 > 200000 ? 200000 : b->nap.tv_nsec * 2) : 5000;
-  nanosleep(&b->nap, NULL);
-  return seconds_since(&b->t0);
-}
 
 /* Receives still pending are cancelled (a late message then stays in MPI's queue, where the next
  * receive with the same tag discards or takes it); sends complete in the background. */
@@ -425,13 +396,28 @@ static void m_free(flow_comm *c) {
   free(c);
 }
 
+static int m_poll(flow_comm *c, void *buf, size_t cap, int tag, int peer) {
+  int flag = 0, count = 0;
+  MPI_Status st;
+  if (MPI_Iprobe(peer < 0 ? MPI_ANY_SOURCE : peer, tag, mpi(c), &flag, &st) != MPI_SUCCESS || !flag) return -1;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  if (count < 0 || (size_t)count > cap) return -1; /* not one of ours: leave it */
+  if (MPI_Recv(buf, count, MPI_BYTE, st.MPI_SOURCE, tag, mpi(c), MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+  return st.MPI_SOURCE;
+}
+
+static unsigned long long m_seq(flow_comm *c, const unsigned long long *set) {
+  if (set) flow_comm_mpi_of(c)->seq = *set;
+  return flow_comm_mpi_of(c)->seq;
+}
+
 static const flow_comm_ops mpi_ops = {
     .allreduce = m_allreduce, .allgatherv = m_allgatherv, .reduce_scatterv = m_reduce_scatterv,
     .alltoall = m_alltoall, .alltoallv = m_alltoallv, .alltoall_blocks = m_alltoall_blocks,
     .broadcast = m_broadcast, .send = m_send, .recv = m_recv, .exchange = m_exchange,
     .barrier = flow_comm_handshake_barrier, .handshake = flow_comm_handshake_mpi, .fail = flow_comm_fail_mpi,
     .minmax = flow_comm_handshake_minmax,
-    .group = m_group, .free = m_free};
+    .group = m_group, .free = m_free, .poll = m_poll, .seq = m_seq};
 
 /* ---- bootstrap -------------------------------------------------------------------------------- */
 
@@ -696,8 +682,28 @@ typedef struct group_record {
   int64_t n, hash, ranks[GROUP_LIST];
 } group_record;
 
+/* Receive each of the n messages msgs[i] (peer, buf, count bytes) with `tag` by polling, until all
+ * came (0), the time ran out (1) or a notice of the REPL's failed line came (-1 with its error). */
+static int poll_each(const flow_comm_msg *msgs, int n, int tag, double timeout, const char *what) {
+  bool *got = calloc((size_t)n + 1, sizeof *got);
+  if (!got) return flow_error_set("communicator: out of memory");
+  int left = n, rc = 0;
+  flow_comm_backoff b;
+  flow_comm_backoff_start(&b);
+  while (left > 0 && rc == 0) {
+    for (int i = 0; i < n; i++)
+      if (!got[i] && world->ops->poll(world, msgs[i].buf, msgs[i].count, tag, msgs[i].peer) >= 0) { got[i] = true; left--; }
+    if (left == 0) break;
+    double waited = flow_comm_backoff_pause(&b);
+    if (waited > timeout) rc = 1;
+    else if (waited > 1e-3 && flow_comm_noticed(NULL, what) != 0) rc = -1;
+  }
+  free(got);
+  return rc;
+}
+
 static int agree_on_group(const int *ranks, int n) {
-  if (world->size < 2 || n < 2) return 0;
+  if (world->size < 2 || n < 2 || !world->ops->poll) return 0;
   group_record mine = {.n = n, .hash = (int64_t)14695981039346656037ull};
   int lead = ranks[0];
   for (int i = 0; i < n; i++) {
@@ -705,21 +711,18 @@ static int agree_on_group(const int *ranks, int n) {
     if (i < GROUP_LIST) mine.ranks[i] = ranks[i];
     if (ranks[i] < lead) lead = ranks[i];
   }
-  const size_t words = sizeof(group_record) / sizeof(int64_t);
   int tag_record = 13 + 16 * channel, tag_verdict = 14 + 16 * channel, rc = 0;
   char verdict[512] = "", a[160], b[160];
-  double saved = flow_comm_timeout();
   if (world->rank != lead) { /* a member: the group to the lowest rank, then its verdict */
-    flow_comm_msg send = {lead, &mine, words}, recv = {lead, verdict, sizeof verdict};
-    rc = world->ops->exchange(world, &send, 1, NULL, 0, FLOW_I64, tag_record);
-    flow_comm_set_timeout(saved + 2); /* the lowest rank gives up first */
-    if (rc == 0) rc = world->ops->exchange(world, NULL, 0, &recv, 1, FLOW_U8, tag_verdict);
-    flow_comm_set_timeout(saved);
+    flow_comm_msg send = {lead, &mine, sizeof mine}, recv = {lead, verdict, sizeof verdict};
+    rc = world->ops->exchange(world, &send, 1, NULL, 0, FLOW_U8, tag_record);
+    if (rc == 0) rc = poll_each(&recv, 1, tag_verdict, flow_comm_timeout() + 2, "communicator"); /* the lowest rank gives up first */
     verdict[sizeof verdict - 1] = 0;
-    if (rc != 0)
+    if (rc > 0)
       return flow_error_set("[rank %d] communicator for ranks %s: rank %d, the group's lowest rank, did not answer "
                             "within FLOW_TIMEOUT + 2 s (it skipped this op or names another group)", world->rank,
                             rank_list(a, sizeof a, mine.ranks, n), lead);
+    if (rc < 0) return -1;
     return verdict[0] ? flow_error_set("[rank %d] %s", world->rank, verdict) : 0;
   }
   group_record *got = calloc((size_t)n, sizeof *got);
@@ -727,10 +730,12 @@ static int agree_on_group(const int *ranks, int n) {
   if (!got || !msgs) { free(got); free(msgs); return flow_error_set("communicator: out of memory"); }
   int m = 0;
   for (int i = 0; i < n; i++)
-    if (ranks[i] != lead) msgs[m++] = (flow_comm_msg){ranks[i], &got[i], words};
-  if (world->ops->exchange(world, NULL, 0, msgs, m, FLOW_I64, tag_record) != 0) {
+    if (ranks[i] != lead) msgs[m++] = (flow_comm_msg){ranks[i], &got[i], sizeof got[i]};
+  rc = poll_each(msgs, m, tag_record, flow_comm_timeout(), "communicator");
+  if (rc != 0) {
     free(got);
     free(msgs);
+    if (rc < 0) return -1;
     return flow_error_set("[rank %d] communicator for ranks %s: a member did not come within FLOW_TIMEOUT (it "
                           "skipped this op or names another group)", world->rank, rank_list(a, sizeof a, mine.ranks, n));
   }
@@ -781,6 +786,137 @@ flow_comm *flow_comm_for_ranks(const int *ranks, int n) {
   cache = c;
   pthread_mutex_unlock(&cache_lock);
   return c->comm;
+}
+
+/* Polling with back-off, for waits on peers: spin briefly first, so quick exchanges keep their
+ * latency, then yield the core for a millisecond (ranks sharing a core get to run: the peer being
+ * waited for may be one), then nap (doubling up to 200 us) to give the core away while nothing
+ * arrives: a rank that waits on a peer (a pipeline stage waiting for the previous one's
+ * activations) would otherwise spin on a core its own compute thread needs. */
+void flow_comm_backoff_start(flow_comm_backoff *b) {
+  clock_gettime(CLOCK_MONOTONIC, &b->t0);
+  b->nap = (struct timespec){0, 0};
+  b->spins = 0;
+}
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)(now.tv_sec - t0->tv_sec) + 1e-9 * (double)(now.tv_nsec - t0->tv_nsec);
+}
+
+/* One pause between two polls; returns the seconds waited since backoff_start. */
+double flow_comm_backoff_pause(flow_comm_backoff *b) {
+  if (b->spins++ < 100) return 0;
+  double waited = seconds_since(&b->t0);
+  if (waited < 1e-3) {
+    sched_yield();
+    return waited;
+  }
+  b->nap.tv_nsec = b->nap.tv_nsec ? (b->nap.tv_nsec * 2 > 200000 ? 200000 : b->nap.tv_nsec * 2) : 5000;
+  nanosleep(&b->nap, NULL);
+  return seconds_since(&b->t0);
+}
+
+/* ---- notices: the REPL's failed line (comm.h) ------------------------------------------------------ */
+
+enum { TAG_NOTICE = 15 }; /* on the world's data communicator (transfers use 12 + 16 k, groups 13, 14) */
+typedef struct notice {
+  uint64_t epoch;
+  int32_t rank;
+  char msg[500];
+} notice;
+static unsigned long long notice_epoch;
+static bool notices_on, have_notice;
+static notice first_notice;
+static pthread_mutex_t notice_lock = PTHREAD_MUTEX_INITIALIZER; /* the REPL's watcher thread polls too */
+
+void flow_comm_notices_begin(unsigned long long epoch) {
+  notices_on = world && world->size > 1 && world->ops->poll && channel == 0;
+  notice_epoch = epoch;
+  have_notice = false;
+}
+
+void flow_comm_notify_all(const char *msg) {
+  if (!notices_on) return;
+  notice n = {.epoch = notice_epoch, .rank = world->rank};
+  snprintf(n.msg, sizeof n.msg, "%s", msg ? msg : "");
+  flow_comm_msg *to = calloc((size_t)world->size, sizeof *to);
+  if (!to) return;
+  int k = 0;
+  for (int q = 0; q < world->size; q++)
+    if (q != world->rank) to[k++] = (flow_comm_msg){q, &n, sizeof n};
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", flow_error_get());
+  world->ops->exchange(world, to, k, NULL, 0, FLOW_U8, TAG_NOTICE); /* small: out at once */
+  flow_error_set("%s", keep);
+  free(to);
+}
+
+int flow_comm_noticed(flow_comm *c, const char *what) {
+  if (!notices_on || (c && c == world) || channel != 0) return 0;
+  notice n;
+  pthread_mutex_lock(&notice_lock);
+  while (!have_notice && world->ops->poll(world, &n, sizeof n, TAG_NOTICE, -1) >= 0)
+    if (n.epoch == notice_epoch) { /* older lines' notices are dropped */
+      n.msg[sizeof n.msg - 1] = 0;
+      first_notice = n;
+      have_notice = true;
+    }
+  pthread_mutex_unlock(&notice_lock);
+  if (!have_notice) return 0;
+  const char *m = first_notice.msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
+  return flow_error_set("[rank %d] %s: rank %d failed: %s", world->rank, what ? what : "handshake",
+                        (int)first_notice.rank, tail ? tail + 2 : m);
+}
+
+void flow_comm_notices_end(void) {
+  notice n;
+  pthread_mutex_lock(&notice_lock);
+  if (notices_on)
+    while (world->ops->poll(world, &n, sizeof n, TAG_NOTICE, -1) >= 0) {}
+  notices_on = have_notice = false;
+  pthread_mutex_unlock(&notice_lock);
+}
+
+int flow_comm_resync(void) {
+  if (!world || world->size < 2 || !world->ops->seq) return 0;
+  typedef struct { uint64_t key; unsigned long long seq; } entry;
+  pthread_mutex_lock(&cache_lock);
+  int n = 0;
+  for (cached *c = cache; c; c = c->next) n += c->ranks && c->comm->ops->seq;
+  entry *mine = calloc((size_t)n + 1, sizeof *mine);
+  n = 0;
+  for (cached *c = cache; c && mine; c = c->next) {
+    if (!c->ranks || !c->comm->ops->seq) continue;
+    uint64_t h = 1469598103934665603ull;
+    int head[2] = {c->n, c->channel};
+    for (size_t i = 0; i < sizeof head; i++) h = (h ^ ((const unsigned char *)head)[i]) * 1099511628211ull;
+    for (size_t i = 0; i < (size_t)c->n * sizeof(int); i++) h = (h ^ ((const unsigned char *)c->ranks)[i]) * 1099511628211ull;
+    mine[n++] = (entry){h, c->comm->ops->seq(c->comm, NULL)};
+  }
+  pthread_mutex_unlock(&cache_lock);
+  if (!mine) return flow_error_set("resync: out of memory");
+  char *all;
+  size_t *lens;
+  if (flow_comm_allgather_bytes(world, mine, (size_t)n * sizeof *mine, &all, &lens) != 0) { free(mine); return -1; }
+  size_t total = 0;
+  for (int q = 0; q < world->size; q++) total += lens[q];
+  const entry *every = (const entry *)all; /* malloc'd: aligned */
+  pthread_mutex_lock(&cache_lock);
+  int k = 0;
+  for (cached *c = cache; c; c = c->next) {
+    if (!c->ranks || !c->comm->ops->seq) continue;
+    unsigned long long top = mine[k++].seq;
+    for (size_t i = 0; i < total / sizeof *every; i++)
+      if (every[i].key == mine[k - 1].key && every[i].seq > top) top = every[i].seq;
+    c->comm->ops->seq(c->comm, &top);
+  }
+  pthread_mutex_unlock(&cache_lock);
+  free(all);
+  free(lens);
+  free(mine);
+  return 0;
 }
 
 /* ---- bytes ------------------------------------------------------------------------------------- */

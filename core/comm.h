@@ -64,6 +64,11 @@ typedef struct flow_comm_ops {
    * members only. */
   int (*group)(flow_comm *c, const int *members, int n, flow_comm **out);
   void (*free)(flow_comm *c);
+  /* A message with `tag` from peer (-1: any) that has already arrived, received into buf (cap bytes
+   * at most): its sender, or -1 when none is there. Never waits. NULL when the backend has none. */
+  int (*poll)(flow_comm *c, void *buf, size_t cap, int tag, int peer);
+  /* The handshakes made on c so far (each rank counts them: they must agree); set != NULL sets it. */
+  unsigned long long (*seq)(flow_comm *c, const unsigned long long *set);
 } flow_comm_ops;
 
 struct flow_comm {
@@ -71,6 +76,27 @@ struct flow_comm {
   void *impl;
   int rank, size;
 };
+
+/* ---- notices: the REPL's failed line --------------------------------------------------------------
+ * In the REPL, a line that failed on one rank must fail at once on the others. A handshake over the
+ * world learns of it through the failing rank's `fail`; a wait on any other communicator (a
+ * placement of some ranks) polls the world for a notice the failing rank sent every rank, and gives
+ * up on it, naming the rank and its message. Giving up leaves that communicator's handshake count
+ * behind on some ranks: at the end of the line every rank calls flow_comm_resync, which sets each
+ * communicator's count to the largest its members hold (older messages are then dropped). */
+/* Notices of line `epoch` count from now (older ones are dropped), in this thread's waits. */
+void flow_comm_notices_begin(unsigned long long epoch);
+/* Tell every other rank of the world that this rank's line failed with msg. */
+void flow_comm_notify_all(const char *msg);
+/* 0 when no notice of this line has come; else -1 with the error "[rank r] what: rank k failed: msg".
+ * Only for waits on a communicator other than the world (c; NULL: a group being made), on the main
+ * channel. */
+int flow_comm_noticed(flow_comm *c, const char *what);
+/* Notices stop counting; those still queued are dropped. */
+void flow_comm_notices_end(void);
+/* Collective over the world: every communicator's handshake count becomes the largest among its
+ * members' (after waits that gave up on a notice). */
+int flow_comm_resync(void);
 
 /* When this thread's last handshake failed because a peer had failed (its `fail`), that peer's rank
  * in the handshake's communicator; else -1. */

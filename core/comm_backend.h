@@ -7,6 +7,7 @@
 #define FLOW_COMM_BACKEND_H
 
 #include <stddef.h>
+#include <time.h>
 
 #include "comm.h"
 
@@ -14,6 +15,15 @@
 int flow_comm_sum_check(const char *what, flow_dtype dt);
 /* acc[i] += x[i] for n elements of dt */
 void flow_comm_add_into(void *acc, const void *x, size_t n, flow_dtype dt);
+
+/* Polling with back-off for waits on peers (comm.c): start, then pause between two polls; the
+ * pause returns the seconds waited since the start. */
+typedef struct flow_comm_backoff {
+  struct timespec t0, nap;
+  long spins;
+} flow_comm_backoff;
+void flow_comm_backoff_start(flow_comm_backoff *b);
+double flow_comm_backoff_pause(flow_comm_backoff *b);
 
 enum { FLOW_HS_OK, FLOW_HS_FAILED, FLOW_HS_CANCELLED };
 

@@ -57,7 +57,8 @@ static int send_record(flow_comm *c, int tag, int to, const record *r) {
 /* Receive into the records of the ranks whose req is active until each holds this handshake's
  * number (older ones are dropped and received again), or the time runs out: 1 then, with the
  * requests still active. */
-static int await(flow_comm *c, int tag, int n, record *got, MPI_Request *req, double timeout, double *waited) {
+static int await(flow_comm *c, const char *what, int tag, int n, record *got, MPI_Request *req, double timeout,
+                 double *waited) {
   flow_comm_mpi *im = flow_comm_mpi_of(c);
   int left = 0, idx[n];
   for (int q = 0; q < n; q++) left += req[q] != MPI_REQUEST_NULL;
@@ -77,6 +78,7 @@ static int await(flow_comm *c, int tag, int n, record *got, MPI_Request *req, do
       if (e != MPI_SUCCESS) return flow_comm_mpi_fail("handshake", e);
     }
     if (left > 0 && (*waited = flow_comm_backoff_pause(&b)) > timeout) return 1;
+    if (left > 0 && *waited > 1e-3 && flow_comm_noticed(c, what) != 0) return -1; /* the REPL: a failed line */
   }
   return 0;
 }
@@ -114,7 +116,7 @@ static int lead(flow_comm *c, const char *what, long long mine, record *v) {
     if (e != MPI_SUCCESS) rc = flow_comm_mpi_fail("handshake", e);
   }
   double waited = 0;
-  int late = rc == 0 ? await(c, TAG_RECORD, n, got, req, flow_comm_timeout(), &waited) : -1;
+  int late = rc == 0 ? await(c, what, TAG_RECORD, n, got, req, flow_comm_timeout(), &waited) : -1;
   int who = -1, *state = calloc((size_t)n, sizeof *state);
   if (!state) rc = flow_error_set("handshake: out of memory");
   if (late) flow_comm_drop_requests(n, req, NULL); /* a record that came meanwhile still counts */
@@ -143,7 +145,7 @@ static int follow(flow_comm *c, const char *what, long long mine, record *v) {
   int e = MPI_Irecv(v, (int)sizeof *v, MPI_BYTE, 0, TAG_VERDICT, im->ctl, &req);
   if (e != MPI_SUCCESS) return flow_comm_mpi_fail("handshake", e);
   double waited;
-  int late = await(c, TAG_VERDICT, 1, v, &req, flow_comm_timeout() + 2, &waited); /* the leader gives up first */
+  int late = await(c, what, TAG_VERDICT, 1, v, &req, flow_comm_timeout() + 2, &waited); /* the leader gives up first */
   if (late == 0) return 0;
   flow_comm_drop_requests(1, &req, NULL);
   if (late < 0) return -1;

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "comm.h"
+#include "comm_backend.h"
 
 typedef struct flow_comm_record flow_comm_record;
 
@@ -27,14 +28,6 @@ static inline flow_comm_mpi *flow_comm_mpi_of(flow_comm *c) { return c->impl; }
 /* "[rank r] what failed: <MPI's message>" as the current error; returns -1. */
 int flow_comm_mpi_fail(const char *what, int rc);
 
-/* Polling with back-off for waits on peers (comm.c): start, then pause between two polls; the
- * pause returns the seconds waited since the start. */
-typedef struct flow_comm_backoff {
-  struct timespec t0, nap;
-  long spins;
-} flow_comm_backoff;
-void flow_comm_backoff_start(flow_comm_backoff *b);
-double flow_comm_backoff_pause(flow_comm_backoff *b);
 /* Cancel the receives still pending (arrived[i]: request i completed after all); sends go on in
  * the background. */
 void flow_comm_drop_requests(int n, MPI_Request *req, bool *arrived);

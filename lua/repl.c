@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
+#include <pthread.h>
 #include <readline/history.h>
 #include <readline/readline.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <sys/select.h>
 #include <sys/stat.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/comm.h"
@@ -380,7 +382,10 @@ enum { LINE_END = -3 };
 static const char *line_end(const char *failed) {
   flow_comm *w = flow_comm_world();
   if (nranks == 1 || !w) return NULL;
-  if (failed) w->ops->fail(w, "REPL line", failed);
+  if (failed) { /* ranks waiting elsewhere than on the world poll for the notice */
+    flow_comm_notify_all(failed);
+    w->ops->fail(w, "REPL line", failed);
+  }
   bool someone_failed = failed;
   const char *err = NULL;
   for (;;) {
@@ -396,15 +401,85 @@ static const char *line_end(const char *failed) {
   /* The line is over on every rank, and it failed somewhere, so every rank knows (a failing rank's
    * message reached all): the global ops it ran on some ranks only are void, and the next line
    * starts the agreement check afresh instead of failing on them again. */
-  if (someone_failed) flow_global_forget_all();
+  if (someone_failed) {
+    flow_global_forget_all();
+    if (!err && flow_comm_resync() != 0) err = flow_error_get();
+  }
+  flow_comm_notices_end();
   return err;
+}
+
+/* ---- a line that failed elsewhere ------------------------------------------------------------
+ * While a line runs in a multi-rank world, a thread watches for another rank's notice that its line
+ * failed (comm.h), every 20 ms, and then makes this rank's line raise at its next Lua step with
+ * that rank's message, as Ctrl-C does (a hook; lua_sethook may be called asynchronously). So a
+ * failure, or Ctrl-C on rank 0, ends the line on every rank, on any node, also where it computes
+ * without waiting on a peer. */
+static struct {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t stop;
+  bool running, started;
+} watcher = {.lock = PTHREAD_MUTEX_INITIALIZER, .stop = PTHREAD_COND_INITIALIZER};
+
+static void notice_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  if (flow_comm_noticed(NULL, "REPL line") != 0) {
+    lua_pushstring(L, flow_error_get()); /* "[rank r] ..." names where it failed: no position */
+    lua_error(L);
+  }
+}
+
+static void *watch(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&watcher.lock);
+  while (watcher.running) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 20000000;
+    if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
+    pthread_cond_timedwait(&watcher.stop, &watcher.lock, &until);
+    if (!watcher.running) break;
+    pthread_mutex_unlock(&watcher.lock);
+    bool seen = flow_comm_noticed(NULL, "REPL line") != 0;
+    pthread_mutex_lock(&watcher.lock);
+    if (seen && watcher.running) {
+      lua_sethook(repl_L, notice_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&watcher.lock);
+  return NULL;
+}
+
+static void watch_start(void) {
+  watcher.running = true;
+  watcher.started = pthread_create(&watcher.thread, NULL, watch, NULL) == 0;
+}
+
+static void watch_stop(void) {
+  if (!watcher.started) return;
+  pthread_mutex_lock(&watcher.lock);
+  watcher.running = false;
+  pthread_cond_signal(&watcher.stop);
+  pthread_mutex_unlock(&watcher.lock);
+  pthread_join(watcher.thread, NULL);
+  watcher.started = false;
 }
 
 /* Run the compiled chunk on top; print its values (rank 0) or the error (see report). */
 static void run_chunk(lua_State *L) {
+  static unsigned long long line_no; /* the same on every rank: lines are broadcast */
   int base = lua_gettop(L) - 1;
+  if (nranks > 1) {
+    flow_comm_notices_begin(++line_no);
+    watch_start();
+  }
   set_sigint(on_sigint_running);
   int status = flow_main_pcall(L, 0, LUA_MULTRET);
+  watch_stop();
+  lua_sethook(L, NULL, 0, 0); /* the watcher's, if it came as the line ended */
   if (status == LUA_OK && lua_gettop(L) > base) {
     lua_pushcfunction(L, results_text);
     lua_insert(L, base + 1);

@@ -44,6 +44,15 @@ local session = {
   'if flow.rank() == 1 then error("boom2") end; z = x:to_global(x.placement, flow.sbp.broadcast)',
   "(x * 2):sum():to_local()",
   "x:sum(1)",
+  -- a placement of its own (rank 1 leads its communicator): a line failing on one rank ends the
+  -- other's wait there at once too, and the communicator is in step again on the next line
+  'Q = flow.placement("cpu", {1, 0}); xq = flow.ones({4, 4}, {placement = Q, sbp = flow.sbp.split(0)})',
+  "(xq:to_global(Q, flow.sbp.broadcast) * 5):sum():to_local()",
+  'if flow.rank() == 1 then error("boom3") end; z = xq:to_global(Q, flow.sbp.broadcast)',
+  "(xq:to_global(Q, flow.sbp.broadcast) * 6):sum():to_local()",
+  -- rank 0 computes for 20 s without waiting on a peer: rank 1's failure ends its line too
+  'if flow.rank() == 1 then error("boom4") end; local t = flow.now(); while flow.now() - t < 20 do end',
+  "(x * 7):sum():to_local()",
 }
 
 for _, launcher in ipairs(launchers) do
@@ -58,6 +67,11 @@ for _, launcher in ipairs(launchers) do
       -- a line failing on rank 1 before a global op fails on rank 0 at once with rank 1's message,
       -- not after the REPL's FLOW_TIMEOUT (30 s)
       assert.matches("%[rank 0%] to_global: rank 1 failed: stdin:1: boom2", out)
+      assert.matches("tensor%(80%.0000, shape={}", out)
+      assert.matches("%[rank 0%] to_global: rank 1 failed: stdin:1: boom3", out)
+      assert.matches("tensor%(96%.0000, shape={}", out)
+      assert.matches("%[rank 0%] REPL line: rank 1 failed: stdin:1: boom4", out)
+      assert.matches("tensor%(56%.0000, shape={}", out)
       assert.is_true(flow.now() - t0 < 10, "the session took " .. (flow.now() - t0) .. " s")
       assert.matches("tensor%(8%.0000, shape={}", out)
       assert.matches("%[rank 1%] stdin:1: boom", out)
