@@ -476,7 +476,14 @@ static int infer_same(const flow_op *op, const flow_meta *in, int nin, const flo
  * raises instead of the outsiders waiting). Members and outsiders call this at the same point. */
 static int tell_outsiders(const flow_placement *p, int64_t *msg) {
   if (p->nranks == flow_comm_size()) return 0;
+  /* a handshake first, with a value of its own: a rank elsewhere is an error on all, not a hang */
   flow_comm *w = flow_comm_world();
+  long long lo, hi, v = (long long)(fnv(1469598103934665603ull, "outsiders", 9) >> 2);
+  if (w->ops->handshake(w, "to_global", v, &lo, &hi) != 0) return rank_prefix();
+  char ps[128];
+  if (lo != hi)
+    return rank_error("to_global: a rank is not at this to_global onto %s (the ranks took different paths)",
+                      flow_placement_str(p, ps, sizeof ps));
   return w->ops->broadcast(w, msg, 2 + FLOW_MAX_DIMS, FLOW_I64, p->ranks[0]);
 }
 

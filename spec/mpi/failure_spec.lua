@@ -136,6 +136,20 @@ describe("a failure on one rank #mpi", function()
     assert.is_true(took < 1, "no rank waited for a timeout")
   end)
 
+  it("a rank outside a placement that skips a local tensor's to_global there: an error on every rank", function()
+    if ws < 4 then return pending("needs 4 ranks") end
+    local err, took = fails(function()
+      if me == 3 then return flow.barrier() end
+      return flow.ones({ 2, 3 }):to_global(flow.placement("cpu", { 0, 1 }), S(0))
+    end)
+    if me == 3 then
+      assert.matches("^%[rank 3%] barrier: another rank is at a global op's handshake here", err)
+    else
+      assert.matches(("^%%[rank %d%%] to_global: a rank is not at this to_global onto"):format(me), err)
+    end
+    assert.is_true(took < 1, "no rank waited for a timeout")
+  end)
+
   it("a 2-D mesh listed in another order on one rank: an error on every rank at once", function()
     if ws ~= 4 then return pending("needs 4 ranks") end
     local Q = flow.placement("cpu", me == 2 and { { 0, 2 }, { 1, 3 } } or { { 0, 1 }, { 2, 3 } })
