@@ -27,8 +27,9 @@ function Net:forward(x)
 end
 
 -- STEPS SGD steps on one batch of 8; returns the losses, the running statistics and the eval-mode
--- logits, all as plain Lua numbers. place: nil for the 1-rank run.
-local function train(place)
+-- logits, all as plain Lua numbers. place: nil for the 1-rank run; graph: the steps run as an
+-- nn.Graph (lazy mode) instead of eagerly.
+local function train(place, graph)
   flow.manual_seed(0)
   local model = Net()
   if place then model:to_global(place, B) end
@@ -38,13 +39,22 @@ local function train(place)
   if place then
     x, y = G.global(x, place, S(0)), G.global(y, place, S(0))
   end
+  local g = graph and nn.Graph { model = model, optimizer = opt, build = function(self, xb, yb)
+    local loss = nn.functional.cross_entropy(self.model(xb), yb)
+    loss:backward()
+    return loss
+  end }
   local losses = {}
   for step = 1, STEPS do
-    local loss = nn.functional.cross_entropy(model(x), y)
-    loss:backward()
-    opt:step()
-    opt:zero_grad()
-    losses[step] = loss:item()
+    if g then
+      losses[step] = g(x, y):item()
+    else
+      local loss = nn.functional.cross_entropy(model(x), y)
+      loss:backward()
+      opt:step()
+      opt:zero_grad()
+      losses[step] = loss:item()
+    end
   end
   local function whole(t) return t:totable() end -- a global tensor reads its logical value
   model:eval()
@@ -69,6 +79,22 @@ describe("batch_norm data parallel #mpi", function()
 
   it("batch S(0): the losses, running statistics and eval outputs of 1 rank", function()
     local l, m, v, o = train(flow.placement("cpu", G.all_ranks()))
+    assert_near_lists(losses, l, 1e-5)
+    assert_near_lists(rmean, m, 1e-5)
+    assert_near_lists(rvar, v, 1e-5)
+    assert_near_lists(logits, o, 1e-5)
+  end)
+
+  it("in graph mode, local tensors: the eager losses, running statistics and eval outputs", function()
+    local l, m, v, o = train(nil, true)
+    assert_near_lists(losses, l, 1e-5)
+    assert_near_lists(rmean, m, 1e-5)
+    assert_near_lists(rvar, v, 1e-5)
+    assert_near_lists(logits, o, 1e-5)
+  end)
+
+  it("in graph mode, batch S(0): the 1-rank losses, running statistics and eval outputs", function()
+    local l, m, v, o = train(flow.placement("cpu", G.all_ranks()), true)
     assert_near_lists(losses, l, 1e-5)
     assert_near_lists(rmean, m, 1e-5)
     assert_near_lists(rvar, v, 1e-5)
