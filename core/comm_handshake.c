@@ -147,9 +147,13 @@ static int follow(flow_comm *c, const char *what, long long mine, record *v) {
   double waited;
   int late = await(c, what, TAG_VERDICT, 1, v, &req, flow_comm_timeout() + 2, &waited); /* the leader gives up first */
   if (late == 0) return 0;
-  flow_comm_drop_requests(1, &req, NULL);
-  if (late < 0) return -1;
+  if (late < 0) { flow_comm_drop_requests(1, &req, NULL); return -1; }
   MPI_Send(&im->seq, 1, MPI_UNSIGNED_LONG_LONG, 0, TAG_WITHDRAW, im->ctl);
+  /* a leader that came just now may have answered before it saw the withdraw: its verdict, if it
+   * comes at once, holds for every rank (a cancel, if it saw it) */
+  double more;
+  if (await(c, what, TAG_VERDICT, 1, v, &req, 0.5, &more) == 0) return 0;
+  flow_comm_drop_requests(1, &req, NULL);
   return flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT + 2 s) for rank 0, which leads this handshake and "
                         "did not answer (stopped, stuck, failed outside a global op or took another path)",
                         c->rank, what, waited);

@@ -554,6 +554,9 @@ static int follow(flow_comm *c, const char *what, long long mine, record *v) {
     return flow_error_set("[rank %d] %s: rank %d, which leads this handshake, has exited", c->rank, what, l->world[0]);
   if (got == GOT) return 0;
   put(l->id, l->world[0], TAG_WITHDRAW, &l->seq, sizeof l->seq, 1);
+  /* a leader that came just now may have answered before it saw the withdraw: its verdict, if it
+   * comes at once, holds for every rank (a cancel, if it saw it) */
+  if (await_record(c, what, 0, TAG_VERDICT, now_s() + 0.5, v) == GOT) return 0;
   return flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT + 2 s) for rank 0, which leads this handshake and "
                         "did not answer (stopped, stuck, failed outside a global op or took another path)",
                         c->rank, what, now_s() - start);
