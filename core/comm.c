@@ -695,7 +695,7 @@ static int poll_each(const flow_comm_msg *msgs, int n, int tag, double timeout, 
       if (!got[i] && world->ops->poll(world, msgs[i].buf, msgs[i].count, tag, msgs[i].peer) >= 0) { got[i] = true; left--; }
     if (left == 0) break;
     double waited = flow_comm_backoff_pause(&b);
-    if (waited > timeout) rc = 1;
+    if (waited > timeout || flow_comm_interrupted()) rc = 1;
     else if (waited > 1e-3 && flow_comm_noticed(NULL, what) != 0) rc = -1;
   }
   free(got);
@@ -817,6 +817,10 @@ double flow_comm_backoff_pause(flow_comm_backoff *b) {
   nanosleep(&b->nap, NULL);
   return seconds_since(&b->t0);
 }
+
+static volatile sig_atomic_t interrupted;
+void flow_comm_set_interrupted(int on) { interrupted = on; }
+int flow_comm_interrupted(void) { return interrupted; }
 
 /* ---- notices: the REPL's failed line (comm.h) ------------------------------------------------------ */
 

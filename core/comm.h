@@ -97,6 +97,10 @@ void flow_comm_notices_end(void);
 /* Collective over the world: every communicator's handshake count becomes the largest among its
  * members' (after waits that gave up on a notice). */
 int flow_comm_resync(void);
+/* Ctrl-C in the REPL (async-signal-safe): a handshake waiting on its peers gives up now, as at
+ * FLOW_TIMEOUT (the protocol keeps every rank in step), saying it was interrupted. 0 clears it. */
+void flow_comm_set_interrupted(int on);
+int flow_comm_interrupted(void);
 
 /* When this thread's last handshake failed because a peer had failed (its `fail`), that peer's rank
  * in the handshake's communicator; else -1. */

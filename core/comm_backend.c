@@ -68,7 +68,9 @@ void flow_comm_verdict(flow_comm_record *v, const flow_comm *c, unsigned long lo
       for (int q = 0; q <= last; q++) {
         if (q == c->rank || state[q] != kind) continue;
         if (first && len) say(v, &len, "; ");
-        if (first && kind == FLOW_HS_LATE) say(v, &len, "waited %.0f s (FLOW_TIMEOUT) for ", waited);
+        if (first && kind == FLOW_HS_LATE)
+          say(v, &len, flow_comm_interrupted() ? "interrupted after %.0f s waiting for " : "waited %.0f s (FLOW_TIMEOUT) for ",
+              waited);
         say(v, &len, first ? "rank %d" : ", %d", q);
         first = 0;
       }

@@ -77,7 +77,7 @@ static int await(flow_comm *c, const char *what, int tag, int n, record *got, MP
       else left--;
       if (e != MPI_SUCCESS) return flow_comm_mpi_fail("handshake", e);
     }
-    if (left > 0 && (*waited = flow_comm_backoff_pause(&b)) > timeout) return 1;
+    if (left > 0 && ((*waited = flow_comm_backoff_pause(&b)) > timeout || flow_comm_interrupted())) return 1;
     if (left > 0 && *waited > 1e-3 && flow_comm_noticed(c, what) != 0) return -1; /* the REPL: a failed line */
   }
   return 0;
@@ -154,6 +154,9 @@ static int follow(flow_comm *c, const char *what, long long mine, record *v) {
   double more;
   if (await(c, what, TAG_VERDICT, 1, v, &req, 0.5, &more) == 0) return 0;
   flow_comm_drop_requests(1, &req, NULL);
+  if (flow_comm_interrupted())
+    return flow_error_set("[rank %d] %s: interrupted after %.0f s waiting for rank 0, which leads this handshake",
+                          c->rank, what, waited);
   return flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT + 2 s) for rank 0, which leads this handshake and "
                         "did not answer (stopped, stuck, failed outside a global op or took another path)",
                         c->rank, what, waited);

@@ -486,6 +486,7 @@ static int await_record(flow_comm *c, const char *what, int q, int tag, double d
     msg *m = take(l->id, l->world[q], tag, until < deadline ? until : deadline, &why);
     if (!m && why == TIMED_OUT && until < deadline) {
       if (flow_comm_noticed(c, what) != 0) return -1;
+      if (flow_comm_interrupted()) return TIMED_OUT; /* Ctrl-C: give up now, as at the deadline */
       continue;
     }
     if (!m) return why;
@@ -557,6 +558,9 @@ static int follow(flow_comm *c, const char *what, long long mine, record *v) {
   /* a leader that came just now may have answered before it saw the withdraw: its verdict, if it
    * comes at once, holds for every rank (a cancel, if it saw it) */
   if (await_record(c, what, 0, TAG_VERDICT, now_s() + 0.5, v) == GOT) return 0;
+  if (flow_comm_interrupted())
+    return flow_error_set("[rank %d] %s: interrupted after %.0f s waiting for rank 0, which leads this handshake",
+                          c->rank, what, now_s() - start);
   return flow_error_set("[rank %d] %s: waited %.0f s (FLOW_TIMEOUT + 2 s) for rank 0, which leads this handshake and "
                         "did not answer (stopped, stuck, failed outside a global op or took another path)",
                         c->rank, what, now_s() - start);

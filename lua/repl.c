@@ -62,6 +62,7 @@ static int npeers;
 static void on_sigint_running(int sig) {
   signal(sig, SIG_DFL);
   lua_sethook(repl_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  flow_comm_set_interrupted(1); /* a wait on peers in C gives up too */
   for (int i = 0; i < npeers; i++) kill(peers[i], SIGINT);
 }
 
@@ -476,9 +477,11 @@ static void run_chunk(lua_State *L) {
     flow_comm_notices_begin(++line_no);
     watch_start();
   }
+  flow_comm_set_interrupted(0);
   set_sigint(on_sigint_running);
   int status = flow_main_pcall(L, 0, LUA_MULTRET);
   watch_stop();
+  flow_comm_set_interrupted(0); /* the end of the line's handshakes must not give up */
   lua_sethook(L, NULL, 0, 0); /* the watcher's, if it came as the line ended */
   if (status == LUA_OK && lua_gettop(L) > base) {
     lua_pushcfunction(L, results_text);
@@ -570,9 +573,13 @@ static int take_terminal(void) {
 }
 
 /* Rank 0 learns the process ids of the ranks on its own node (same host name), to pass Ctrl-C
- * on to them: a line interrupted on rank 0 alone would leave the others running it, and rank 0
- * waiting for them. Ranks on other nodes are out of reach: they finish the line on their own. */
+ * on to them at once. Ranks on other nodes learn of it from rank 0's notice that its line failed
+ * ("interrupted"), which their watcher turns into the same interrupt (see watch). */
 static void find_peers(void) {
+  /* FLOW_REPL_FORWARD_SIGINT=0: reach them through the notices alone, as ranks on other nodes (for
+   * testing that path on one machine) */
+  const char *fwd = getenv("FLOW_REPL_FORWARD_SIGINT");
+  bool forward = !(fwd && strcmp(fwd, "0") == 0);
   typedef struct { char host[64]; long pid; } whom;
   whom me;
   char *bytes;
@@ -584,7 +591,7 @@ static void find_peers(void) {
   const whom *all = (const whom *)bytes; /* malloc'd: aligned for any type */
   if (rank == 0 && (peers = calloc((size_t)nranks, sizeof *peers)))
     for (int r = 1; r < nranks; r++)
-      if (strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
+      if (forward && strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
   free(bytes);
   free(lens);
 }

@@ -83,36 +83,62 @@ for _, launcher in ipairs(launchers) do
         .. "placement=cpu{0, 1}, sbp=S%(0%)%)\n  rank 0: %[0:2%]\n  rank 1: %[2:4%]", out)
     end)
 
-    it("on a terminal: a prompt, completion, Ctrl-C interrupts a line on both ranks, Ctrl-D ends", function()
-      local why = cannot() or (not has("tmux") and "tmux is not installed")
-      if why then return pending(why) end
+    -- the REPL in a tmux terminal (env: variables for it); steps: lists of keys, or a shell
+    -- command (a string); returns what the terminal shows at the end
+    local function terminal(env, steps)
       local dir = os.tmpname()
       os.remove(dir)
       local s = "flowlua_repl_mpi_" .. tostring(os.time()) .. "_" .. tostring(math.random(1e6))
-      local function keys(...)
+      local function keys(list)
         local args = {}
-        for i, k in ipairs({...}) do args[i] = sh_quote(k) end
+        for i, k in ipairs(list) do args[i] = sh_quote(k) end
         return "tmux send-keys -t " .. s .. " " .. table.concat(args, " ") .. "; sleep 0.5"
       end
       -- HOME keeps the history file out of the user's
-      local script = table.concat({
+      local script = {
         "mkdir " .. dir .. " || exit 1",
-        "tmux new-session -d -s " .. s .. " -x 200 -y 50 " .. sh_quote("HOME=" .. dir .. " " .. flowlua()
-          .. "; echo EXIT=$?; sleep 5"),
+        "tmux new-session -d -s " .. s .. " -x 200 -y 50 " .. sh_quote("HOME=" .. dir .. " " .. env .. " "
+          .. flowlua() .. "; echo EXIT=$?; sleep 5"),
         "sleep 1.5",
-        keys(session[1], "Enter"), keys(session[3], "Enter"),
-        keys("flow.world_si", "Tab"), keys("()", "Enter"),
-        keys("while true do end", "Enter"), "sleep 0.5", keys("C-c"),
-        keys(session[5], "Enter"), keys("C-d"), "sleep 1",
-        "tmux capture-pane -p -t " .. s, "tmux kill-session -t " .. s,
-        "rm -rf " .. dir,
-      }, "\n")
-      local out = run(script)
+      }
+      for _, step in ipairs(steps) do script[#script + 1] = type(step) == "table" and keys(step) or step end
+      for _, line in ipairs({ "sleep 1", "tmux capture-pane -p -t " .. s, "tmux kill-session -t " .. s,
+                              "rm -rf " .. dir }) do script[#script + 1] = line end
+      return run(table.concat(script, "\n"))
+    end
+
+    it("on a terminal: a prompt, completion, Ctrl-C interrupts a line on both ranks, Ctrl-D ends", function()
+      local why = cannot() or (not has("tmux") and "tmux is not installed")
+      if why then return pending(why) end
+      local out = terminal("", {
+        { session[1], "Enter" }, { session[3], "Enter" },
+        { "flow.world_si", "Tab" }, { "()", "Enter" },
+        { "while true do end", "Enter" }, "sleep 0.5", { "C-c" },
+        { session[5], "Enter" }, { "C-d" },
+      })
       assert.matches("world: 2 ranks", out)
       assert.matches("\n> flow%.world_size%(%)\n2\n", out)
       assert.matches("%[rank 1%] stdin:1: boom", out)
       assert.matches("%[rank 0,1%] interrupted", out)
       assert.matches("tensor%(16%.0000, shape={}", out)
+      assert.matches("EXIT=0", out)
+    end)
+
+    it("on a terminal, Ctrl-C reaches a rank that rank 0 cannot signal (another node) through its notice", function()
+      local why = cannot() or (not has("tmux") and "tmux is not installed")
+      if why then return pending(why) end
+      -- FLOW_REPL_FORWARD_SIGINT=0: rank 1 is reached as a rank on another node is
+      local out = terminal("FLOW_REPL_FORWARD_SIGINT=0", {
+        { session[1], "Enter" },
+        { "while true do end", "Enter" }, "sleep 0.5", { "C-c" },
+        -- rank 0 waits in a handshake for rank 1, which computes
+        { "if flow.rank() == 1 then while true do end end; y = x:to_global(x.placement, flow.sbp.broadcast)", "Enter" },
+        "sleep 0.5", { "C-c" },
+        { "(x * 3):sum():to_local()", "Enter" }, { "C-d" },
+      })
+      local _, n = out:gsub("%[rank 1%] REPL line: rank 0 failed: interrupted", "")
+      assert.equal(2, n, out)
+      assert.matches("tensor%(24%.0000, shape={}", out)
       assert.matches("EXIT=0", out)
     end)
   end)
