@@ -88,8 +88,6 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
   s->nbytes = nbytes;
   mem_count(dev.type, (int64_t)nbytes);
   s->version = 0;
-  static uint64_t next_id;
-  s->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
   return s;
 }
 

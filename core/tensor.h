@@ -18,7 +18,6 @@ typedef struct flow_storage {
   size_t nbytes;
   void *data;
   uint64_t version;   /* bumped by every in-place write; autograd checks it */
-  uint64_t id;        /* unique among this process's storages (the struct is recycled): caches key on it */
 } flow_storage;
 
 struct flow_node;

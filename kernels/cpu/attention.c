@@ -4,8 +4,8 @@
  * recomputes the probabilities from q, k and the saved log-sum-exp. Each product is one batched
  * GEMM over the heads of a group of batch items (on oneDNN for float32, bf16 under autocast): a
  * step makes a few large calls instead of one small GEMM per head and block. Under bf16 autocast
- * q, k, v and dO are rounded once per call (through oneDNN's bf16 cache, so the backward finds the
- * forward's copies) and each block's probabilities row by row as they are made, not once per GEMM.
+ * the blocks of q, k, v and dO go through oneDNN's bf16 cache (the backward finds the forward's
+ * copies), and the probabilities are rounded row by row as they are made, not once per GEMM.
  * The kernels after `#else` are written once against `real`; this file includes itself once per
  * dtype (Torch7's THGenerate pattern). */
 #ifndef real
@@ -24,13 +24,15 @@
 #define SCRATCH_BYTES ((int64_t)8 << 20)
 
 /* The [rows, cols] matrices of every (b, h) of a [B, H, rows, cols] operand: row-major with leading
- * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. Under bf16 autocast
- * (float32 only) bf holds the same matrices rounded to bf16, laid out by bsb, bsh, bld, and the
- * GEMMs read those; else bf is NULL. */
+ * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. storage is a tensor's
+ * (for the bf16 cache; NULL for scratch and temporaries). Scratch made
+ * under bf16 autocast (float32 only) has a twin bf, the same matrices rounded to bf16 and laid out
+ * by bsb, bsh, bld, which the GEMMs read; else bf is NULL. */
 typedef struct heads {
   char *data;
   int64_t sb, sh, ld;
   size_t es;
+  flow_storage *storage;
   uint16_t *bf;
   int64_t bsb, bsh, bld;
 } heads;
@@ -45,13 +47,14 @@ static int heads_of(heads *m, const flow_tensor *t, flow_tensor **tmp) {
     t = *tmp;
   }
   int64_t ld = rows == 1 ? (cols > 1 ? cols : 1) : t->stride[2];
-  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype)};
+  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype),
+               *tmp ? NULL : t->storage};
   return 0;
 }
 
 /* A dense [B, H, rows, cols] buffer as heads, with a dense bf16 twin bf (or NULL). */
 static heads dense_heads(void *data, uint16_t *bf, int64_t H, int64_t rows, int64_t cols, size_t es) {
-  return (heads){data, H * rows * cols, rows * cols, cols, es, bf, H * rows * cols, rows * cols, cols};
+  return (heads){data, H * rows * cols, rows * cols, cols, es, NULL, bf, H * rows * cols, rows * cols, cols};
 }
 
 /* The same heads from batch item b0 and row r0 on. */
@@ -59,20 +62,6 @@ static heads heads_at(heads m, int64_t b0, int64_t r0) {
   m.data += (b0 * m.sb + r0 * m.ld) * (int64_t)m.es;
   if (m.bf) m.bf += b0 * m.bsb + r0 * m.bld;
   return m;
-}
-
-/* m's bf16 twin (float32 heads of tensor t, under bf16 autocast): one rounding of the whole
- * [B, H, rows, cols] view, kept in oneDNN's bf16 cache under t's storage unless m is a temporary
- * copy. The copy's holder goes to *held. */
-static int round_heads(heads *m, const flow_tensor *t, bool temporary, flow_tensor **held) {
-  flow_onednn_mat v = {4, {t->shape[0], t->shape[1], t->shape[2], t->shape[3]}, {m->sb, m->sh, m->ld, 1}, m->data,
-                       false, temporary ? 0 : t->storage->id, t->storage->version}, r;
-  if (!(*held = flow_onednn_to_bf16("scaled_dot_product_attention", &v, &r))) return -1;
-  m->bf = (uint16_t *)r.data;
-  m->bsb = r.strides[0];
-  m->bsh = r.strides[1];
-  m->bld = r.strides[2];
-  return 0;
 }
 
 /* Row i of head (b, h) of m, just written in float32, into m's bf16 twin when it has one (float64
@@ -90,7 +79,7 @@ static flow_onednn_mat heads_mat(const heads *m, int64_t nb, int64_t H, int64_t 
   bool half = m->bf != NULL;
   int64_t ld = half ? m->bld : m->ld;
   return (flow_onednn_mat){4, {nb, H, rows, cols}, {half ? m->bsb : m->sb, half ? m->bsh : m->sh, t ? 1 : ld, t ? ld : 1},
-                           half ? (const void *)m->bf : m->data, half};
+                           half ? (const void *)m->bf : m->data, half, half ? NULL : m->storage};
 }
 
 /* C[b, h] = alpha op(A[b, h]) op(B[b, h]) + beta C[b, h] for b < nb, h < H: C [M, N], op(A) [M, K],
@@ -149,7 +138,7 @@ static flow_tensor *scratch_new(flow_dtype dt, int64_t n) {
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                const flow_tensor *v, double scale, bool causal) {
   heads m[3];
-  flow_tensor *tmp[3] = {NULL}, *held[3] = {NULL};
+  flow_tensor *tmp[3] = {NULL};
   const flow_tensor *in[3] = {q, k, v};
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(q->dtype);
@@ -159,10 +148,7 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   void *scratch = st ? flow_tensor_data(st) : NULL;
   uint16_t *scratch16 = st16 ? flow_tensor_data(st16) : NULL;
   int rc = st && (st16 || !half) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < 3; i++) {
-    rc = heads_of(&m[i], in[i], &tmp[i]);
-    if (rc == 0 && half) rc = round_heads(&m[i], in[i], tmp[i] != NULL, &held[i]);
-  }
+  for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
   heads ho = dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, es);
   heads hl = dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es);
   for (int64_t b0 = 0; rc == 0 && b0 < d.B; b0 += G) {
@@ -176,10 +162,7 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   }
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
-  for (int i = 0; i < 3; i++) {
-    flow_tensor_decref(tmp[i]);
-    flow_tensor_decref(held[i]);
-  }
+  for (int i = 0; i < 3; i++) flow_tensor_decref(tmp[i]);
   return rc;
 }
 
@@ -188,7 +171,7 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal) {
   heads m[5];
-  flow_tensor *tmp[7] = {NULL}, *held[5] = {NULL};
+  flow_tensor *tmp[7] = {NULL};
   const flow_tensor *in[5] = {q, k, v, o, dout};
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(q->dtype);
@@ -198,10 +181,7 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   void *scratch = st ? flow_tensor_data(st) : NULL;
   uint16_t *scratch16 = st16 ? flow_tensor_data(st16) : NULL;
   int rc = st && (st16 || !half) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < 5; i++) {
-    rc = heads_of(&m[i], in[i], &tmp[i]);
-    if (rc == 0 && half && i != 3) rc = round_heads(&m[i], in[i], tmp[i] != NULL, &held[i]); /* o: read as float32 only */
-  }
+  for (int i = 0; rc == 0 && i < 5; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
   heads hdq = dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, es);
@@ -219,7 +199,6 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
-  for (int i = 0; i < 5; i++) flow_tensor_decref(held[i]);
   return rc;
 }
 
@@ -270,10 +249,18 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
   const heads *dq = &g[0], *dk = &g[1], *dv = &g[2], *q = &g[3], *k = &g[4], *v = &g[5], *o = &g[6], *lse = &g[7],
               *dout = &g[8], *dlse = &g[9];
   int64_t H = d->H, Tk = d->Tk;
-  memset(dk->data, 0, (size_t)(nb * H * Tk * d->D) * sizeof(real));
-  memset(dv->data, 0, (size_t)(nb * H * Tk * d->Dv) * sizeof(real));
-  for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
+  /* Blocks last first: the last sees the most keys (with a causal mask the others see fewer), so its
+   * dK and dV products write (beta 0) what the others then add onto; keys no block sees are zeroed. */
+  int64_t last = d->Tq > 0 ? (d->Tq - 1) / BLOCK * BLOCK : 0;
+  int64_t seen = d->Tq > 0 ? keys_for(last, d->Tq - last, Tk, causal) : 0;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t h = 0; h < H; h++) {
+      memset(GEN(row)(dk, b, h, seen), 0, (size_t)((Tk - seen) * d->D) * sizeof(real));
+      memset(GEN(row)(dv, b, h, seen), 0, (size_t)((Tk - seen) * d->Dv) * sizeof(real));
+    }
+  for (int64_t r0 = last; r0 >= 0 && d->Tq > 0; r0 -= BLOCK) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
+    real acc = r0 == last ? 0 : 1;
     int64_t sz = nb * H * br * nk;
     heads P = dense_heads(S, S16, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, S16 ? S16 + sz : NULL, H, br, nk, sizeof(real));
     heads qb = heads_at(*q, 0, r0), db = heads_at(*dout, 0, r0), dqb = heads_at(*dq, 0, r0);
@@ -288,7 +275,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           GEN(keep_bf16)(&P, b, h, i, p, nk);
         }
     if (d->Dv > 0) {
-      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, 1, dv)) return -1;
+      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, acc, dv)) return -1;
       if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->Dv, 1, &db, v, 0, &dP)) return -1;
     } else {
       memset(dP.data, 0, (size_t)(nb * H * br * nk) * sizeof(real));
@@ -303,7 +290,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           GEN(keep_bf16)(&dP, b, h, i, dp, nk);
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
-    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, 1, dk)) return -1;
+    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, acc, dk)) return -1;
   }
   return 0;
 }

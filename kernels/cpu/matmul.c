@@ -58,8 +58,7 @@ static int64_t batch_offset(const flow_tensor *t, const flow_tensor *out, int64_
 static flow_onednn_mat logical(const operand *o, const flow_tensor *out, bool trans) {
   const flow_tensor *t = o->t;
   /* a contiguous copy made here is a temporary: only the caller's tensor is worth a cached bf16 copy */
-  flow_onednn_mat m = {.ndim = out->ndim, .data = flow_tensor_data(t), .id = o->tmp ? 0 : t->storage->id,
-                       .version = t->storage->version};
+  flow_onednn_mat m = {.ndim = out->ndim, .data = flow_tensor_data(t), .storage = o->tmp ? NULL : t->storage};
   int pad = out->ndim - t->ndim;
   for (int d = 0; d < out->ndim - 2; d++) {
     bool bcast = d < pad || t->stride[d - pad] == 0;   /* an expanded axis broadcasts like a 1 */

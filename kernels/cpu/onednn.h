@@ -61,15 +61,16 @@ int64_t flow_onednn_primitives_built(void);
 
 /* An operand of a batched GEMM: logical dims [batch..., rows, cols] (a batch dim of 1 broadcasts)
  * with element strides; a transpose is only a swap of the last two strides. float32, or bfloat16
- * already rounded when bf16. id and version name the storage data lies in (flow_storage's id and
- * version) so that under bf16 autocast one rounded copy serves every GEMM of the autocast region
- * that reads the same values; id 0 (a temporary, scratch) is rounded afresh each time. */
+ * already rounded when bf16. storage is the tensor storage data lies in, so that under bf16
+ * autocast one rounded copy serves every GEMM of the autocast region that reads the same values
+ * (the storage's version tells when they changed); NULL for temporaries and scratch, rounded
+ * afresh each time. */
 typedef struct flow_onednn_mat {
   int ndim;
   dnnl_dims_t dims, strides;   /* int64_t[DNNL_MAX_NDIMS] */
   const void *data;
   bool bf16;
-  uint64_t id, version;
+  flow_storage *storage;
 } flow_onednn_mat;
 
 /* C[b] = alpha A[b] B[b] + bias + beta C[b] for every batch index b of C: A [.., M, K], B [.., K, N],
@@ -82,7 +83,7 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a, const flow_onednn
 
 /* A bf16 copy of the float32 m (rounded to nearest even, as oneDNN's reorder rounds): dense in m's
  * orientation, described by *out (out->bf16 set), held by the tensor returned, which the caller
- * releases (flow_tensor_decref) after its last read. When m names its storage (id) the copy comes
+ * releases (flow_tensor_decref) after its last read. When m names its storage the copy comes
  * from, or goes into, the bf16 cache: the same values in the same autocast region of this thread
  * are rounded once. NULL with the error set. */
 flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_onednn_mat *out);
