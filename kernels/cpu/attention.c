@@ -24,10 +24,10 @@
 #define SCRATCH_BYTES ((int64_t)8 << 20)
 
 /* The [rows, cols] matrices of every (b, h) of a [B, H, rows, cols] operand: row-major with leading
- * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. storage is a tensor's
- * (for the bf16 cache; NULL for scratch and temporaries). Scratch made
- * under bf16 autocast (float32 only) has a twin bf, the same matrices rounded to bf16 and laid out
- * by bsb, bsh, bld, which the GEMMs read; else bf is NULL. */
+ * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. storage is the tensor's,
+ * for the bf16 cache (NULL for scratch and temporaries). Scratch made under bf16 autocast (float32
+ * only) has a twin bf, the same matrices rounded to bf16 and laid out by bsb, bsh, bld, which the
+ * GEMMs read; else bf is NULL. */
 typedef struct heads {
   char *data;
   int64_t sb, sh, ld;
