@@ -249,18 +249,10 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
   const heads *dq = &g[0], *dk = &g[1], *dv = &g[2], *q = &g[3], *k = &g[4], *v = &g[5], *o = &g[6], *lse = &g[7],
               *dout = &g[8], *dlse = &g[9];
   int64_t H = d->H, Tk = d->Tk;
-  /* Blocks last first: the last sees the most keys (with a causal mask the others see fewer), so its
-   * dK and dV products write (beta 0) what the others then add onto; keys no block sees are zeroed. */
-  int64_t last = d->Tq > 0 ? (d->Tq - 1) / BLOCK * BLOCK : 0;
-  int64_t seen = d->Tq > 0 ? keys_for(last, d->Tq - last, Tk, causal) : 0;
-  for (int64_t b = 0; b < nb; b++)
-    for (int64_t h = 0; h < H; h++) {
-      memset(GEN(row)(dk, b, h, seen), 0, (size_t)((Tk - seen) * d->D) * sizeof(real));
-      memset(GEN(row)(dv, b, h, seen), 0, (size_t)((Tk - seen) * d->Dv) * sizeof(real));
-    }
-  for (int64_t r0 = last; r0 >= 0 && d->Tq > 0; r0 -= BLOCK) {
+  memset(dk->data, 0, (size_t)(nb * H * Tk * d->D) * sizeof(real));
+  memset(dv->data, 0, (size_t)(nb * H * Tk * d->Dv) * sizeof(real));
+  for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
-    real acc = r0 == last ? 0 : 1;
     int64_t sz = nb * H * br * nk;
     heads P = dense_heads(S, S16, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, S16 ? S16 + sz : NULL, H, br, nk, sizeof(real));
     heads qb = heads_at(*q, 0, r0), db = heads_at(*dout, 0, r0), dqb = heads_at(*dq, 0, r0);
@@ -275,7 +267,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           GEN(keep_bf16)(&P, b, h, i, p, nk);
         }
     if (d->Dv > 0) {
-      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, acc, dv)) return -1;
+      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, 1, dv)) return -1;
       if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->Dv, 1, &db, v, 0, &dP)) return -1;
     } else {
       memset(dP.data, 0, (size_t)(nb * H * br * nk) * sizeof(real));
@@ -290,7 +282,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           GEN(keep_bf16)(&dP, b, h, i, dp, nk);
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
-    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, acc, dk)) return -1;
+    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, 1, dk)) return -1;
   }
   return 0;
 }
