@@ -3,9 +3,17 @@
 #ifndef FLOW_AUTOCAST_H
 #define FLOW_AUTOCAST_H
 
+#include <stdint.h>
+
 #include "dtype.h"
 
 flow_dtype flow_autocast_dtype(void);
 flow_dtype flow_set_autocast(flow_dtype dtype);   /* returns the previous setting */
+
+/* This thread's autocast region: a number no other region of any thread has, new at every
+ * flow_set_autocast. What a kernel keeps from one call to the next (bf16 copies of operands) is
+ * valid within one region only: between regions, tensors may change without a version bump (an
+ * actor register rewritten by its next step). */
+uint64_t flow_autocast_region(void);
 
 #endif

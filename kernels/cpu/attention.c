@@ -3,7 +3,9 @@
  * scratch, the [T, T] mask is never built (causal rows just stop at the diagonal), and the backward
  * recomputes the probabilities from q, k and the saved log-sum-exp. Each product is one batched
  * GEMM over the heads of a group of batch items (on oneDNN for float32, bf16 under autocast): a
- * step makes a few large calls instead of one small GEMM per head and block.
+ * step makes a few large calls instead of one small GEMM per head and block. Under bf16 autocast
+ * the blocks of q, k, v and dO go through oneDNN's bf16 cache (the backward finds the forward's
+ * copies), and the probabilities are rounded row by row as they are made, not once per GEMM.
  * The kernels after `#else` are written once against `real`; this file includes itself once per
  * dtype (Torch7's THGenerate pattern). */
 #ifndef real
@@ -22,11 +24,17 @@
 #define SCRATCH_BYTES ((int64_t)8 << 20)
 
 /* The [rows, cols] matrices of every (b, h) of a [B, H, rows, cols] operand: row-major with leading
- * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. */
+ * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. storage is the tensor's,
+ * for the bf16 cache (NULL for scratch and temporaries). Scratch made under bf16 autocast (float32
+ * only) has a twin bf, the same matrices rounded to bf16 and laid out by bsb, bsh, bld, which the
+ * GEMMs read; else bf is NULL. */
 typedef struct heads {
   char *data;
   int64_t sb, sh, ld;
   size_t es;
+  flow_storage *storage;
+  uint16_t *bf;
+  int64_t bsb, bsh, bld;
 } heads;
 
 /* The view of tensor t, or of a dense copy (*tmp) when its last axis is not unit-stride. */
@@ -39,28 +47,48 @@ static int heads_of(heads *m, const flow_tensor *t, flow_tensor **tmp) {
     t = *tmp;
   }
   int64_t ld = rows == 1 ? (cols > 1 ? cols : 1) : t->stride[2];
-  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype)};
+  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype),
+               *tmp ? NULL : t->storage};
   return 0;
 }
 
-/* A dense [B, H, rows, cols] buffer as heads. */
-static heads dense_heads(void *data, int64_t H, int64_t rows, int64_t cols, size_t es) {
-  return (heads){data, H * rows * cols, rows * cols, cols, es};
+/* A dense [B, H, rows, cols] buffer as heads, with a dense bf16 twin bf (or NULL). */
+static heads dense_heads(void *data, uint16_t *bf, int64_t H, int64_t rows, int64_t cols, size_t es) {
+  return (heads){data, H * rows * cols, rows * cols, cols, es, NULL, bf, H * rows * cols, rows * cols, cols};
 }
 
 /* The same heads from batch item b0 and row r0 on. */
 static heads heads_at(heads m, int64_t b0, int64_t r0) {
   m.data += (b0 * m.sb + r0 * m.ld) * (int64_t)m.es;
+  if (m.bf) m.bf += b0 * m.bsb + r0 * m.bld;
   return m;
+}
+
+/* Row i of head (b, h) of m, just written in float32, into m's bf16 twin when it has one (float64
+ * heads never do). */
+static void keep_bf16_f32(const heads *m, int64_t b, int64_t h, int64_t i, const float *row, int64_t n) {
+  if (m->bf) flow_onednn_round_bf16(m->bf + b * m->bsb + h * m->bsh + i * m->bld, row, n);
+}
+static void keep_bf16_f64(const heads *m, int64_t b, int64_t h, int64_t i, const double *row, int64_t n) {
+  (void)m; (void)b; (void)h; (void)i; (void)row; (void)n;
+}
+
+/* The [rows, cols] operand op(m) of a batched GEMM over nb items and H heads, transposed when t:
+ * the bf16 twin when m has one. */
+static flow_onednn_mat heads_mat(const heads *m, int64_t nb, int64_t H, int64_t rows, int64_t cols, bool t) {
+  bool half = m->bf != NULL;
+  int64_t ld = half ? m->bld : m->ld;
+  return (flow_onednn_mat){4, {nb, H, rows, cols}, {half ? m->bsb : m->sb, half ? m->bsh : m->sh, t ? 1 : ld, t ? ld : 1},
+                           half ? (const void *)m->bf : m->data, half, half ? NULL : m->storage};
 }
 
 /* C[b, h] = alpha op(A[b, h]) op(B[b, h]) + beta C[b, h] for b < nb, h < H: C [M, N], op(A) [M, K],
  * op(B) [K, N], op transposing when ta / tb. float32: one batched oneDNN matmul. */
 static int heads_gemm_f32(int64_t nb, int64_t H, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                           const heads *A, const heads *B, float beta, const heads *C) {
-  flow_onednn_mat a = {4, {nb, H, M, K}, {A->sb, A->sh, ta ? 1 : A->ld, ta ? A->ld : 1}, (const float *)A->data};
-  flow_onednn_mat b = {4, {nb, H, K, N}, {B->sb, B->sh, tb ? 1 : B->ld, tb ? B->ld : 1}, (const float *)B->data};
-  flow_onednn_mat c = {4, {nb, H, M, N}, {C->sb, C->sh, C->ld, 1}, (const float *)C->data};
+  heads out = *C;
+  out.bf = NULL;   /* C is written in float32; its twin, if any, is filled after */
+  flow_onednn_mat a = heads_mat(A, nb, H, M, K, ta), b = heads_mat(B, nb, H, K, N, tb), c = heads_mat(&out, nb, H, M, N, false);
   return flow_onednn_gemm("scaled_dot_product_attention", &a, &b, &c, NULL, alpha, beta);
 }
 
@@ -95,11 +123,11 @@ static int64_t group_of(const dims *d, int mats, size_t es) {
   return g < 1 ? 1 : g > d->B ? d->B : g;
 }
 
-/* n elements of score scratch like q, from the tensor allocator: its cache hands back memory already
+/* n elements of score scratch, from the tensor allocator: its cache hands back memory already
  * touched, where a fresh malloc of megabytes would page-fault inside every GEMM writing it. */
-static flow_tensor *scratch_new(const flow_tensor *q, int64_t n) {
+static flow_tensor *scratch_new(flow_dtype dt, int64_t n) {
   n = n > 0 ? n : 1;
-  flow_tensor *t = flow_tensor_new(q->dtype, q->device, 1, &n);
+  flow_tensor *t = flow_tensor_new(dt, FLOW_DEVICE_CPU, 1, &n);
   if (!t) flow_error_set("scaled_dot_product_attention: out of memory for the score scratch");
   return t;
 }
@@ -114,23 +142,27 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   const flow_tensor *in[3] = {q, k, v};
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(q->dtype);
-  int64_t G = group_of(&d, 1, es);
-  flow_tensor *st = scratch_new(q, G * d.H * BLOCK * d.Tk);
+  bool half = q->dtype == FLOW_F32 && flow_onednn_bf16();
+  int64_t G = group_of(&d, 1, es), n = G * d.H * BLOCK * d.Tk;
+  flow_tensor *st = scratch_new(q->dtype, n), *st16 = half && st ? scratch_new(FLOW_BF16, n) : NULL;
   void *scratch = st ? flow_tensor_data(st) : NULL;
-  int rc = st ? 0 : -1;
-  for (int n = 0; rc == 0 && n < 3; n++) rc = heads_of(&m[n], in[n], &tmp[n]);
-  heads ho = dense_heads(flow_tensor_data(o), d.H, d.Tq, d.Dv, es), hl = dense_heads(flow_tensor_data(lse), d.H, d.Tq, 1, es);
+  uint16_t *scratch16 = st16 ? flow_tensor_data(st16) : NULL;
+  int rc = st && (st16 || !half) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
+  heads ho = dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, es);
+  heads hl = dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es);
   for (int64_t b0 = 0; rc == 0 && b0 < d.B; b0 += G) {
     int64_t nb = d.B - b0 < G ? d.B - b0 : G;
     heads hq = heads_at(m[0], b0, 0), hk = heads_at(m[1], b0, 0), hv = heads_at(m[2], b0, 0);
     heads go = heads_at(ho, b0, 0), gl = heads_at(hl, b0, 0);
     if (q->dtype == FLOW_F32)
-      rc = attention_forward_f32(&go, &gl, &hq, &hk, &hv, scratch, nb, &d, (float)scale, causal);
+      rc = attention_forward_f32(&go, &gl, &hq, &hk, &hv, scratch, scratch16, nb, &d, (float)scale, causal);
     else
-      rc = attention_forward_f64(&go, &gl, &hq, &hk, &hv, scratch, nb, &d, scale, causal);
+      rc = attention_forward_f64(&go, &gl, &hq, &hk, &hv, scratch, NULL, nb, &d, scale, causal);
   }
   flow_tensor_decref(st);
-  for (int n = 0; n < 3; n++) flow_tensor_decref(tmp[n]);
+  flow_tensor_decref(st16);
+  for (int i = 0; i < 3; i++) flow_tensor_decref(tmp[i]);
   return rc;
 }
 
@@ -143,26 +175,30 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   const flow_tensor *in[5] = {q, k, v, o, dout};
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(q->dtype);
-  int64_t G = group_of(&d, 2, es);
-  flow_tensor *st = scratch_new(q, 2 * G * d.H * BLOCK * d.Tk);
+  bool half = q->dtype == FLOW_F32 && flow_onednn_bf16();
+  int64_t G = group_of(&d, 2, es), n = 2 * G * d.H * BLOCK * d.Tk;
+  flow_tensor *st = scratch_new(q->dtype, n), *st16 = half && st ? scratch_new(FLOW_BF16, n) : NULL;
   void *scratch = st ? flow_tensor_data(st) : NULL;
-  int rc = st ? 0 : -1;
-  for (int n = 0; rc == 0 && n < 5; n++) rc = heads_of(&m[n], in[n], &tmp[n]);
+  uint16_t *scratch16 = st16 ? flow_tensor_data(st16) : NULL;
+  int rc = st && (st16 || !half) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < 5; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
-  heads hdq = dense_heads(flow_tensor_data(dq), d.H, d.Tq, d.D, es), hdk = dense_heads(flow_tensor_data(dk), d.H, d.Tk, d.D, es);
-  heads hdv = dense_heads(flow_tensor_data(dv), d.H, d.Tk, d.Dv, es);
-  heads hl = dense_heads((void *)lp, d.H, d.Tq, 1, es), hdl = dense_heads((void *)dlp, d.H, d.Tq, 1, es);
+  heads hdq = dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, es);
+  heads hdk = dense_heads(flow_tensor_data(dk), NULL, d.H, d.Tk, d.D, es);
+  heads hdv = dense_heads(flow_tensor_data(dv), NULL, d.H, d.Tk, d.Dv, es);
+  heads hl = dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), hdl = dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es);
   for (int64_t b0 = 0; rc == 0 && b0 < d.B; b0 += G) {
     int64_t nb = d.B - b0 < G ? d.B - b0 : G;
     heads g[10] = {heads_at(hdq, b0, 0), heads_at(hdk, b0, 0), heads_at(hdv, b0, 0), heads_at(m[0], b0, 0),
                    heads_at(m[1], b0, 0), heads_at(m[2], b0, 0), heads_at(m[3], b0, 0), heads_at(hl, b0, 0),
                    heads_at(m[4], b0, 0), heads_at(hdl, b0, 0)};
-    if (q->dtype == FLOW_F32) rc = attention_backward_f32(g, scratch, nb, &d, (float)scale, causal);
-    else rc = attention_backward_f64(g, scratch, nb, &d, scale, causal);
+    if (q->dtype == FLOW_F32) rc = attention_backward_f32(g, scratch, scratch16, nb, &d, (float)scale, causal);
+    else rc = attention_backward_f64(g, scratch, NULL, nb, &d, scale, causal);
   }
   flow_tensor_decref(st);
-  for (int n = 0; n < 7; n++) flow_tensor_decref(tmp[n]);
+  flow_tensor_decref(st16);
+  for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
   return rc;
 }
 
@@ -176,14 +212,14 @@ static real *GEN(row)(const heads *m, int64_t b, int64_t h, int64_t i) {
 /* nb batch items of every head: for each block of query rows,
  *   S = scale * Q K^T,  row i sees keys j < lim(i) (lim = i + 1 when causal, else Tk),
  *   lse_i = log sum_j exp S_ij,  P = exp(S - lse) (0 beyond lim),  O = P V.
- * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch. Tk >= 1 and D >= 1 (the op checks), so
- * every row sees at least one key. */
+ * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch, S16 its bf16 twin (or NULL) that the P V
+ * GEMM reads. Tk >= 1 and D >= 1 (the op checks), so every row sees at least one key. */
 static int GEN(attention_forward)(const heads *o, const heads *lse, const heads *q, const heads *k, const heads *v,
-                                  real *S, int64_t nb, const dims *d, real scale, bool causal) {
+                                  real *S, uint16_t *S16, int64_t nb, const dims *d, real scale, bool causal) {
   int64_t H = d->H;
   for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, d->Tk, causal);
-    heads hs = dense_heads(S, H, br, nk, sizeof(real)), qb = heads_at(*q, 0, r0);
+    heads hs = dense_heads(S, S16, H, br, nk, sizeof(real)), qb = heads_at(*q, 0, r0);
     if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &hs)) return -1;
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
@@ -194,6 +230,7 @@ static int GEN(attention_forward)(const heads *o, const heads *lse, const heads 
           for (int64_t j = lim; j < nk; j++) s[j] = 0;
           real r = 1 / sum;
           for (int64_t j = 0; j < lim; j++) s[j] *= r;
+          GEN(keep_bf16)(&hs, b, h, i, s, nk);
           *GEN(row)(lse, b, h, r0 + i) = m + log(sum);
         }
     heads ob = heads_at(*o, 0, r0);
@@ -205,8 +242,10 @@ static int GEN(attention_forward)(const heads *o, const heads *lse, const heads 
 /* nb batch items of every head, with P recomputed per block from q, k and lse, Di = sum_d dO_id O_id,
  * and dlse the gradient of lse (d lse_i / d S_ij = P_ij):
  *   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Di + dlse_i),  dQ = scale * dS K,  dK += scale * dS^T Q.
- * g: dq, dk, dv (dense), q, k, v, o, lse, dout, dlse. S holds two [nb, H, BLOCK, Tk] scratches. */
-static int GEN(attention_backward)(const heads *g, real *S, int64_t nb, const dims *d, real scale, bool causal) {
+ * g: dq, dk, dv (dense), q, k, v, o, lse, dout, dlse. S holds two [nb, H, BLOCK, Tk] scratches (P and
+ * dP, then dS in its place), S16 their bf16 twins (or NULL) that the GEMMs after them read. */
+static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64_t nb, const dims *d, real scale,
+                                   bool causal) {
   const heads *dq = &g[0], *dk = &g[1], *dv = &g[2], *q = &g[3], *k = &g[4], *v = &g[5], *o = &g[6], *lse = &g[7],
               *dout = &g[8], *dlse = &g[9];
   int64_t H = d->H, Tk = d->Tk;
@@ -214,7 +253,8 @@ static int GEN(attention_backward)(const heads *g, real *S, int64_t nb, const di
   memset(dv->data, 0, (size_t)(nb * H * Tk * d->Dv) * sizeof(real));
   for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
-    heads P = dense_heads(S, H, br, nk, sizeof(real)), dP = dense_heads(S + nb * H * br * nk, H, br, nk, sizeof(real));
+    int64_t sz = nb * H * br * nk;
+    heads P = dense_heads(S, S16, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, S16 ? S16 + sz : NULL, H, br, nk, sizeof(real));
     heads qb = heads_at(*q, 0, r0), db = heads_at(*dout, 0, r0), dqb = heads_at(*dq, 0, r0);
     if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &P)) return -1;
     for (int64_t b = 0; b < nb; b++)
@@ -224,6 +264,7 @@ static int GEN(attention_backward)(const heads *g, real *S, int64_t nb, const di
           int64_t lim = causal ? r0 + i + 1 : nk;
           GEN(flow_cpu_exp_shift)(p, p, lim, *GEN(row)(lse, b, h, r0 + i));
           for (int64_t j = lim; j < nk; j++) p[j] = 0;
+          GEN(keep_bf16)(&P, b, h, i, p, nk);
         }
     if (d->Dv > 0) {
       if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, 1, dv)) return -1;
@@ -238,6 +279,7 @@ static int GEN(attention_backward)(const heads *g, real *S, int64_t nb, const di
           real Di = -*GEN(row)(dlse, b, h, r0 + i), *p = GEN(row)(&P, b, h, i), *dp = GEN(row)(&dP, b, h, i);
           for (int64_t c = 0; c < d->Dv; c++) Di += gi[c] * oi[c];
           for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di);
+          GEN(keep_bf16)(&dP, b, h, i, dp, nk);
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
     if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, 1, dk)) return -1;

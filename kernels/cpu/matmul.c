@@ -57,7 +57,8 @@ static int64_t batch_offset(const flow_tensor *t, const flow_tensor *out, int64_
  * padded with 1 on the left (1 broadcasts), the transpose folded into the strides. */
 static flow_onednn_mat logical(const operand *o, const flow_tensor *out, bool trans) {
   const flow_tensor *t = o->t;
-  flow_onednn_mat m = {out->ndim, {0}, {0}, flow_tensor_data(t)};
+  /* a contiguous copy made here is a temporary: only the caller's tensor is worth a cached bf16 copy */
+  flow_onednn_mat m = {.ndim = out->ndim, .data = flow_tensor_data(t), .storage = o->tmp ? NULL : t->storage};
   int pad = out->ndim - t->ndim;
   for (int d = 0; d < out->ndim - 2; d++) {
     bool bcast = d < pad || t->stride[d - pad] == 0;   /* an expanded axis broadcasts like a 1 */
@@ -78,7 +79,7 @@ static flow_onednn_mat logical(const operand *o, const flow_tensor *out, bool tr
 static int matmul_f32(flow_tensor *out, const operand *A, const operand *B, bool ta, bool tb,
                       const flow_tensor *bias) {
   flow_onednn_mat a = logical(A, out, ta), b = logical(B, out, tb);
-  flow_onednn_mat c = {out->ndim, {0}, {0}, flow_tensor_data(out)};
+  flow_onednn_mat c = {.ndim = out->ndim, .data = flow_tensor_data(out)};
   for (int d = 0; d < out->ndim; d++) {
     c.dims[d] = out->shape[d];
     c.strides[d] = out->stride[d];

@@ -2,6 +2,7 @@
  * and the batched GEMM on oneDNN's matmul primitive. */
 #include "onednn.h"
 
+#include <immintrin.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -254,53 +255,183 @@ static void key_mat(flow_onednn_key *k, const flow_onednn_mat *m) {
   }
 }
 
-/* ---- bf16 copies ---------------------------------------------------------------------------- */
-
-typedef struct reorder_desc { const flow_onednn_mat *from, *to; } reorder_desc;
+/* ---- rounding to bf16 ------------------------------------------------------------------------- */
 
 static dnnl_status_t md_of(dnnl_memory_desc_t *md, const flow_onednn_mat *m, dnnl_data_type_t dt) {
   return dnnl_memory_desc_init_by_strides(md, m->ndim, m->dims, dt, m->strides);
 }
 
-static dnnl_status_t build_reorder(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const void *ctx) {
-  const reorder_desc *r = ctx;
-  dnnl_memory_desc_t from, to;
-  dnnl_status_t st;
-  if ((st = md_of(&from, r->from, dnnl_f32)) || (st = md_of(&to, r->to, dnnl_bf16))) return st;
-  return dnnl_reorder_primitive_desc_create(pd, &from, eng, &to, eng, NULL);
+/* dst[i] = bf16(src[i]), rounded to nearest even by VCVTNE2PS2BF16, the instruction oneDNN's own
+ * reorder rounds with (same bits). Runs only where the CPU has AVX512-BF16 (flow_onednn_bf16). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void round_line(uint16_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i)));
+  for (; i < n; i += 16) {
+    __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(dst + i, k, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i)));
+  }
+}
+
+void flow_onednn_round_bf16(uint16_t *dst, const float *src, int64_t n) { round_line(dst, src, n); }
+
+/* dst (dense, row-major over m's dims) = bf16(m), m float32 with any strides: axes that continue the
+ * one inside them are merged so each line rounded is as long as the layout allows. */
+static void round_mat(uint16_t *dst, const flow_onednn_mat *m) {
+  int64_t dims[DNNL_MAX_NDIMS] = {1}, strides[DNNL_MAX_NDIMS] = {1};
+  int n = 0;
+  for (int d = 0; d < m->ndim; d++) {
+    if (m->dims[d] == 1) continue;
+    if (n > 0 && strides[n - 1] == m->strides[d] * m->dims[d]) {
+      dims[n - 1] *= m->dims[d];
+      strides[n - 1] = m->strides[d];
+    } else {
+      dims[n] = m->dims[d];
+      strides[n++] = m->strides[d];
+    }
+  }
+  n = n > 0 ? n : 1;
+  int64_t len = dims[n - 1], step = strides[n - 1], lines = flow_shape_numel(n - 1, dims);
+  const float *src = m->data;
+#pragma omp parallel for schedule(static) if (lines * len >= ((int64_t)1 << 18))
+  for (int64_t l = 0; l < lines; l++) {
+    int64_t off = 0, rest = l;
+    for (int d = n - 2; d >= 0; d--) {
+      off += rest % dims[d] * strides[d];
+      rest /= dims[d];
+    }
+    if (step == 1) round_line(dst + l * len, src + off, len);
+    else
+      for (int64_t j = 0; j < len; j++) dst[l * len + j] = flow_float_to_bf16(src[off + j * step]);
+  }
+}
+
+static void swap_last(flow_onednn_mat *m) {
+  int n = m->ndim;
+  int64_t d = m->dims[n - 2], s = m->strides[n - 2];
+  m->dims[n - 2] = m->dims[n - 1];
+  m->strides[n - 2] = m->strides[n - 1];
+  m->dims[n - 1] = d;
+  m->strides[n - 1] = s;
+}
+
+/* A GEMM operand is row- or column-major in its last two axes; a column-major one is the transpose
+ * of a row-major matrix, and the copy is made of that (one copy serves A and A^T). */
+static bool column_major(const flow_onednn_mat *m) {
+  int n = m->ndim;
+  return n >= 2 && m->strides[n - 2] == 1 && m->strides[n - 1] != 1;
+}
+
+/* ---- the bf16 cache ---------------------------------------------------------------------------- */
+
+/* Under bf16 autocast a training step reads each weight in its forward GEMM and again for the input's
+ * gradient, each activation again for the weight's gradient, each output gradient twice, and
+ * attention's q, k, v in forward and backward: rounding each once halves the rounding. A copy
+ * matches on (autocast region, storage, version, data, layout): within one region of one thread a
+ * storage changes only through in-place ops, which bump its version; a new region starts afresh
+ * (actor registers are rewritten between steps without a bump). A copy holds its storage, so the
+ * storage cannot die and come back as another under the same address; when the cache's is the last
+ * reference, the copy goes, as do this thread's copies of ended regions and older versions of the
+ * same view, each time a copy is added. At most CACHE_BYTES of copies, least recently used first out. */
+#define CACHE_SLOTS 1024
+#define CACHE_BYTES ((int64_t)64 << 20)
+
+typedef struct copy {
+  flow_onednn_mat m;        /* the float32 source, row-major form; m.storage held */
+  uint64_t version, region;
+  const void *owner;        /* the thread that made it: see me */
+  int64_t used;             /* cache clock at the last hit */
+  flow_tensor *held;        /* the bf16 copy, dense row-major */
+} copy;
+
+static copy copies[CACHE_SLOTS];
+static int ncopies;
+static int64_t copy_bytes, copy_clock;
+static pthread_mutex_t copies_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local char me;   /* &me tells this thread's copies from others' */
+
+static bool same_view(const flow_onednn_mat *a, const flow_onednn_mat *b) {
+  if (a->storage != b->storage || a->data != b->data || a->ndim != b->ndim) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->dims[d] != b->dims[d] || a->strides[d] != b->strides[d]) return false;
+  return true;
+}
+
+static void drop(int i) {
+  copy_bytes -= (int64_t)flow_tensor_nbytes(copies[i].held);
+  flow_tensor_decref(copies[i].held);
+  flow_storage_decref(copies[i].m.storage);
+  copies[i] = copies[--ncopies];
+}
+
+/* The cached copy of m (row-major form) in region r, with a new reference, or NULL. With copies_mu. */
+static flow_tensor *cache_find(const flow_onednn_mat *m, uint64_t r) {
+  for (int i = 0; i < ncopies; i++) {
+    copy *c = &copies[i];
+    if (c->region == r && c->owner == &me && c->version == m->storage->version && same_view(&c->m, m)) {
+      c->used = ++copy_clock;
+      flow_tensor_incref(c->held);
+      return c->held;
+    }
+  }
+  return NULL;
+}
+
+/* Keeps h as m's copy in region r: first drops what can no longer match (dead storages, this
+ * thread's other regions, older versions of m), then the least recently used until it fits. With
+ * copies_mu. */
+static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
+  int64_t bytes = (int64_t)flow_tensor_nbytes(h);
+  if (bytes > CACHE_BYTES / 4) return;
+  for (int i = ncopies - 1; i >= 0; i--) {
+    const copy *c = &copies[i];
+    if (__atomic_load_n(&c->m.storage->refcount, __ATOMIC_ACQUIRE) == 1 ||
+        (c->owner == &me && (c->region != r || same_view(&c->m, m))))
+      drop(i);
+  }
+  while (ncopies == CACHE_SLOTS || copy_bytes + bytes > CACHE_BYTES) {
+    int lru = 0;
+    for (int i = 1; i < ncopies; i++)
+      if (copies[i].used < copies[lru].used) lru = i;
+    drop(lru);
+  }
+  __atomic_fetch_add(&m->storage->refcount, 1, __ATOMIC_RELAXED);
+  flow_tensor_incref(h);
+  copies[ncopies++] = (copy){*m, m->storage->version, r, &me, ++copy_clock, h};
+  copy_bytes += bytes;
 }
 
 flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_onednn_mat *out) {
-  int n = m->ndim;
-  *out = *m;
-  /* dense, in m's orientation: a column-major matrix stays column-major so both sides stream */
-  bool colmajor = n >= 2 && m->strides[n - 2] == 1 && m->strides[n - 1] != 1;
+  flow_onednn_mat r = *m;
+  bool flip = column_major(&r);
+  if (flip) swap_last(&r);
+  int64_t numel = flow_shape_numel(r.ndim, r.dims);
+  uint64_t region = flow_autocast_region();
+  flow_tensor *h = NULL;
+  if (r.storage) {
+    pthread_mutex_lock(&copies_mu);
+    h = cache_find(&r, region);
+    pthread_mutex_unlock(&copies_mu);
+  }
+  if (!h) {
+    /* from the caching allocator: fresh pages on every call would cost more than the rounding */
+    if (!(h = flow_tensor_new(FLOW_BF16, FLOW_DEVICE_CPU, 1, &numel))) return flow_error_prefix("%s", op), NULL;
+    round_mat(flow_tensor_data(h), &r);
+    if (r.storage) {
+      pthread_mutex_lock(&copies_mu);
+      cache_add(&r, region, h);
+      pthread_mutex_unlock(&copies_mu);
+    }
+  }
+  *out = (flow_onednn_mat){.ndim = r.ndim, .data = flow_tensor_data(h), .bf16 = true};
   int64_t s = 1;
-  if (colmajor) {
-    out->strides[n - 2] = 1;
-    out->strides[n - 1] = m->dims[n - 2];
-    s = m->dims[n - 2] * m->dims[n - 1];
-  }
-  for (int d = n - 1 - (colmajor ? 2 : 0); d >= 0; d--) {
+  for (int d = r.ndim - 1; d >= 0; d--) {
+    out->dims[d] = r.dims[d];
     out->strides[d] = s;
-    s *= m->dims[d];
+    s *= r.dims[d];
   }
-  /* from the caching allocator: fresh pages on every call would cost more than the conversion */
-  flow_tensor *h = flow_tensor_new(FLOW_BF16, FLOW_DEVICE_CPU, 1, &s);
-  if (!h) return NULL;
-  out->data = flow_tensor_data(h);
-  if (s == 0) return h;
-  reorder_desc r = {m, out};
-  flow_onednn_key key = {0};
-  flow_onednn_key_add(&key, 'R');
-  flow_onednn_key_add(&key, n);
-  key_mat(&key, m);
-  key_mat(&key, out);
-  flow_onednn_arg args[2] = {{DNNL_ARG_FROM, m->data}, {DNNL_ARG_TO, out->data}};
-  if (flow_onednn_run(op, &key, build_reorder, &r, 2, args) != 0) {
-    flow_tensor_decref(h);
-    return NULL;
-  }
+  if (flip) swap_last(out);
   return h;
 }
 
@@ -370,16 +501,16 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
   tidy_strides(&a);
   tidy_strides(&b);
   tidy_strides(&c);
-  bool half = flow_onednn_bf16();
-  flow_tensor *ha = NULL, *hb = NULL;
-  if (half) {
-    flow_onednn_mat a16, b16;
-    if (!(ha = flow_onednn_to_bf16(op, &a, &a16)) || !(hb = flow_onednn_to_bf16(op, &b, &b16))) {
-      flow_tensor_decref(ha);
-      return -1;
-    }
-    a = a16;
-    b = b16;
+  bool half = a.bf16 || b.bf16 || flow_onednn_bf16();
+  /* rounded copies are dense, and oneDNN runs its fast (brgemm) kernels only on dense batches: a
+   * strided block of q read as is fell to a generic kernel several times slower */
+  flow_tensor *held[2] = {NULL};
+  flow_onednn_mat *m[2] = {&a, &b}, r;
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < 2; i++) {
+    if (!half || m[i]->bf16) continue;
+    if ((held[i] = flow_onednn_to_bf16(op, m[i], &r))) *m[i] = r;
+    else rc = -1;
   }
   gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta};
   flow_onednn_key key = {0};
@@ -397,9 +528,9 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
                              {DNNL_ARG_WEIGHTS, b.data},
                              {DNNL_ARG_DST, c.data},
                              {DNNL_ARG_BIAS, bias}};
-  int rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
-  flow_tensor_decref(ha);
-  flow_tensor_decref(hb);
+  if (rc == 0) rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
+  flow_tensor_decref(held[0]);
+  flow_tensor_decref(held[1]);
   return rc;
 }
 

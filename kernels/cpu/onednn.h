@@ -59,24 +59,37 @@ int64_t flow_onednn_primitives_built(void);
 
 /* ---- GEMM ----------------------------------------------------------------------------------- */
 
-/* A float32 operand of a batched GEMM: logical dims [batch..., rows, cols] (a batch dim of 1
- * broadcasts) with element strides; a transpose is only a swap of the last two strides. */
+/* An operand of a batched GEMM: logical dims [batch..., rows, cols] (a batch dim of 1 broadcasts)
+ * with element strides; a transpose is only a swap of the last two strides. float32, or bfloat16
+ * already rounded when bf16. storage is the tensor storage data lies in, so that under bf16
+ * autocast one rounded copy serves every GEMM of the autocast region that reads the same values
+ * (the storage's version tells when they changed); NULL for temporaries and scratch, rounded
+ * afresh each time. */
 typedef struct flow_onednn_mat {
   int ndim;
   dnnl_dims_t dims, strides;   /* int64_t[DNNL_MAX_NDIMS] */
-  const float *data;
+  const void *data;
+  bool bf16;
+  flow_storage *storage;
 } flow_onednn_mat;
 
 /* C[b] = alpha A[b] B[b] + bias + beta C[b] for every batch index b of C: A [.., M, K], B [.., K, N],
- * C [.., M, N] with the broadcast batch shape (A, B and C share ndim; C's data is written),
- * bias [N] dense or NULL. Float32 in and out; under bf16 autocast A and B are rounded to bf16 and
- * the products accumulate in float32. `op` names the caller in errors. */
+ * C [.., M, N] float32 with the broadcast batch shape (A, B and C share ndim; C's data is written),
+ * bias [N] dense float32 or NULL. Under bf16 autocast, or when A or B is bf16 already, both are
+ * rounded to bf16 (through the bf16 cache) and the products accumulate in float32. `op` names the
+ * caller in errors. */
 int flow_onednn_gemm(const char *op, const flow_onednn_mat *a, const flow_onednn_mat *b, const flow_onednn_mat *c,
                      const float *bias, float alpha, float beta);
 
-/* A bf16 copy of m (rounded to nearest even by oneDNN's reorder): a new 1-d bf16 tensor holding
- * it, with *out describing it, dense in m's orientation. NULL with the error set. */
+/* A bf16 copy of the float32 m (rounded to nearest even, as oneDNN's reorder rounds): dense in m's
+ * orientation, described by *out (out->bf16 set), held by the tensor returned, which the caller
+ * releases (flow_tensor_decref) after its last read. When m names its storage the copy comes
+ * from, or goes into, the bf16 cache: the same values in the same autocast region of this thread
+ * are rounded once. NULL with the error set. */
 flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_onednn_mat *out);
+/* dst[i] = bf16(src[i]) for i < n, rounded as flow_onednn_to_bf16 rounds; only where
+ * flow_onednn_bf16() holds (the CPU has AVX512-BF16). */
+void flow_onednn_round_bf16(uint16_t *dst, const float *src, int64_t n);
 
 /* The BLAS-style form of the same GEMM, for kernels working on one matrix at a time:
  * C [M, N] (leading dimension ldc) = alpha op(A) op(B) + beta C, A and B row-major with leading
