@@ -38,8 +38,9 @@ void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int
  * FLOW_NUM_THREADS, OMP_NUM_THREADS, 1 per rank under mpirun), so GEMMs and loops share libgomp's
  * one pool of threads and never oversubscribe the cores. A loop goes parallel only when it has
  * at least two grains of work (elements), so a small op pays nothing: waking a sleeping thread
- * costs tens of microseconds on a busy machine. Grains, from timings of 2 threads against 1:
- * cheap per element (a copy, an add), and costly (exp, erf, a division: a few ns per element). */
+ * costs tens of microseconds on a busy machine, so a grain is some 20-50 us of work on one core:
+ * cheap per element (a copy, an add: under 1 ns), and costly (exp, erf, pow, a row softmax:
+ * a few ns). */
 #define FLOW_GRAIN_CHEAP (int64_t)65536
 #define FLOW_GRAIN_COSTLY (int64_t)16384
 

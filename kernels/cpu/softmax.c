@@ -2,7 +2,8 @@
  * primitives (max, shifted exp) the other fused kernels share. The code after `#else` is written
  * once against `real`: this file includes itself once per dtype (Torch7's THGenerate pattern).
  * A tensor is seen as [outer, n, inner] around the axis; rows along a non-last axis (inner > 1)
- * are gathered into a contiguous scratch row, so one row kernel serves every axis. */
+ * are gathered into a contiguous scratch row, so one row kernel serves every axis. Rows are
+ * independent: large inputs share them among threads (iter.h). */
 #ifndef real
 
 #include <stdlib.h>
