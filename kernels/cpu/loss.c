@@ -50,8 +50,9 @@ int flow_cpu_cross_entropy_forward(flow_tensor *loss, flow_tensor *lse, const fl
   int64_t C = logits->shape[logits->ndim - 1], rows = flow_tensor_numel(target), count;
   int rc = check_targets(t, rows, C, ignore_index, &count);
   int threads = flow_cpu_threads(rows * C, FLOW_GRAIN_COSTLY);
-  /* scratch: a row of exps per thread, and each row's loss (summed in order after the rows) */
-  size_t row_bytes = (size_t)(C ? C : 1) * flow_dtype_size(logits->dtype);
+  /* scratch: a row of exps per thread (whole cache lines, which keeps the doubles after them
+   * aligned), then each row's loss, summed in row order after the rows */
+  size_t row_bytes = ((size_t)(C ? C : 1) * flow_dtype_size(logits->dtype) + 63) / 64 * 64;
   char *scratch = rc == 0 ? malloc(row_bytes * (size_t)threads + (size_t)rows * sizeof(double)) : NULL;
   if (rc == 0 && !scratch) rc = flow_error_set("cross_entropy: out of memory");
   if (rc == 0) {
