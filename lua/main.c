@@ -349,13 +349,13 @@ static int pmain(lua_State *L) {
 /* libgomp's idle threads spin about 300000 times (~3 ms) before they sleep, after every parallel
  * region. Where the cores are shared with other work, a spinning thread holds a core that the
  * master, or another process, needs. flowlua's default, where the user set neither
- * OMP_WAIT_POLICY nor GOMP_SPINCOUNT, is a short spin of 1000 (~10 us, libgomp's own figure for an
- * oversubscribed machine): it catches the next region when regions follow each other closely,
- * and otherwise sleeps at once. Measured on a 2-core machine shared with other work (load 5-6),
- * scripts/bench/threads.sh, 5 rounds, GPT step at 2 threads, median ms and least process CPU ms:
- * spin 1000: 199 and 173; passive (no spin): 238 and 188; spin 10000: 365 and 202; libgomp's
- * default 300000: 796-1529 and 465-608, slower than 1 thread (185-202 ms, 157-159 ms CPU, the
- * same under every setting). Spin 1000 and passive are within the noise of each other there.
+ * OMP_WAIT_POLICY nor GOMP_SPINCOUNT, is a short spin of 1000 (~10 us; the spin libgomp itself uses
+ * under OMP_WAIT_POLICY=active once threads outnumber cores): it catches the next region when regions follow each other closely,
+ * and otherwise sleeps at once. GPT step at 2 threads on a 2-core machine whose cores other
+ * tenants kept busy (scripts/bench/threads.sh, four runs of 3-5 rounds), median ms and least
+ * process CPU ms per step: spin 1000 199-366 and 165-173; passive (no spin) 238-312 and 149-188;
+ * spin 10000 365-419 and 202-270; libgomp's default 796-1529 and 465-608, far slower than 1 thread
+ * (147-166 ms CPU under every setting). Spin 1000 and passive are within that machine's noise.
  * libgomp reads both variables once, in its constructor, before main. Setting one from the
  * executable's .preinit_array does not work with glibc: environ is still NULL there, and libc's
  * own initialisation, which runs next, points environ back at the kernel's array, dropping the
