@@ -344,6 +344,43 @@ static int pmain(lua_State *L) {
   return 1;
 }
 
+/* ---- OpenMP's wait policy ------------------------------------------------------------------- */
+
+/* libgomp's idle threads spin about 300000 times (~3 ms) before they sleep, after every parallel
+ * region. Where the cores are shared with other work, a spinning thread holds a core that the
+ * master, or another process, needs. flowlua's default, where the user set neither
+ * OMP_WAIT_POLICY nor GOMP_SPINCOUNT, is a short spin of 1000 (~10 us; the spin libgomp itself uses
+ * under OMP_WAIT_POLICY=active once threads outnumber cores): it catches the next region when regions follow each other closely,
+ * and otherwise sleeps at once. GPT step at 2 threads on a 2-core machine whose cores other
+ * tenants kept busy (scripts/bench/threads.sh, four runs of 3-5 rounds), median ms and least
+ * process CPU ms per step: spin 1000 199-366 and 165-173; passive (no spin) 238-312 and 149-188;
+ * spin 10000 365-419 and 202-270; libgomp's default 796-1529 and 465-608, far slower than 1 thread
+ * (147-166 ms CPU under every setting). Spin 1000 and passive are within that machine's noise.
+ * libgomp reads both variables once, in its constructor, before main. Setting one from the
+ * executable's .preinit_array does not work with glibc: environ is still NULL there, and libc's
+ * own initialisation, which runs next, points environ back at the kernel's array, dropping the
+ * setenv. So flowlua defines getenv (exported, like every symbol of flowlua: libraries bind to it
+ * ahead of libc's): a plain lookup in environ, as glibc's, that answers GOMP_SPINCOUNT with the
+ * default where neither variable is set. Nothing is added to the environment, so other programs
+ * flowlua starts keep libgomp's own default (a flowlua child applies this one again). The flow.so
+ * module cannot do this: the host process's libgomp is up before it loads. */
+#define FLOW_OMP_SPINCOUNT "1000"
+
+extern char **environ; /* POSIX's, declared by unistd.h only under _GNU_SOURCE */
+
+static char *env_lookup(const char *name) {
+  size_t n = strlen(name);
+  for (char **e = environ; e && *e; e++)
+    if (strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
+  return NULL;
+}
+
+__attribute__((visibility("default"))) char *getenv(const char *name) {
+  char *v = env_lookup(name);
+  if (!v && strcmp(name, "GOMP_SPINCOUNT") == 0 && !env_lookup("OMP_WAIT_POLICY")) return (char *)FLOW_OMP_SPINCOUNT;
+  return v;
+}
+
 int main(int argc, char **argv) {
   if (argv[0] && argv[0][0]) progname = argv[0];
   int ranks = take_ranks(&argc, argv);

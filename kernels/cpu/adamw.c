@@ -33,7 +33,7 @@ int flow_cpu_adamw(flow_tensor *p, const flow_tensor *g, flow_tensor *m, flow_te
   flow_iter it;
   flow_tensor *ops[4] = {p, (flow_tensor *)g, m, v};
   flow_iter_init(&it, ops, 4);
-  flow_iter_run(&it, p->dtype == FLOW_F32 ? adamw_loop_f32 : adamw_loop_f64, &c);
+  flow_iter_run_parallel(&it, p->dtype == FLOW_F32 ? adamw_loop_f32 : adamw_loop_f64, &c, FLOW_GRAIN_COSTLY);
   return 0;
 }
 

@@ -193,6 +193,10 @@ int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *
   flow_iter it;
   flow_tensor *ops[3] = {out, (flow_tensor *)x, (flow_tensor *)y};
   flow_iter_init(&it, ops, 3);
-  flow_iter_run(&it, code == FLOW_BIN_ADD && x->dtype == FLOW_BOOL ? or_bool : table[code][slot], NULL);
+  /* pow and the division family call libm per element; the rest are a few instructions */
+  int64_t grain = code == FLOW_BIN_POW || (code >= FLOW_BIN_REM && code <= FLOW_BIN_TRUNCDIV) ? FLOW_GRAIN_COSTLY
+                                                                                            : FLOW_GRAIN_CHEAP;
+  flow_iter_run_parallel(&it, code == FLOW_BIN_ADD && x->dtype == FLOW_BOOL ? or_bool : table[code][slot], NULL,
+                         grain);
   return 0;
 }

@@ -52,14 +52,14 @@ int flow_cpu_copy(flow_tensor *out, const flow_tensor *x) {
   flow_iter_init(&it, ops, 2);
   if (out->dtype == x->dtype || (out->dtype == FLOW_BOOL && x->dtype == FLOW_U8)) {
     static const flow_iter_fn by_size[9] = {[1] = move1, [2] = move2, [4] = move4, [8] = move8};
-    flow_iter_run(&it, by_size[flow_dtype_size(x->dtype)], NULL);
+    flow_iter_run_parallel(&it, by_size[flow_dtype_size(x->dtype)], NULL, FLOW_GRAIN_CHEAP);
   } else if (x->dtype == FLOW_F32 && out->dtype == FLOW_BF16) {
-    flow_iter_run(&it, cast_f32_to_bf16, NULL);
+    flow_iter_run_parallel(&it, cast_f32_to_bf16, NULL, FLOW_GRAIN_CHEAP);
   } else if (x->dtype == FLOW_BF16 && out->dtype == FLOW_F32) {
-    flow_iter_run(&it, cast_bf16_to_f32, NULL);
+    flow_iter_run_parallel(&it, cast_bf16_to_f32, NULL, FLOW_GRAIN_CHEAP);
   } else {
     cast_ctx c = {x->dtype, out->dtype};
-    flow_iter_run(&it, cast_any, &c);
+    flow_iter_run_parallel(&it, cast_any, &c, FLOW_GRAIN_CHEAP);
   }
   return 0;
 }
@@ -131,7 +131,7 @@ int flow_cpu_where(flow_tensor *out, const flow_tensor *cond, const flow_tensor 
   flow_iter it;
   flow_tensor *ops[4] = {out, (flow_tensor *)cond, (flow_tensor *)a, (flow_tensor *)b};
   flow_iter_init(&it, ops, 4);
-  flow_iter_run(&it, by_size[flow_dtype_size(out->dtype)], NULL);
+  flow_iter_run_parallel(&it, by_size[flow_dtype_size(out->dtype)], NULL, FLOW_GRAIN_CHEAP);
   return 0;
 }
 
@@ -142,6 +142,6 @@ int flow_cpu_masked_fill(flow_tensor *out, const flow_tensor *x, const flow_tens
   flow_iter it;
   flow_tensor *ops[3] = {out, (flow_tensor *)x, (flow_tensor *)mask};
   flow_iter_init(&it, ops, 3);
-  flow_iter_run(&it, by_size[flow_dtype_size(out->dtype)], value);
+  flow_iter_run_parallel(&it, by_size[flow_dtype_size(out->dtype)], value, FLOW_GRAIN_CHEAP);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../../core/error.h"
+#include "iter.h"
 
 enum { OP_A, OP_B, OP_IDX, NOPS };
 
@@ -85,25 +86,46 @@ int flow_cpu_scatter_add(flow_tensor *out, const flow_tensor *idx, const flow_te
   }
 }
 
+/* out[e] = weight[ids[e]] for the ids e in [lo, hi) (ids contiguous here, already checked) */
+typedef struct embed_job {
+  char *out;
+  const char *w;
+  const int64_t *ids;
+  int64_t dim, stride0, stride1, esize;
+} embed_job;
+
+static void embed_rows(int64_t lo, int64_t hi, int part, void *vjob) {
+  const embed_job *j = vjob;
+  for (int64_t e = lo; e < hi; e++) {
+    const char *row = j->w + j->ids[e] * j->stride0 * j->esize;
+    char *dst = j->out + e * j->dim * j->esize;
+    if (j->stride1 == 1) memcpy(dst, row, (size_t)(j->dim * j->esize));
+    else
+      for (int64_t d = 0; d < j->dim; d++)
+        memcpy(dst + d * j->esize, row + d * j->stride1 * j->esize, (size_t)j->esize);
+  }
+}
+
+/* Contiguous ids (the usual batch of tokens) are checked first, then copied on several threads
+ * when there are many rows; other layouts walk the ids on one thread. */
 int flow_cpu_embedding(flow_tensor *out, const flow_tensor *ids, const flow_tensor *weight) {
+  int64_t rows = weight->shape[0], n = flow_tensor_numel(ids);
+  embed_job job = {flow_tensor_data(out), flow_tensor_data(weight), flow_tensor_data(ids), weight->shape[1],
+                   weight->stride[0], weight->stride[1], (int64_t)flow_dtype_size(weight->dtype)};
   walk w;
   walk_init(&w, NULL, NULL, ids, -1, -1);
-  int64_t rows = weight->shape[0], dim = weight->shape[1];
-  size_t es = flow_dtype_size(weight->dtype);
-  char *po = flow_tensor_data(out);
-  const char *pw = flow_tensor_data(weight);
-  const int64_t *pi = flow_tensor_data(ids);
-  int64_t n = flow_tensor_numel(ids);
-  bool dense = weight->stride[1] == 1;
+  bool dense_ids = flow_tensor_is_contiguous(ids);
   for (int64_t e = 0; e < n; e++, walk_next(&w)) {
-    int64_t i = pi[w.off[OP_IDX]];
+    int64_t i = job.ids[w.off[OP_IDX]];
     if (i < 0 || i >= rows) return flow_error_set("index %lld out of range [0, %lld) (the rows of weight)",
                                                   (long long)i, (long long)rows);
-    const char *row = pw + i * weight->stride[0] * (int64_t)es;
-    char *dst = po + e * dim * (int64_t)es;
-    if (dense) memcpy(dst, row, (size_t)dim * es);
-    else
-      for (int64_t d = 0; d < dim; d++) memcpy(dst + d * (int64_t)es, row + d * weight->stride[1] * (int64_t)es, es);
+    if (!dense_ids) { /* one row at a time, as the walk finds it */
+      embed_job one = job;
+      one.out += e * job.dim * job.esize;
+      one.ids = &i;
+      embed_rows(0, 1, 0, &one);
+    }
   }
+  if (dense_ids) flow_cpu_parallel(flow_cpu_threads(n * job.dim, FLOW_GRAIN_CHEAP), n, 1, embed_rows, &job);
   return 0;
 }

@@ -1,7 +1,11 @@
-/* Strided N-d iteration (see iter.h). */
+/* Strided N-d iteration, serial or cut among threads, and the threads our CPU kernels share with
+ * oneDNN (see iter.h). */
 #include "iter.h"
 
+#include <omp.h>
 #include <string.h>
+
+#include "onednn.h"
 
 /* The common case: every operand contiguous with the output's shape -> one flat loop. */
 static bool iter_flat(flow_iter *it, flow_tensor *const *ops, int nops) {
@@ -69,30 +73,94 @@ void flow_iter_init(flow_iter *it, flow_tensor *const *ops, int nops) {
   for (int k = 0; k < nops; k++) memcpy(it->stride[k], stride[k], sizeof stride[k]);
 }
 
-void flow_iter_run(const flow_iter *it, flow_iter_fn fn, void *ctx) {
-  if (it->numel == 0) return;
+/* fn over the part of the iteration whose index on `axis` lies in [lo, hi) (the whole of every
+ * other axis): an odometer over the outer axes, fn on each run of the inner one. */
+static void iter_box(const flow_iter *it, flow_iter_fn fn, void *ctx, int axis, int64_t lo, int64_t hi) {
+  if (it->numel == 0 || lo >= hi) return;
   int nd = it->ndim, nops = it->nops;
-  int64_t inner = it->shape[nd - 1];
+  int64_t first[FLOW_MAX_DIMS], end[FLOW_MAX_DIMS], idx[FLOW_MAX_DIMS];
+  for (int d = 0; d < nd; d++) {
+    first[d] = d == axis ? lo : 0;
+    end[d] = d == axis ? hi : it->shape[d];
+    idx[d] = first[d];
+  }
   int64_t istride[FLOW_ITER_MAX_OPS];
   char *ptr[FLOW_ITER_MAX_OPS];
   for (int k = 0; k < nops; k++) istride[k] = it->stride[k][nd - 1];
-  if (nd == 1) {
-    for (int k = 0; k < nops; k++) ptr[k] = it->data[k];
-    fn(ptr, istride, inner, ctx);
-    return;
-  }
-  int64_t idx[FLOW_MAX_DIMS] = {0};
-  int64_t outer = it->numel / inner;
-  for (int64_t o = 0; o < outer; o++) {
+  int64_t inner = end[nd - 1] - first[nd - 1];
+  for (;;) {
     for (int k = 0; k < nops; k++) {
       char *p = it->data[k];
-      for (int d = 0; d < nd - 1; d++) p += idx[d] * it->stride[k][d];
+      for (int d = 0; d < nd; d++) p += idx[d] * it->stride[k][d];
       ptr[k] = p;
     }
     fn(ptr, istride, inner, ctx);
-    for (int d = nd - 2; d >= 0; d--) {
-      if (++idx[d] < it->shape[d]) break;
-      idx[d] = 0;
+    int d = nd - 2;
+    for (; d >= 0; d--) {
+      if (++idx[d] < end[d]) break;
+      idx[d] = first[d];
     }
+    if (d < 0) return;
   }
+}
+
+void flow_iter_run(const flow_iter *it, flow_iter_fn fn, void *ctx) {
+  iter_box(it, fn, ctx, 0, 0, it->shape[0]);
+}
+
+/* ---- threads -------------------------------------------------------------------------------- */
+
+int flow_cpu_threads(int64_t work, int64_t grain) {
+  if (work < 2 * grain || omp_in_parallel()) return 1;
+  int64_t t = flow_onednn_num_threads();
+  return (int)(work / grain < t ? work / grain : t);
+}
+
+void flow_cpu_parallel(int threads, int64_t n, int64_t align, flow_range_fn fn, void *ctx) {
+  if (threads <= 1 || n <= align) {
+    fn(0, n, 0, ctx);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t parts = omp_get_num_threads(), k = omp_get_thread_num();
+    int64_t lo = n * k / parts / align * align, hi = k + 1 == parts ? n : n * (k + 1) / parts / align * align;
+    fn(lo, hi, (int)k, ctx);
+  }
+}
+
+/* The axis to cut the iteration along for t threads: the outermost one on which the output moves
+ * and that has a few pieces per thread, else the longest such; -1 when none has t pieces (the
+ * output is one slot, as in a full reduction). */
+static int cut_axis(const flow_iter *it, int t) {
+  int best = -1;
+  for (int d = 0; d < it->ndim; d++) {
+    if (it->stride[0][d] == 0) continue;
+    if (it->shape[d] >= 4 * t && d < it->ndim - 1) return d;
+    if (best < 0 || it->shape[d] > it->shape[best]) best = d;
+  }
+  return best >= 0 && it->shape[best] >= t ? best : -1;
+}
+
+typedef struct box_job {
+  const flow_iter *it;
+  flow_iter_fn fn;
+  void *ctx;
+  int axis;
+} box_job;
+
+static void run_box(int64_t lo, int64_t hi, int part, void *vjob) {
+  const box_job *j = vjob;
+  iter_box(j->it, j->fn, j->ctx, j->axis, lo, hi);
+}
+
+void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int64_t grain) {
+  int t = flow_cpu_threads(it->numel, grain);
+  int axis = t > 1 ? cut_axis(it, t) : -1;
+  if (axis < 0) {
+    flow_iter_run(it, fn, ctx);
+    return;
+  }
+  box_job job = {it, fn, ctx, axis};
+  flow_cpu_parallel(t, it->shape[axis], axis == it->ndim - 1 ? 32 : 1, run_box, &job);
 }

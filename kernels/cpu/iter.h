@@ -24,6 +24,36 @@ typedef void (*flow_iter_fn)(char **ptr, const int64_t *stride, int64_t n, void 
 
 void flow_iter_init(flow_iter *it, flow_tensor *const *ops, int nops);
 void flow_iter_run(const flow_iter *it, flow_iter_fn fn, void *ctx);
+/* The same on several threads (flow_cpu_parallel below) when it->numel >= 2 grains: the
+ * iteration is cut along one axis on which the output (operand 0) moves, so no two threads write
+ * one element and each output element sees the same inputs in the same order as on one thread
+ * (the results are bit-identical); cuts along the inner axis fall on multiples of 32 elements, so
+ * every element also takes the same (vector or scalar) path. Only for fn that writes nothing but
+ * operand 0. */
+void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int64_t grain);
+
+/* ---- threads ------------------------------------------------------------------------------ */
+
+/* Our own kernels run on OpenMP with the thread count oneDNN uses (kernels/cpu/onednn.h:
+ * FLOW_NUM_THREADS, OMP_NUM_THREADS, 1 per rank under mpirun), so GEMMs and loops share libgomp's
+ * one pool of threads and never oversubscribe the cores. A loop goes parallel only when it has
+ * at least two grains of work, a grain being some 20-50 us on one core: starting a parallel
+ * region costs a few microseconds on an idle machine and tens where the cores are shared, so
+ * a small op pays nothing and a large one gains. Cheap per element (a copy, an add: ~0.1 ns in
+ * cache) and costly (exp, erf, pow, a row of softmax: 0.5-2 ns). */
+#define FLOW_GRAIN_CHEAP (int64_t)262144
+#define FLOW_GRAIN_COSTLY (int64_t)32768
+
+/* The threads to run `work` elements on: 1 below two grains or inside a parallel region, else up
+ * to the pool's size, each with at least one grain. */
+int flow_cpu_threads(int64_t work, int64_t grain);
+
+/* fn(lo, hi, part, ctx) over [0, n) cut into contiguous ranges, one per thread of a team of at
+ * most `threads` (part: 0 .. threads-1, for per-thread scratch); the cuts are multiples of
+ * `align` (but n itself). threads <= 1: one call fn(0, n, 0, ctx) on this thread, no OpenMP. The
+ * cuts may depend on the thread count, so fn must give the same bits however [0, n) is cut. */
+typedef void (*flow_range_fn)(int64_t lo, int64_t hi, int part, void *ctx);
+void flow_cpu_parallel(int threads, int64_t n, int64_t align, flow_range_fn fn, void *ctx);
 /* True when every operand's inner stride equals its element size (a dense inner loop). */
 static inline bool flow_iter_dense(const int64_t *stride, const int64_t *esize, int nops) {
   for (int k = 0; k < nops; k++) if (stride[k] != esize[k]) return false;

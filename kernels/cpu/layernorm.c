@@ -1,11 +1,12 @@
-/* LayerNorm over the last axis, fused forward (saving mean and rstd) and fused backward (dx, dw,
- * db in one pass), float32 and float64. The kernels after `#else` are written once against `real`:
+/* LayerNorm over the last axis, fused forward (saving mean and rstd) and fused backward (dx by
+ * rows, then dw and db by columns), float32 and float64, on several threads for large inputs. The kernels after `#else` are written once against `real`:
  * this file includes itself once per dtype (Torch7's THGenerate pattern). */
 #ifndef real
 
 #include <string.h>
 #include <tgmath.h>
 
+#include "iter.h"
 #include "nn.h"
 
 /* Independent partial sums per row: the row statistics run at throughput, not add latency. */
@@ -35,11 +36,13 @@ int flow_cpu_layernorm_forward(flow_tensor *y, flow_tensor *mean, flow_tensor *r
   if (dense_all(in, p, tmp, 3) != 0) return -1;
   int64_t C = x->shape[x->ndim - 1], rows = flow_shape_numel(x->ndim - 1, x->shape);
   if (x->dtype == FLOW_F32)
-    layernorm_forward_f32(flow_tensor_data(y), flow_tensor_data(mean), flow_tensor_data(rstd), p[0], p[1],
-                          p[2], rows, C, (float)eps);
+    layernorm_forward_run_f32(&(layernorm_job_f32){.y = flow_tensor_data(y), .mean = flow_tensor_data(mean),
+                                                    .rstd = flow_tensor_data(rstd), .x = p[0], .w = p[1], .b = p[2],
+                                                    .rows = rows, .C = C, .eps = (float)eps});
   else
-    layernorm_forward_f64(flow_tensor_data(y), flow_tensor_data(mean), flow_tensor_data(rstd), p[0], p[1],
-                          p[2], rows, C, eps);
+    layernorm_forward_run_f64(&(layernorm_job_f64){.y = flow_tensor_data(y), .mean = flow_tensor_data(mean),
+                                                    .rstd = flow_tensor_data(rstd), .x = p[0], .w = p[1], .b = p[2],
+                                                    .rows = rows, .C = C, .eps = eps});
   for (int i = 0; i < 3; i++) flow_tensor_decref(tmp[i]);
   return 0;
 }
@@ -55,11 +58,15 @@ int flow_cpu_layernorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
   memset(flow_tensor_data(dw), 0, flow_tensor_nbytes(dw));
   memset(flow_tensor_data(db), 0, flow_tensor_nbytes(db));
   if (x->dtype == FLOW_F32)
-    layernorm_backward_f32(flow_tensor_data(dx), flow_tensor_data(dw), flow_tensor_data(db), p[0], p[1], p[2],
-                           p[3], p[4], p[5], p[6], rows, C);
+    layernorm_backward_run_f32(&(layernorm_job_f32){.y = flow_tensor_data(dx), .dw = flow_tensor_data(dw),
+                                                     .db = flow_tensor_data(db), .dy = p[0], .dmean = p[1],
+                                                     .drstd = p[2], .x = p[3], .w = p[4], .smean = p[5],
+                                                     .srstd = p[6], .rows = rows, .C = C});
   else
-    layernorm_backward_f64(flow_tensor_data(dx), flow_tensor_data(dw), flow_tensor_data(db), p[0], p[1], p[2],
-                           p[3], p[4], p[5], p[6], rows, C);
+    layernorm_backward_run_f64(&(layernorm_job_f64){.y = flow_tensor_data(dx), .dw = flow_tensor_data(dw),
+                                                     .db = flow_tensor_data(db), .dy = p[0], .dmean = p[1],
+                                                     .drstd = p[2], .x = p[3], .w = p[4], .smean = p[5],
+                                                     .srstd = p[6], .rows = rows, .C = C});
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
   return 0;
 }
@@ -83,9 +90,9 @@ static inline __attribute__((always_inline)) real GEN(row_moment)(const real *x,
  * a scalar epilogue), with weight and bias present (nn.LayerNorm) split from the general case. */
 FLOW_CPU_DISPATCH
 static void GEN(layernorm_forward)(real *y, real *mean, real *rstd, const real *x, const real *w,
-                                   const real *b, int64_t rows, int64_t C, real eps) {
+                                   const real *b, int64_t r0, int64_t r1, int64_t C, real eps) {
   int64_t C32 = w && b ? C & ~(int64_t)31 : 0;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = r0; r < r1; r++) {
     const real *xr = x + r * C;
     real *yr = y + r * C;
     real m = GEN(row_moment)(xr, C, 0, 1) / C;
@@ -102,14 +109,17 @@ static void GEN(layernorm_forward)(real *y, real *mean, real *rstd, const real *
 }
 
 /* With xhat = (x - mean) * rstd and dn = dy * w:
- * dx = (dn - mean(dn) - xhat * mean(dn * xhat)) * rstd,  dw += dy * xhat,  db += dy  (dw, db zeroed);
+ * dx = (dn - mean(dn) - xhat * mean(dn * xhat)) * rstd,  dw = sum over rows of dy * xhat,  db = sum of dy;
  * the saved statistics add d(mean)/dx = 1/C and d(rstd)/dx = -rstd^2 xhat / C:
- * dx += (dmean - drstd * rstd^2 * xhat) / C, folded into the two row means below. */
+ * dx += (dmean - drstd * rstd^2 * xhat) / C, folded into the two row means below.
+ * dx is row by row (rows r0..r1); dw and db, sums down the columns, are a second pass over
+ * columns c0..c1 (below), so threads can split rows for the one and columns for the other and
+ * every sum runs in row order whatever the split. */
 FLOW_CPU_DISPATCH
-static void GEN(layernorm_backward)(real *dx, real *dw, real *db, const real *dy, const real *dmean,
-                                    const real *drstd, const real *x, const real *w, const real *mean,
-                                    const real *rstd, int64_t rows, int64_t C) {
-  for (int64_t r = 0; r < rows; r++) {
+static void GEN(layernorm_backward_dx)(real *dx, const real *dy, const real *dmean, const real *drstd, const real *x,
+                                       const real *w, const real *mean, const real *rstd, int64_t r0, int64_t r1,
+                                       int64_t C) {
+  for (int64_t r = r0; r < r1; r++) {
     const real *xr = x + r * C, *dyr = dy + r * C;
     real *dxr = dx + r * C, m = mean[r], s = rstd[r];
     real dn_mean = 0, dn_xhat_mean = 0, a1[LANES] = {0}, a2[LANES] = {0};
@@ -144,16 +154,62 @@ static void GEN(layernorm_backward)(real *dx, real *dw, real *db, const real *dy
     for (i = 0; i < C32; i++) {
       real xhat = (xr[i] - m) * s;
       dxr[i] = (dyr[i] * w[i] - dn_mean - xhat * dn_xhat_mean) * s;
-      dw[i] += dyr[i] * xhat;
-      db[i] += dyr[i];
     }
     for (i = C32; i < C; i++) {
       real xhat = (xr[i] - m) * s;
       dxr[i] = (dyr[i] * (w ? w[i] : 1) - dn_mean - xhat * dn_xhat_mean) * s;
-      dw[i] += dyr[i] * xhat;
+    }
+  }
+}
+
+/* dw[i] += dy[r, i] * xhat[r, i], db[i] += dy[r, i] for r = 0..rows-1 in order, columns c0..c1 (dw, db zeroed) */
+FLOW_CPU_DISPATCH
+static void GEN(layernorm_backward_wb)(real *dw, real *db, const real *dy, const real *x, const real *mean,
+                                       const real *rstd, int64_t rows, int64_t c0, int64_t c1, int64_t C) {
+  for (int64_t r = 0; r < rows; r++) {
+    const real *xr = x + r * C, *dyr = dy + r * C;
+    real m = mean[r], s = rstd[r];
+#pragma GCC ivdep
+    for (int64_t i = c0; i < c1; i++) {
+      dw[i] += dyr[i] * ((xr[i] - m) * s);
       db[i] += dyr[i];
     }
   }
+}
+
+/* ---- the threads' share: rows, or columns for dw and db ---- */
+
+typedef struct GEN(layernorm_job) {
+  real *y, *mean, *rstd;               /* forward outputs; for the backward, y is dx */
+  real *dw, *db;
+  const real *x, *w, *b, *dy, *dmean, *drstd, *smean, *srstd;  /* smean, srstd: the saved statistics */
+  int64_t rows, C;
+  real eps;
+} GEN(layernorm_job);
+
+static void GEN(layernorm_forward_part)(int64_t lo, int64_t hi, int part, void *vjob) {
+  const GEN(layernorm_job) *j = vjob;
+  GEN(layernorm_forward)(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->C, j->eps);
+}
+
+static void GEN(layernorm_dx_part)(int64_t lo, int64_t hi, int part, void *vjob) {
+  const GEN(layernorm_job) *j = vjob;
+  GEN(layernorm_backward_dx)(j->y, j->dy, j->dmean, j->drstd, j->x, j->w, j->smean, j->srstd, lo, hi, j->C);
+}
+
+static void GEN(layernorm_wb_part)(int64_t lo, int64_t hi, int part, void *vjob) {
+  const GEN(layernorm_job) *j = vjob;
+  GEN(layernorm_backward_wb)(j->dw, j->db, j->dy, j->x, j->smean, j->srstd, j->rows, lo, hi, j->C);
+}
+
+static void GEN(layernorm_forward_run)(GEN(layernorm_job) *j) {
+  flow_cpu_parallel(flow_cpu_threads(j->rows * j->C, FLOW_GRAIN_COSTLY), j->rows, 1, GEN(layernorm_forward_part), j);
+}
+
+static void GEN(layernorm_backward_run)(GEN(layernorm_job) *j) {
+  int t = flow_cpu_threads(j->rows * j->C, FLOW_GRAIN_COSTLY);
+  flow_cpu_parallel(t, j->rows, 1, GEN(layernorm_dx_part), j);
+  flow_cpu_parallel(t, j->C, 32, GEN(layernorm_wb_part), j);
 }
 
 #endif

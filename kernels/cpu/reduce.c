@@ -1,7 +1,10 @@
 /* Reduction kernels over any set of axes. The accumulator is viewed with the input's shape and
  * stride 0 on reduced axes, so one strided iteration adds every input element into its output
- * slot. max/min along one axis (with indices) work on a contiguous [outer, axis, inner] layout. */
+ * slot; threads split the kept axes (iter.h), so each slot adds the same elements in the same
+ * order on any number of them. max/min along one axis (with indices) work on a contiguous
+ * [outer, axis, inner] layout. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -91,7 +94,52 @@ static void accumulate(flow_tensor *acc, const flow_tensor *in, const flow_tenso
   if (extra) flow_cpu_reduce_view(extra, in, mask, &eview);
   flow_iter it;
   flow_iter_init(&it, ops, extra ? 3 : 2);
-  flow_iter_run(&it, fn, NULL);
+  flow_iter_run_parallel(&it, fn, NULL, FLOW_GRAIN_CHEAP);
+}
+
+/* A sum of all of a large contiguous input into one slot has no kept axis to split. It is cut
+ * into fixed blocks instead, summed on any threads, and the block sums are added in order: the
+ * bits depend on the block size, never on the thread count. */
+#define SUM_BLOCK (int64_t)65536
+
+typedef struct block_sums {
+  flow_iter_fn fn;     /* a DEF_SUM loop */
+  const char *x;
+  int64_t n, esize;
+  void *part;          /* one accumulator (double or int64) per block, zeroed */
+} block_sums;
+
+static void sum_blocks(int64_t lo, int64_t hi, int part, void *vjob) {
+  const block_sums *j = vjob;
+  for (int64_t b = lo; b < hi; b++) {
+    char *p[2] = {(char *)j->part + b * 8, (char *)j->x + b * SUM_BLOCK * j->esize};
+    int64_t s[2] = {0, j->esize}, len = j->n - b * SUM_BLOCK;
+    j->fn(p, s, len < SUM_BLOCK ? len : SUM_BLOCK, NULL);
+  }
+}
+
+/* acc (double or int64, zeroed) += the sum over masked axes of in, by fn */
+static int sum_into(flow_tensor *acc, const flow_tensor *in, const bool *mask, flow_iter_fn fn) {
+  int64_t n = flow_tensor_numel(in);
+  if (flow_tensor_numel(acc) != 1 || n < 2 * SUM_BLOCK || !flow_tensor_is_contiguous(in)) {
+    accumulate(acc, in, NULL, mask, fn);
+    return 0;
+  }
+  int64_t blocks = (n + SUM_BLOCK - 1) / SUM_BLOCK;
+  block_sums job = {fn, flow_tensor_data(in), n, (int64_t)flow_dtype_size(in->dtype), calloc((size_t)blocks, 8)};
+  if (!job.part) return flow_error_set("sum: out of memory");
+  flow_cpu_parallel(flow_cpu_threads(n, FLOW_GRAIN_CHEAP), blocks, 1, sum_blocks, &job);
+  if (acc->dtype == FLOW_F64) {
+    double total = 0;
+    for (int64_t b = 0; b < blocks; b++) total += ((const double *)job.part)[b];
+    *(double *)flow_tensor_data(acc) += total;
+  } else {
+    int64_t total = 0;
+    for (int64_t b = 0; b < blocks; b++) total += ((const int64_t *)job.part)[b];
+    *(int64_t *)flow_tensor_data(acc) += total;
+  }
+  free(job.part);
+  return 0;
 }
 
 /* A zeroed contiguous accumulator with out's shape. */
@@ -117,17 +165,17 @@ static int sum_scaled(flow_tensor *out, const flow_tensor *in, const bool *mask,
   flow_dtype acc_dtype = flow_dtype_is_float(in->dtype) ? FLOW_F64 : FLOW_I64;
   if (out->dtype == acc_dtype) {
     flow_cpu_fill(out, 0);
-    accumulate(out, in, NULL, mask, fns[in->dtype]);
+    if (sum_into(out, in, mask, fns[in->dtype]) != 0) return -1;
     if (scale != 1) scale_f64(out, scale);
     return 0;
   }
   flow_tensor *acc = new_acc(out, acc_dtype);
   if (!acc) return -1;
-  accumulate(acc, in, NULL, mask, fns[in->dtype]);
-  if (scale != 1) scale_f64(acc, scale);
-  flow_cpu_copy(out, acc);
+  int rc = sum_into(acc, in, mask, fns[in->dtype]);
+  if (rc == 0 && scale != 1) scale_f64(acc, scale);
+  if (rc == 0) flow_cpu_copy(out, acc);
   flow_tensor_decref(acc);
-  return 0;
+  return rc;
 }
 
 int flow_cpu_sum(flow_tensor *out, const flow_tensor *in, const bool *mask) {
@@ -146,7 +194,11 @@ int flow_cpu_var(flow_tensor *out, const flow_tensor *in, const bool *mask, int 
   for (int d = 0; d < in->ndim; d++) if (mask[d]) count *= in->shape[d];
   flow_tensor *mean = new_acc(out, FLOW_F64), *sq = mean ? new_acc(out, FLOW_F64) : NULL;
   if (!sq) { flow_tensor_decref(mean); return -1; }
-  accumulate(mean, in, NULL, mask, in->dtype == FLOW_F32 ? sum_f32 : sum_f64);
+  if (sum_into(mean, in, mask, in->dtype == FLOW_F32 ? sum_f32 : sum_f64) != 0) {
+    flow_tensor_decref(mean);
+    flow_tensor_decref(sq);
+    return -1;
+  }
   scale_f64(mean, 1.0 / (double)count);
   accumulate(sq, in, mean, mask, in->dtype == FLOW_F32 ? sqdev_f32 : sqdev_f64);
   scale_f64(sq, count > ddof ? 1.0 / (double)(count - ddof) : NAN); /* too few elements: nan, as torch */

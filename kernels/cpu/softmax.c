@@ -2,13 +2,15 @@
  * primitives (max, shifted exp) the other fused kernels share. The code after `#else` is written
  * once against `real`: this file includes itself once per dtype (Torch7's THGenerate pattern).
  * A tensor is seen as [outer, n, inner] around the axis; rows along a non-last axis (inner > 1)
- * are gathered into a contiguous scratch row, so one row kernel serves every axis. */
+ * are gathered into a contiguous scratch row, so one row kernel serves every axis. Rows are
+ * independent: large inputs share them among threads (iter.h). */
 #ifndef real
 
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
 
+#include "iter.h"
 #include "nn.h"
 
 /* Lanes of independent partial results: breaks the serial dependency of a running max or sum so
@@ -162,44 +164,60 @@ static void GEN(scatter)(real *x, const real *row, int64_t n, int64_t inner) {
   for (int64_t j = 0; j < n; j++) x[j * inner] = row[j];
 }
 
-static int GEN(softmax_forward)(real *y, const real *x, int64_t outer, int64_t n, int64_t inner, bool as_log) {
-  if (n == 0) return 0;
+/* A softmax over rows of [outer, n, inner]: forward (y from x; dy NULL) or backward (dx from y, dy). */
+typedef struct GEN(softmax_job) {
+  real *out;              /* y, or dx */
+  const real *in, *dy;    /* x, or y */
+  int64_t n, inner;
+  bool as_log;
+  real *scratch;          /* 3 rows per part (iter.h's flow_cpu_parallel), when inner > 1 */
+} GEN(softmax_job);
+
+/* Rows r in [lo, hi), r = o * inner + i; rows are independent, so any cut gives the same bits. */
+static void GEN(softmax_rows)(int64_t lo, int64_t hi, int part, void *vjob) {
+  const GEN(softmax_job) *j = vjob;
+  int64_t n = j->n, inner = j->inner;
   if (inner == 1) {
-    for (int64_t o = 0; o < outer; o++) GEN(softmax_row)(y + o * n, x + o * n, n, as_log);
-    return 0;
+    for (int64_t r = lo; r < hi; r++)
+      if (j->dy) GEN(softmax_backward_row)(j->out + r * n, j->in + r * n, j->dy + r * n, n, j->as_log);
+      else GEN(softmax_row)(j->out + r * n, j->in + r * n, n, j->as_log);
+    return;
   }
-  real *row = malloc(2 * (size_t)n * sizeof(real));
-  if (!row) return flow_error_set("softmax: out of memory");
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < inner; i++) {
-      int64_t base = o * n * inner + i;
-      GEN(gather)(row, x + base, n, inner);
-      GEN(softmax_row)(row + n, row, n, as_log);
-      GEN(scatter)(y + base, row + n, n, inner);
+  real *row = j->scratch + (int64_t)part * 3 * n;
+  for (int64_t r = lo; r < hi; r++) {
+    int64_t base = r / inner * n * inner + r % inner;
+    GEN(gather)(row, j->in + base, n, inner);
+    if (j->dy) {
+      GEN(gather)(row + n, j->dy + base, n, inner);
+      GEN(softmax_backward_row)(row + 2 * n, row, row + n, n, j->as_log);
+    } else {
+      GEN(softmax_row)(row + 2 * n, row, n, j->as_log);
     }
-  free(row);
+    GEN(scatter)(j->out + base, row + 2 * n, n, inner);
+  }
+}
+
+static int GEN(softmax_run)(GEN(softmax_job) *j, int64_t outer) {
+  if (j->n == 0) return 0;
+  int64_t rows = outer * j->inner;
+  int t = flow_cpu_threads(rows * j->n, FLOW_GRAIN_COSTLY);
+  j->scratch = NULL;
+  if (j->inner > 1 && !(j->scratch = malloc(3 * (size_t)j->n * (size_t)t * sizeof(real))))
+    return flow_error_set("softmax: out of memory");
+  flow_cpu_parallel(t, rows, 1, GEN(softmax_rows), j);
+  free(j->scratch);
   return 0;
+}
+
+static int GEN(softmax_forward)(real *y, const real *x, int64_t outer, int64_t n, int64_t inner, bool as_log) {
+  GEN(softmax_job) j = {.out = y, .in = x, .n = n, .inner = inner, .as_log = as_log};
+  return GEN(softmax_run)(&j, outer);
 }
 
 static int GEN(softmax_backward)(real *dx, const real *y, const real *dy, int64_t outer, int64_t n, int64_t inner,
                                  bool as_log) {
-  if (n == 0) return 0;
-  if (inner == 1) {
-    for (int64_t o = 0; o < outer; o++) GEN(softmax_backward_row)(dx + o * n, y + o * n, dy + o * n, n, as_log);
-    return 0;
-  }
-  real *row = malloc(3 * (size_t)n * sizeof(real));
-  if (!row) return flow_error_set("softmax: out of memory");
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < inner; i++) {
-      int64_t base = o * n * inner + i;
-      GEN(gather)(row, y + base, n, inner);
-      GEN(gather)(row + n, dy + base, n, inner);
-      GEN(softmax_backward_row)(row + 2 * n, row, row + n, n, as_log);
-      GEN(scatter)(dx + base, row + 2 * n, n, inner);
-    }
-  free(row);
-  return 0;
+  GEN(softmax_job) j = {.out = dx, .in = y, .dy = dy, .n = n, .inner = inner, .as_log = as_log};
+  return GEN(softmax_run)(&j, outer);
 }
 
 #endif
