@@ -165,10 +165,13 @@ static void enqueue(msg *m, msg *last) {
 static bool drain_one(int q, msg **first, msg **last) {
   partial *in = &T.in[q];
   for (;;) {
-    if (in->hgot < sizeof in->h) {
-      size_t k = flow_ring_get(T.shm, q, T.rank, (char *)&in->h + in->hgot, sizeof in->h - in->hgot);
-      if (k == 0) return true;
-      if ((in->hgot += k) < sizeof in->h) continue;
+    if (!in->m) {
+      if (in->hgot < sizeof in->h) {
+        size_t k = flow_ring_get(T.shm, q, T.rank, (char *)&in->h + in->hgot, sizeof in->h - in->hgot);
+        if (k == 0) return true;
+        in->hgot += k;
+        continue;
+      }
       msg *m = msg_new(in->h.len);
       if (!m) return false;
       m->comm = in->h.comm;

@@ -68,8 +68,6 @@ flow_ring_region *flow_ring_map(int n) {
   return s;
 }
 
-size_t flow_ring_capacity(const flow_ring_region *s) { return s->cap; }
-
 /* ---- futexes ---------------------------------------------------------------------------------- */
 
 static void futex_wait(atomic_uint *w, unsigned seen, double seconds) {

@@ -12,8 +12,6 @@ typedef struct flow_ring_region flow_ring_region;
 /* The region for n ranks, inherited by the processes forked after; NULL (errno set) if it cannot be
  * mapped. */
 flow_ring_region *flow_ring_map(int n);
-/* Bytes one ring holds. */
-size_t flow_ring_capacity(const flow_ring_region *s);
 
 /* The producer `from`: copy as many of len bytes as fit into the ring to `to` now (0 when it is
  * full), and ring `to`'s bell when any went. */
