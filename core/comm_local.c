@@ -267,7 +267,10 @@ static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
     double now = now_s(), left = deadline - now;
     bool sleep = now - start > SPIN_US * 1e-6;
     uint32_t seen = sleep ? flow_ring_bell_arm(T.shm, T.rank) : 0;
-    if (pthread_mutex_trylock(&T.read_lock) == 0) { /* else another thread drains, and rings the bell */
+    /* while another thread drains, this one does not sleep: that drain may have missed what
+     * rang the bell since it was armed */
+    bool looked = pthread_mutex_trylock(&T.read_lock) == 0;
+    if (looked) {
       drain();
       pthread_mutex_unlock(&T.read_lock);
     }
@@ -276,9 +279,9 @@ static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
     bool gone = T.gone[src];
     pthread_mutex_unlock(&T.lock);
     *why = m ? GOT : gone ? GONE : left <= 0 ? TIMED_OUT : -1;
-    if (sleep) flow_ring_bell_wait(T.shm, T.rank, seen, *why < 0 ? (left > 1 ? 1 : left) : 0);
+    if (sleep) flow_ring_bell_wait(T.shm, T.rank, seen, *why < 0 && looked ? (left > 1 ? 1 : left) : 0);
     if (*why >= 0) return m;
-    if (!sleep && T.yield) sched_yield();
+    if ((!sleep && T.yield) || !looked) sched_yield();
   }
 }
 
