@@ -62,7 +62,18 @@ typedef struct msg {
   int src, tag;
   size_t len, cap;  /* cap: the bytes data holds */
   char *data;
+  bool borrowed;    /* data is a waiting receive's own buffer */
 } msg;
+
+/* A receive whose thread drains the rings: the first message that matches it goes straight into
+ * its buffer instead of through a message buffer. */
+typedef struct want {
+  uint64_t comm;
+  int src, tag;     /* src -1: nothing more to claim */
+  char *buf;
+  size_t bytes;
+  bool claimed;
+} want;
 
 /* A message from a peer while it is rebuilt from its ring. */
 typedef struct partial {
@@ -129,11 +140,13 @@ static msg *msg_new(size_t len) {
   }
   m->next = NULL;
   m->len = len;
+  m->borrowed = false;
   return m;
 }
 
 static void drop(msg *m) {
   if (!m) return;
+  if (m->borrowed) { free(m); return; }
   if (m->cap >= SPARE_MIN) {
     pthread_mutex_lock(&spare.lock);
     bool keep = spare.bytes + m->cap <= SPARE_MAX;
@@ -160,9 +173,21 @@ static void enqueue(msg *m, msg *last) {
   flow_ring_bell_ring(T.shm, T.rank);
 }
 
+/* A message for the receive w, straight into its buffer; NULL if it is not the one. */
+static msg *claim(want *w, int q, const header *h) {
+  if (!w || w->src != q || w->comm != h->comm || w->tag != h->tag || w->bytes != h->len) return NULL;
+  msg *m = malloc(sizeof *m);
+  if (!m) return NULL;
+  *m = (msg){.len = w->bytes, .cap = w->bytes, .data = w->buf, .borrowed = true};
+  w->src = -1;
+  w->claimed = true;
+  return m;
+}
+
 /* Take what rank q's ring holds into in[q], adding each message it completes to the list *first ..
- * *last; false when out of memory. The caller holds read_lock. */
-static bool drain_one(int q, msg **first, msg **last) {
+ * *last; false when out of memory. The caller holds read_lock, and the queue holds no message for
+ * w (if any). */
+static bool drain_one(int q, want *w, msg **first, msg **last) {
   partial *in = &T.in[q];
   for (;;) {
     if (!in->m) {
@@ -172,8 +197,8 @@ static bool drain_one(int q, msg **first, msg **last) {
         in->hgot += k;
         continue;
       }
-      msg *m = msg_new(in->h.len);
-      if (!m) return false;
+      msg *m = claim(w, q, &in->h);
+      if (!m && !(m = msg_new(in->h.len))) return false;
       m->comm = in->h.comm;
       m->src = q;
       m->tag = in->h.tag;
@@ -183,6 +208,7 @@ static bool drain_one(int q, msg **first, msg **last) {
     msg *m = in->m;
     in->got += flow_ring_get(T.shm, q, T.rank, m->data + in->got, m->len - in->got);
     if (in->got < m->len) return true;
+    if (w && w->src == q && w->comm == m->comm && w->tag == m->tag) w->src = -1; /* the first for w: not claimed */
     if (*last) (*last)->next = m;
     else *first = m;
     *last = m;
@@ -201,12 +227,12 @@ static void mark_gone(int q) {
   flow_ring_wake_room(T.shm, T.rank, q);
 }
 
-/* Drain every peer's ring and queue the messages completed; the caller holds read_lock. Returns
- * how many. */
-static int drain(void) {
+/* Drain every peer's ring and queue the messages completed (w's first straight into its buffer);
+ * the caller holds read_lock. Returns how many. */
+static int drain(want *w) {
   msg *first = NULL, *last = NULL;
   for (int q = 0; q < T.size; q++)
-    if (q != T.rank && !drain_one(q, &first, &last)) mark_gone(q); /* out of memory ends q's part as well */
+    if (q != T.rank && !drain_one(q, w, &first, &last)) mark_gone(q); /* out of memory ends q's part as well */
   int n = 0;
   for (msg *m = first; m; m = m->next) n++;
   if (first) enqueue(first, last);
@@ -231,7 +257,7 @@ static void *reader(void *arg) {
       ssize_t k = recv(p[q].fd, bytes, sizeof bytes, MSG_DONTWAIT);
       bool closed = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
       pthread_mutex_lock(&T.read_lock);
-      drain();
+      drain(NULL);
       pthread_mutex_unlock(&T.read_lock);
       if (closed) {
         p[q].fd = -1;
@@ -258,12 +284,50 @@ static msg *find(uint64_t comm, int src, int tag) {
   return m;
 }
 
-/* The first queued message from world rank src with this communicator and tag, waiting until
- * `deadline` (now_s() time; a past one only looks). *why says why it returns NULL. */
-static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
+/* Under T.lock: the queued message for the receive w, and whether its sender is gone. */
+static msg *find_for(const want *w, int src, bool *gone) {
+  pthread_mutex_lock(&T.lock);
+  msg *m = find(w->comm, src, w->tag);
+  *gone = T.gone[src];
+  pthread_mutex_unlock(&T.lock);
+  return m;
+}
+
+/* A receive that gives up while a message it claimed is still arriving: that message, if it came
+ * whole meanwhile; else its bytes so far move to a message buffer of its own, and it arrives there. */
+static msg *unclaim(want *w, int src) {
+  pthread_mutex_lock(&T.read_lock); /* no drain writes into w->buf meanwhile */
+  bool gone;
+  msg *m = find_for(w, src, &gone), *in = T.in[src].m;
+  if (!m && in && in->borrowed && in->data == w->buf) {
+    msg *own = msg_new(in->len);
+    if (own) {
+      memcpy(own->data, in->data, T.in[src].got);
+      in->data = own->data;
+      in->cap = own->cap;
+      in->borrowed = false;
+      free(own);
+    } else { /* no memory for the rest: the message is lost, and so is src's part */
+      in->data = NULL;
+      T.in[src].m = NULL;
+      free(in);
+      mark_gone(src);
+    }
+  }
+  pthread_mutex_unlock(&T.read_lock);
+  return m;
+}
+
+/* The first message from world rank src with this communicator and tag, waiting until `deadline`
+ * (now_s() time; a past one only looks). A large one may arrive straight into buf (bytes long; buf
+ * NULL: never). *why says why it returns NULL. */
+static msg *take(uint64_t comm, int src, int tag, void *buf, size_t bytes, double deadline, int *why) {
   double start = now_s();
+  want w = {.comm = comm, .src = src, .tag = tag, .buf = buf, .bytes = bytes};
+  bool direct = buf && bytes >= SPARE_MIN, gone;
   msg *m;
   for (;;) {
+    m = NULL;
     double now = now_s(), left = deadline - now;
     bool sleep = now - start > SPIN_US * 1e-6;
     uint32_t seen = sleep ? flow_ring_bell_arm(T.shm, T.rank) : 0;
@@ -271,18 +335,18 @@ static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
      * rang the bell since it was armed */
     bool looked = pthread_mutex_trylock(&T.read_lock) == 0;
     if (looked) {
-      drain();
+      m = direct && !w.claimed ? find_for(&w, src, &gone) : NULL; /* one queued already comes first */
+      if (!m) drain(direct ? &w : NULL);
       pthread_mutex_unlock(&T.read_lock);
     }
-    pthread_mutex_lock(&T.lock);
-    m = find(comm, src, tag);
-    bool gone = T.gone[src];
-    pthread_mutex_unlock(&T.lock);
+    if (!m) m = find_for(&w, src, &gone);
     *why = m ? GOT : gone ? GONE : left <= 0 ? TIMED_OUT : -1;
     if (sleep) flow_ring_bell_wait(T.shm, T.rank, seen, *why < 0 && looked ? (left > 1 ? 1 : left) : 0);
-    if (*why >= 0) return m;
+    if (*why >= 0) break;
     if ((!sleep && T.yield) || !looked) sched_yield();
   }
+  if (!m && w.claimed && (m = unclaim(&w, src))) *why = GOT;
+  return m;
 }
 
 /* Write n bytes into the ring to dst, waiting for room; the caller holds send_lock[dst]. 1 when
@@ -293,7 +357,7 @@ static int write_ring(int dst, const char *p, size_t n, double patience) {
     size_t k = flow_ring_put(T.shm, T.rank, dst, p, n);
     if (k > 0) { p += k; n -= k; progress = now_s(); continue; }
     if (pthread_mutex_trylock(&T.read_lock) == 0) { /* dst may be sending to this rank meanwhile */
-      drain();
+      drain(NULL);
       pthread_mutex_unlock(&T.read_lock);
     }
     double now = now_s(), left = progress + patience - now;
@@ -396,7 +460,7 @@ static int send_to(flow_comm *c, int peer, int tag, const void *buf, size_t byte
 static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, const char *what, bool soft) {
   double patience = flow_comm_timeout() + (soft ? 0 : 10), start = now_s();
   int why, src = impl(c)->world[peer];
-  msg *m = take(impl(c)->id, src, tag, start + patience, &why);
+  msg *m = take(impl(c)->id, src, tag, buf, bytes, start + patience, &why);
   if (why == GONE) return gone_error(what, src);
   if (why == TIMED_OUT) {
     if (!soft) stuck(what, now_s() - start);
@@ -407,7 +471,7 @@ static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, c
   if (m->len != bytes)
     rc = flow_error_set("[rank %d] %s: rank %d sent %zu bytes where %zu were expected (the ranks called different "
                         "collectives or sizes)", T.rank, what, src, m->len, bytes);
-  else if (bytes) memcpy(buf, m->data, bytes);
+  else if (bytes && m->data != buf) memcpy(buf, m->data, bytes);
   drop(m);
   return rc;
 }
@@ -588,7 +652,7 @@ static int await_record(flow_comm *c, int q, int tag, double deadline, record *r
   local_comm *l = impl(c);
   for (;;) {
     int why;
-    msg *m = take(l->id, l->world[q], tag, deadline, &why);
+    msg *m = take(l->id, l->world[q], tag, NULL, 0, deadline, &why);
     if (!m) return why;
     bool whole = m->len == sizeof *r;
     if (whole) memcpy(r, m->data, sizeof *r);
@@ -607,7 +671,7 @@ static bool withdrawn(flow_comm *c, int *who) {
   for (int q = 1; q < c->size; q++)
     for (;;) {
       int why;
-      msg *m = take(l->id, l->world[q], TAG_WITHDRAW, 0, &why);
+      msg *m = take(l->id, l->world[q], TAG_WITHDRAW, NULL, 0, 0, &why);
       if (!m) break;
       unsigned long long seq = 0;
       if (m->len == sizeof seq) memcpy(&seq, m->data, sizeof seq);
