@@ -35,15 +35,17 @@
  * from its peer with its communicator and tag (so messages between two ranks with the same
  * communicator and tag arrive in the order they were sent).
  *
- * A thread waiting for a message drains the rings itself: for its first SPIN seconds it looks
- * again at once, then it sleeps on the rank's bell, which a peer rings when it writes. A sender
- * whose ring is full waits (SPIN, then asleep) for room; if the receiver is busy elsewhere, the
- * sender's byte on their socket (the doorbell) wakes the receiver's reader thread, which drains the
- * rings, so sends never deadlock: every peer keeps reading. The sockets carry nothing else: a
- * peer's socket closes when it exits or dies, which is how a rank sees a peer leave (after taking
- * what it wrote). Threads of one rank (a graph's forward and backward collective streams) use the
- * transport at once: one thread drains at a time, and a lock per peer keeps their sends whole in
- * the ring. */
+ * A large receive that waits before its message comes takes it straight into its own buffer.
+ *
+ * A thread waiting for a message drains the rings itself: for its first SPIN_US it looks again at
+ * once, then it sleeps on the rank's bell, which a peer rings when it writes. A sender whose ring
+ * is full drains its own rings meanwhile (SPIN_US), then sleeps until room frees; if the receiver
+ * is busy elsewhere, the sender's byte on their socket (the doorbell) wakes the receiver's reader
+ * thread, which drains the rings, so sends never deadlock: every peer keeps reading. The sockets
+ * carry nothing else: a peer's socket closes when it exits or dies, which is how a rank sees a
+ * peer leave (after taking what it wrote). Threads of one rank (a graph's forward and backward
+ * collective streams) use the transport at once: one thread drains at a time, and a lock per peer
+ * keeps their sends whole in the ring. */
 
 /* A waiting thread looks again at once for SPIN_US before it sleeps, yielding its core between
  * looks when the ranks outnumber the cores (mpirun's ranks do the same when oversubscribed): a peer
