@@ -48,9 +48,10 @@
  * keeps their sends whole in the ring. */
 
 /* A waiting thread looks again at once for SPIN_US before it sleeps, yielding its core between
- * looks when the ranks outnumber the cores (mpirun's ranks do the same when oversubscribed): a peer
- * that shares the core then runs at once. */
-enum { SPIN_US = 500 };
+ * looks after the first YIELD_US (from the start when the ranks outnumber the cores, as mpirun's
+ * ranks do when oversubscribed): a quick answer is seen at once, and on a busy machine the peer or
+ * another thread of this rank (a graph's compute) runs meanwhile. */
+enum { SPIN_US = 500, YIELD_US = 100 };
 
 typedef struct header {
   uint64_t comm;
@@ -88,7 +89,7 @@ typedef struct partial {
 static struct {
   int rank, size;               /* in the world; size 0: not a launched rank */
   int aborts;                   /* the pipe to the launcher for abort notices */
-  bool yield;                   /* more ranks than cores: spinning yields */
+  bool crowded;                 /* more ranks than cores */
   flow_ring_region *shm;
   int *fd;                      /* fd[q]: the socket to world rank q */
   partial *in;                  /* in[q]: the message from q being rebuilt (under read_lock) */
@@ -98,6 +99,9 @@ static struct {
   pthread_mutex_t lock;         /* the queue and gone[] */
   msg *head, *tail;
 } T = {.lock = PTHREAD_MUTEX_INITIALIZER, .read_lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Whether a thread that has waited `waited` seconds, still spinning, yields between looks. */
+static bool yields(double waited) { return T.crowded || waited > YIELD_US * 1e-6; }
 
 static double now_s(void) {
   struct timespec t;
@@ -345,7 +349,7 @@ static msg *take(uint64_t comm, int src, int tag, void *buf, size_t bytes, doubl
     *why = m ? GOT : gone ? GONE : left <= 0 ? TIMED_OUT : -1;
     if (sleep) flow_ring_bell_wait(T.shm, T.rank, seen, *why < 0 && looked ? (left > 1 ? 1 : left) : 0);
     if (*why >= 0) break;
-    if ((!sleep && T.yield) || !looked) sched_yield();
+    if ((!sleep && yields(now - start)) || !looked) sched_yield();
   }
   if (!m && w.claimed && (m = unclaim(&w, src))) *why = GOT;
   return m;
@@ -364,7 +368,7 @@ static int write_ring(int dst, const char *p, size_t n, double patience) {
     }
     double now = now_s(), left = progress + patience - now;
     if (now - progress < SPIN_US * 1e-6) {
-      if (T.yield) sched_yield();
+      if (yields(now - progress)) sched_yield();
       continue;
     }
     uint32_t seen = flow_ring_room_arm(T.shm, T.rank, dst);
@@ -808,7 +812,7 @@ void flow_comm_local_join(int rank, int size, const int *fd, flow_ring_region *s
   T.aborts = aborts;
   T.shm = shm;
   cpu_set_t cores;
-  T.yield = sched_getaffinity(0, sizeof cores, &cores) == 0 && size > CPU_COUNT(&cores);
+  T.crowded = sched_getaffinity(0, sizeof cores, &cores) == 0 && size > CPU_COUNT(&cores);
   T.fd = malloc((size_t)size * sizeof *T.fd);
   T.in = calloc((size_t)size, sizeof *T.in);
   T.gone = calloc((size_t)size, sizeof *T.gone);
