@@ -47,11 +47,11 @@
  * collective streams) use the transport at once: one thread drains at a time, and a lock per peer
  * keeps their sends whole in the ring. */
 
-/* A waiting thread looks again at once for SPIN_US before it sleeps, yielding its core between
- * looks after the first YIELD_US (from the start when the ranks outnumber the cores, as mpirun's
- * ranks do when oversubscribed): a quick answer is seen at once, and on a busy machine the peer or
- * another thread of this rank (a graph's compute) runs meanwhile. */
-enum { SPIN_US = 500, YIELD_US = 100 };
+/* A waiting thread looks again at once for SPIN_US before it sleeps (a quick answer is seen at
+ * once; a longer wait leaves the core to this rank's other threads, a graph's compute, and to the
+ * machine's other work), yielding its core between looks when the ranks outnumber the cores, as
+ * mpirun's ranks do when oversubscribed. */
+enum { SPIN_US = 200 };
 
 typedef struct header {
   uint64_t comm;
@@ -84,6 +84,7 @@ typedef struct partial {
   size_t hgot;  /* bytes of h so far */
   msg *m;       /* once h is whole */
   size_t got;   /* bytes of m->data so far */
+  bool lost;    /* a message found no memory here: nothing more is read from this peer */
 } partial;
 
 static struct {
@@ -99,9 +100,6 @@ static struct {
   pthread_mutex_t lock;         /* the queue and gone[] */
   msg *head, *tail;
 } T = {.lock = PTHREAD_MUTEX_INITIALIZER, .read_lock = PTHREAD_MUTEX_INITIALIZER};
-
-/* Whether a thread that has waited `waited` seconds, still spinning, yields between looks. */
-static bool yields(double waited) { return T.crowded || waited > YIELD_US * 1e-6; }
 
 static double now_s(void) {
   struct timespec t;
@@ -233,12 +231,19 @@ static void mark_gone(int q) {
   flow_ring_wake_room(T.shm, T.rank, q);
 }
 
+/* Peer q's message found no memory here (the caller holds read_lock): it ends q's part as a
+ * closed connection would. */
+static void lose(int q) {
+  T.in[q].lost = true;
+  mark_gone(q);
+}
+
 /* Drain every peer's ring and queue the messages completed (w's first straight into its buffer);
  * the caller holds read_lock. Returns how many. */
 static int drain(want *w) {
   msg *first = NULL, *last = NULL;
   for (int q = 0; q < T.size; q++)
-    if (q != T.rank && !drain_one(q, w, &first, &last)) mark_gone(q); /* out of memory ends q's part as well */
+    if (q != T.rank && !T.in[q].lost && !drain_one(q, w, &first, &last)) lose(q);
   int n = 0;
   for (msg *m = first; m; m = m->next) n++;
   if (first) enqueue(first, last);
@@ -290,7 +295,7 @@ static msg *find(uint64_t comm, int src, int tag) {
   return m;
 }
 
-/* Under T.lock: the queued message for the receive w, and whether its sender is gone. */
+/* The queued message for the receive w, and whether its sender is gone (under T.lock). */
 static msg *find_for(const want *w, int src, bool *gone) {
   pthread_mutex_lock(&T.lock);
   msg *m = find(w->comm, src, w->tag);
@@ -313,11 +318,10 @@ static msg *unclaim(want *w, int src) {
       in->cap = own->cap;
       in->borrowed = false;
       free(own);
-    } else { /* no memory for the rest: the message is lost, and so is src's part */
-      in->data = NULL;
+    } else {
       T.in[src].m = NULL;
       free(in);
-      mark_gone(src);
+      lose(src);
     }
   }
   pthread_mutex_unlock(&T.read_lock);
@@ -349,7 +353,7 @@ static msg *take(uint64_t comm, int src, int tag, void *buf, size_t bytes, doubl
     *why = m ? GOT : gone ? GONE : left <= 0 ? TIMED_OUT : -1;
     if (sleep) flow_ring_bell_wait(T.shm, T.rank, seen, *why < 0 && looked ? (left > 1 ? 1 : left) : 0);
     if (*why >= 0) break;
-    if ((!sleep && yields(now - start)) || !looked) sched_yield();
+    if ((!sleep && T.crowded) || !looked) sched_yield();
   }
   if (!m && w.claimed && (m = unclaim(&w, src))) *why = GOT;
   return m;
@@ -368,7 +372,7 @@ static int write_ring(int dst, const char *p, size_t n, double patience) {
     }
     double now = now_s(), left = progress + patience - now;
     if (now - progress < SPIN_US * 1e-6) {
-      if (yields(now - progress)) sched_yield();
+      if (T.crowded) sched_yield();
       continue;
     }
     uint32_t seen = flow_ring_room_arm(T.shm, T.rank, dst);
