@@ -1,6 +1,7 @@
-/* `flowlua --ranks N`: N rank processes forked from one flowlua and joined by a full mesh of
- * Unix-domain sockets (comm_local.c), a job with mpirun's semantics and no mpirun. The launching
- * process stays as the job's parent: it waits for the ranks and ends the job as mpirun does. */
+/* `flowlua --ranks N`: N rank processes forked from one flowlua and joined by rings in shared
+ * memory and a full mesh of Unix-domain sockets (comm_local.c), a job with mpirun's semantics and
+ * no mpirun. The launching process stays as the job's parent: it waits for the ranks and ends the
+ * job as mpirun does. */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +12,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -113,7 +113,7 @@ static int wait_ranks(int n, const pid_t *pid, int aborts, const char *prog) {
 }
 
 /* The child that is rank r: its row of the mesh, its terminal and signals as under mpirun. */
-static void become_rank(int r, int n, int *fd, int aborts, pid_t parent) {
+static void become_rank(int r, int n, int *fd, flow_ring_region *shm, int aborts, pid_t parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the job ends with its parent */
   if (getppid() != parent) _exit(EXIT_FAILURE);
   int *row = malloc((size_t)n * sizeof *row);
@@ -143,7 +143,7 @@ static void become_rank(int r, int n, int *fd, int aborts, pid_t parent) {
     snprintf(k, sizeof k, "%ld", cores / n > 1 ? cores / n : 1);
     setenv("FLOW_NUM_THREADS", k, 1);
   }
-  flow_comm_local_join(r, n, row, aborts);
+  flow_comm_local_join(r, n, row, shm, aborts);
   free(row);
 }
 
@@ -152,18 +152,14 @@ int flow_comm_launch_local(int n, const char *prog) {
   int *fd = malloc((size_t)n * (size_t)n * sizeof *fd);
   pid_t *pid = calloc((size_t)n, sizeof *pid);
   if (!fd || !pid) { free(fd); free(pid); return flow_error_set("--ranks: out of memory"); }
+  flow_ring_region *shm = flow_ring_map(n);
+  if (!shm) return flow_error_set("--ranks: cannot map shared memory for %d ranks: %s", n, strerror(errno));
+  /* the sockets carry no data, only doorbells, and close when a rank exits or dies */
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++) {
       int sv[2];
       if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         return flow_error_set("--ranks: cannot connect %d ranks: %s", n, strerror(errno));
-      /* a send that makes no progress for a second returns, to check its deadline */
-      struct timeval second = {1, 0};
-      int big = 1 << 20;
-      for (int k = 0; k < 2; k++) {
-        setsockopt(sv[k], SOL_SOCKET, SO_SNDTIMEO, &second, sizeof second);
-        setsockopt(sv[k], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
-      }
       fd[i * n + j] = sv[0];
       fd[j * n + i] = sv[1];
     }
@@ -189,7 +185,7 @@ int flow_comm_launch_local(int n, const char *prog) {
     if (pid[r] == 0) {
       free(pid);
       close(aborts[0]);
-      become_rank(r, n, fd, aborts[1], parent);
+      become_rank(r, n, fd, shm, aborts[1], parent);
       free(fd);
       return 0;
     }

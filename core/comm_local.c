@@ -1,11 +1,12 @@
 /* The communicator backend of `flowlua --ranks N` (comm.h): the ranks are processes forked by one
- * flowlua (comm_launch.c), joined by a full mesh of Unix-domain socket pairs, and every collective
- * is point-to-point messages over them.
+ * flowlua (comm_launch.c), joined by a ring in shared memory per ordered pair (comm_ring.c) and a
+ * full mesh of Unix-domain socket pairs, and every collective is point-to-point messages over them.
  *
  * Why processes and not threads with a Lua state each: a rank's state lives in process globals
  * (interned placements, the world and its cached communicators, the agreement check, the RNG, the
  * kernel caches), as it does under mpirun. A process per rank isolates them as mpirun does, with
  * nothing to move into a per-rank context, so the semantics are mpirun's by construction. */
+#define _GNU_SOURCE /* CPU_COUNT */
 #include "comm_local.h"
 
 #include <errno.h>
@@ -23,20 +24,34 @@
 #include <unistd.h>
 
 #include "comm_backend.h"
+#include "comm_ring.h"
 #include "error.h"
 
 /* ---- the transport: messages with a (communicator, tag) header, matched on arrival --------------
- * Messages are taken off the sockets whole and queued, in arrival order, with their sender. A
- * receive takes the first queued message from its peer with its communicator and tag (so messages
- * between two ranks with the same communicator and tag arrive in the order they were sent). A
- * reader thread drains the sockets whenever data comes, so sends are plain blocking writes that
- * never deadlock: every peer keeps reading. A thread waiting for a message reads the sockets itself
- * for its first 10 ms, sleeping in poll (the kernel wakes it when data comes: one wake-up per small
- * message instead of the reader thread's and then its own); then, or while another thread of the
- * rank reads, it sleeps on a condition variable until a message comes, the peer's connection closes
- * or a deadline passes. Threads of one rank (a graph's forward and backward collective streams) use
- * the transport at once: one thread reads at a time, and a lock per peer keeps their sends whole
- * on the socket. */
+ * A message is its header and its bytes, written in order into the ring to its receiver, in
+ * chunks as room frees (a message larger than the ring streams through it while the receiver
+ * drains it). The receiver takes the bytes off each ring as they come, rebuilds the messages and
+ * queues them whole, in arrival order, with their sender. A receive takes the first queued message
+ * from its peer with its communicator and tag (so messages between two ranks with the same
+ * communicator and tag arrive in the order they were sent).
+ *
+ * A large receive that waits before its message comes takes it straight into its own buffer.
+ *
+ * A thread waiting for a message drains the rings itself: for its first SPIN_US it looks again at
+ * once, then it sleeps on the rank's bell, which a peer rings when it writes. A sender whose ring
+ * is full drains its own rings meanwhile (SPIN_US), then sleeps until room frees; if the receiver
+ * is busy elsewhere, the sender's byte on their socket (the doorbell) wakes the receiver's reader
+ * thread, which drains the rings, so sends never deadlock: every peer keeps reading. The sockets
+ * carry nothing else: a peer's socket closes when it exits or dies, which is how a rank sees a
+ * peer leave (after taking what it wrote). Threads of one rank (a graph's forward and backward
+ * collective streams) use the transport at once: one thread drains at a time, and a lock per peer
+ * keeps their sends whole in the ring. */
+
+/* A waiting thread looks again at once for SPIN_US before it sleeps (a quick answer is seen at
+ * once; a longer wait leaves the core to this rank's other threads, a graph's compute, and to the
+ * machine's other work), yielding its core between looks when the ranks outnumber the cores, as
+ * mpirun's ranks do when oversubscribed. */
+enum { SPIN_US = 200 };
 
 typedef struct header {
   uint64_t comm;
@@ -48,20 +63,41 @@ typedef struct msg {
   struct msg *next;
   uint64_t comm;
   int src, tag;
-  size_t len;
+  size_t len, cap;  /* cap: the bytes data holds */
   char *data;
+  bool borrowed;    /* data is a waiting receive's own buffer */
 } msg;
+
+/* A receive whose thread drains the rings: the first message that matches it goes straight into
+ * its buffer instead of through a message buffer. */
+typedef struct want {
+  uint64_t comm;
+  int src, tag;     /* src -1: nothing more to claim */
+  char *buf;
+  size_t bytes;
+  bool claimed;
+} want;
+
+/* A message from a peer while it is rebuilt from its ring. */
+typedef struct partial {
+  header h;
+  size_t hgot;  /* bytes of h so far */
+  msg *m;       /* once h is whole */
+  size_t got;   /* bytes of m->data so far */
+  bool lost;    /* a message found no memory here: nothing more is read from this peer */
+} partial;
 
 static struct {
   int rank, size;               /* in the world; size 0: not a launched rank */
   int aborts;                   /* the pipe to the launcher for abort notices */
+  bool crowded;                 /* more ranks than cores */
+  flow_ring_region *shm;
   int *fd;                      /* fd[q]: the socket to world rank q */
-  int *rd;                      /* fd[q] while it may bring messages; -1 once it closed (under read_lock) */
+  partial *in;                  /* in[q]: the message from q being rebuilt (under read_lock) */
   bool *gone;                   /* rank q's connection closed: it exited or died */
   pthread_mutex_t *send_lock;   /* one per peer */
-  pthread_mutex_t read_lock;    /* held by the thread reading the sockets */
+  pthread_mutex_t read_lock;    /* held by the thread draining the rings */
   pthread_mutex_t lock;         /* the queue and gone[] */
-  pthread_cond_t arrived;
   msg *head, *tail;
 } T = {.lock = PTHREAD_MUTEX_INITIALIZER, .read_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -71,77 +107,175 @@ static double now_s(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void enqueue(msg *m) {
+/* Queue the messages of the list m (linked by next); wake the rank's sleeping threads. */
+/* ---- message buffers --------------------------------------------------------------------------
+ * Freed buffers of large messages are kept (up to SPARE_MAX bytes) for the next ones: a large
+ * message into fresh memory pays a page fault per 4 KB, which costs more than moving its bytes. The
+ * collectives take their scratch space here too. */
+
+enum { SPARE_MIN = 64 << 10 };
+static const size_t SPARE_MAX = (size_t)64 << 20;
+
+static struct {
+  pthread_mutex_t lock;
+  msg *list;
+  size_t bytes;
+} spare = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* A message of len bytes (a kept buffer if one is large enough); NULL when out of memory. */
+static msg *msg_new(size_t len) {
+  msg *m = NULL;
+  if (len >= SPARE_MIN) {
+    pthread_mutex_lock(&spare.lock);
+    for (msg **p = &spare.list; *p; p = &(*p)->next)
+      if ((*p)->cap >= len) {
+        m = *p;
+        *p = m->next;
+        spare.bytes -= m->cap;
+        break;
+      }
+    pthread_mutex_unlock(&spare.lock);
+  }
+  if (!m) {
+    char *d = malloc(len + 1);
+    if (!d || !(m = malloc(sizeof *m))) { free(d); return NULL; }
+    m->data = d;
+    m->cap = len;
+  }
+  m->next = NULL;
+  m->len = len;
+  m->borrowed = false;
+  return m;
+}
+
+static void drop(msg *m) {
+  if (!m) return;
+  if (m->borrowed) { free(m); return; }
+  if (m->cap >= SPARE_MIN) {
+    pthread_mutex_lock(&spare.lock);
+    bool keep = spare.bytes + m->cap <= SPARE_MAX;
+    if (keep) {
+      m->next = spare.list;
+      spare.list = m;
+      spare.bytes += m->cap;
+    }
+    pthread_mutex_unlock(&spare.lock);
+    if (keep) return;
+  }
+  free(m->data);
+  free(m);
+}
+
+/* ---- moving messages ---------------------------------------------------------------------------- */
+
+static void enqueue(msg *m, msg *last) {
   pthread_mutex_lock(&T.lock);
   if (T.tail) T.tail->next = m;
   else T.head = m;
-  T.tail = m;
-  pthread_cond_broadcast(&T.arrived);
+  T.tail = last;
   pthread_mutex_unlock(&T.lock);
+  flow_ring_bell_ring(T.shm, T.rank);
 }
 
-/* Read exactly n bytes; false when the socket closed or failed first. */
-static bool read_all(int fd, void *buf, size_t n) {
-  char *p = buf;
-  while (n > 0) {
-    ssize_t k = recv(fd, p, n, MSG_WAITALL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    p += k;
-    n -= (size_t)k;
-  }
-  return true;
+/* A message for the receive w, straight into its buffer; NULL if it is not the one. */
+static msg *claim(want *w, int q, const header *h) {
+  if (!w || w->src != q || w->comm != h->comm || w->tag != h->tag || w->bytes != h->len) return NULL;
+  msg *m = malloc(sizeof *m);
+  if (!m) return NULL;
+  *m = (msg){.len = w->bytes, .cap = w->bytes, .data = w->buf, .borrowed = true};
+  w->src = -1;
+  w->claimed = true;
+  return m;
 }
 
-/* Wait up to timeout_ms (-1: for ever) for data on the open sockets, then queue every message that
- * came, whole (its sender writes it whole); the caller holds read_lock. Returns the number of
- * sockets still open. */
-static int read_messages(int timeout_ms) {
-  int n = T.size, open = 0;
-  struct pollfd p[n];
-  for (int q = 0; q < n; q++) {
-    p[q] = (struct pollfd){.fd = T.rd[q], .events = POLLIN};
-    open += T.rd[q] >= 0;
-  }
-  if (open == 0 || poll(p, (nfds_t)n, timeout_ms) <= 0) return open;
-  for (int q = 0; q < n; q++) {
-    if (p[q].fd < 0 || !p[q].revents) continue;
-    header h;
-    msg *m = NULL;
-    bool ok = read_all(p[q].fd, &h, sizeof h) && (m = malloc(sizeof *m)) && (m->data = malloc(h.len + 1)) &&
-              read_all(p[q].fd, m->data, h.len);
-    if (!ok) { /* closed (or out of memory, which ends this rank's part just as well) */
-      if (m) free(m->data);
-      free(m);
-      T.rd[q] = -1;
-      open--;
-      pthread_mutex_lock(&T.lock);
-      T.gone[q] = true;
-      pthread_cond_broadcast(&T.arrived);
-      pthread_mutex_unlock(&T.lock);
-      continue;
+/* Take what rank q's ring holds into in[q], adding each message it completes to the list *first ..
+ * *last; false when out of memory. The caller holds read_lock, and the queue holds no message for
+ * w (if any). */
+static bool drain_one(int q, want *w, msg **first, msg **last) {
+  partial *in = &T.in[q];
+  for (;;) {
+    if (!in->m) {
+      if (in->hgot < sizeof in->h) {
+        size_t k = flow_ring_get(T.shm, q, T.rank, (char *)&in->h + in->hgot, sizeof in->h - in->hgot);
+        if (k == 0) return true;
+        in->hgot += k;
+        continue;
+      }
+      msg *m = claim(w, q, &in->h);
+      if (!m && !(m = msg_new(in->h.len))) return false;
+      m->comm = in->h.comm;
+      m->src = q;
+      m->tag = in->h.tag;
+      in->m = m;
+      in->got = 0;
     }
-    *m = (msg){.comm = h.comm, .src = q, .tag = h.tag, .len = h.len, .data = m->data};
-    enqueue(m);
+    msg *m = in->m;
+    in->got += flow_ring_get(T.shm, q, T.rank, m->data + in->got, m->len - in->got);
+    if (in->got < m->len) return true;
+    if (w && w->src == q && w->comm == m->comm && w->tag == m->tag) w->src = -1; /* the first for w: not claimed */
+    if (*last) (*last)->next = m;
+    else *first = m;
+    *last = m;
+    in->m = NULL;
+    in->hgot = 0;
   }
-  return open;
 }
 
+/* Peer q is gone (its connection closed, or its message found no memory here): say so to the
+ * rank's threads, which then fail what they wait for from q. */
+static void mark_gone(int q) {
+  pthread_mutex_lock(&T.lock);
+  T.gone[q] = true;
+  pthread_mutex_unlock(&T.lock);
+  flow_ring_bell_ring(T.shm, T.rank);
+  flow_ring_wake_room(T.shm, T.rank, q);
+}
+
+/* Peer q's message found no memory here (the caller holds read_lock): it ends q's part as a
+ * closed connection would. */
+static void lose(int q) {
+  T.in[q].lost = true;
+  mark_gone(q);
+}
+
+/* Drain every peer's ring and queue the messages completed (w's first straight into its buffer);
+ * the caller holds read_lock. Returns how many. */
+static int drain(want *w) {
+  msg *first = NULL, *last = NULL;
+  for (int q = 0; q < T.size; q++)
+    if (q != T.rank && !T.in[q].lost && !drain_one(q, w, &first, &last)) lose(q);
+  int n = 0;
+  for (msg *m = first; m; m = m->next) n++;
+  if (first) enqueue(first, last);
+  return n;
+}
+
+/* The reader thread: sleeps on the sockets; a peer's doorbell byte (it waits for room in its ring)
+ * has it drain the rings, a closed socket has it take what the peer left and mark the peer gone. */
 static void *reader(void *arg) {
   (void)arg;
-  for (;;) {
-    int n = T.size, open = 0;
-    struct pollfd p[n];
-    for (int q = 0; q < n; q++) { /* a look without the lock: T.rd[q] only ever turns to -1 */
-      p[q] = (struct pollfd){.fd = T.rd[q], .events = POLLIN};
-      open += p[q].fd >= 0;
+  int n = T.size;
+  struct pollfd p[n];
+  for (int q = 0; q < n; q++) p[q] = (struct pollfd){.fd = T.fd[q], .events = POLLIN};
+  for (int open = n - 1; open > 0;) {
+    if (poll(p, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
     }
-    if (open == 0) break;
-    if (poll(p, (nfds_t)n, -1) < 0 && errno != EINTR) break;
-    pthread_mutex_lock(&T.read_lock);
-    open = read_messages(0); /* a waiting thread may have read it already */
-    pthread_mutex_unlock(&T.read_lock);
-    if (open == 0) break;
+    for (int q = 0; q < n; q++) {
+      if (p[q].fd < 0 || !p[q].revents) continue;
+      char bytes[64];
+      ssize_t k = recv(p[q].fd, bytes, sizeof bytes, MSG_DONTWAIT);
+      bool closed = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      pthread_mutex_lock(&T.read_lock);
+      drain(NULL);
+      pthread_mutex_unlock(&T.read_lock);
+      if (closed) {
+        p[q].fd = -1;
+        open--;
+        mark_gone(q);
+      }
+    }
   }
   return NULL;
 }
@@ -157,78 +291,124 @@ static msg *find(uint64_t comm, int src, int tag) {
   if (prev) prev->next = m->next;
   else T.head = m->next;
   if (T.tail == m) T.tail = prev;
+  m->next = NULL;
   return m;
 }
 
-/* The first queued message from world rank src with this communicator and tag, waiting until
- * `deadline` (now_s() time; a past one only looks). *why says why it returns NULL. */
-static msg *take(uint64_t comm, int src, int tag, double deadline, int *why) {
-  double start = now_s();
+/* The queued message for the receive w, and whether its sender is gone (under T.lock). */
+static msg *find_for(const want *w, int src, bool *gone) {
   pthread_mutex_lock(&T.lock);
-  msg *m;
-  for (long looks = 0;; looks++) {
-    if ((m = find(comm, src, tag))) { *why = GOT; break; }
-    if (T.gone[src]) { *why = GONE; break; }
-    double now = now_s(), left = deadline - now;
-    if (left <= 0) { *why = TIMED_OUT; break; }
-    if (now - start < 1e-2) { /* read the sockets itself, sleeping in poll */
-      pthread_mutex_unlock(&T.lock);
-      if (pthread_mutex_trylock(&T.read_lock) == 0) {
-        read_messages(looks == 0 ? 0 : 1);
-        pthread_mutex_unlock(&T.read_lock);
-      } else sched_yield();
-      pthread_mutex_lock(&T.lock);
-      continue;
-    }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    double s = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + (left > 1 ? 1 : left);
-    until.tv_sec = (time_t)s;
-    until.tv_nsec = (long)((s - (double)until.tv_sec) * 1e9);
-    pthread_cond_timedwait(&T.arrived, &T.lock, &until);
-  }
+  msg *m = find(w->comm, src, w->tag);
+  *gone = T.gone[src];
   pthread_mutex_unlock(&T.lock);
   return m;
 }
 
-static void drop(msg *m) {
-  if (m) free(m->data);
-  free(m);
+/* A receive that gives up while a message it claimed is still arriving: that message, if it came
+ * whole meanwhile; else its bytes so far move to a message buffer of its own, and it arrives there. */
+static msg *unclaim(want *w, int src) {
+  pthread_mutex_lock(&T.read_lock); /* no drain writes into w->buf meanwhile */
+  bool gone;
+  msg *m = find_for(w, src, &gone), *in = T.in[src].m;
+  if (!m && in && in->borrowed && in->data == w->buf) {
+    msg *own = msg_new(in->len);
+    if (own) {
+      memcpy(own->data, in->data, T.in[src].got);
+      in->data = own->data;
+      in->cap = own->cap;
+      in->borrowed = false;
+      free(own);
+    } else {
+      T.in[src].m = NULL;
+      free(in);
+      lose(src);
+    }
+  }
+  pthread_mutex_unlock(&T.read_lock);
+  return m;
 }
 
-/* Send len bytes to world rank dst (to itself: straight into the queue). 1 when dst's socket
- * closed, 2 when dst took nothing for `patience` seconds, -1 out of memory. */
+/* The first message from world rank src with this communicator and tag, waiting until `deadline`
+ * (now_s() time; a past one only looks). A large one may arrive straight into buf (bytes long; buf
+ * NULL: never). *why says why it returns NULL. */
+static msg *take(uint64_t comm, int src, int tag, void *buf, size_t bytes, double deadline, int *why) {
+  double start = now_s();
+  want w = {.comm = comm, .src = src, .tag = tag, .buf = buf, .bytes = bytes};
+  bool direct = buf && bytes >= SPARE_MIN, gone;
+  msg *m;
+  for (;;) {
+    m = NULL;
+    double now = now_s(), left = deadline - now;
+    bool sleep = now - start > SPIN_US * 1e-6;
+    uint32_t seen = sleep ? flow_ring_bell_arm(T.shm, T.rank) : 0;
+    /* while another thread drains, this one does not sleep: that drain may have missed what
+     * rang the bell since it was armed */
+    bool looked = pthread_mutex_trylock(&T.read_lock) == 0;
+    if (looked) {
+      m = direct && !w.claimed ? find_for(&w, src, &gone) : NULL; /* one queued already comes first */
+      if (!m) drain(direct ? &w : NULL);
+      pthread_mutex_unlock(&T.read_lock);
+    }
+    if (!m) m = find_for(&w, src, &gone);
+    *why = m ? GOT : gone ? GONE : left <= 0 ? TIMED_OUT : -1;
+    if (sleep) flow_ring_bell_wait(T.shm, T.rank, seen, *why < 0 && looked ? (left > 1 ? 1 : left) : 0);
+    if (*why >= 0) break;
+    if ((!sleep && T.crowded) || !looked) sched_yield();
+  }
+  if (!m && w.claimed && (m = unclaim(&w, src))) *why = GOT;
+  return m;
+}
+
+/* Write n bytes into the ring to dst, waiting for room; the caller holds send_lock[dst]. 1 when
+ * dst is gone, 2 when dst took nothing for `patience` seconds. */
+static int write_ring(int dst, const char *p, size_t n, double patience) {
+  double progress = now_s();
+  while (n > 0) {
+    size_t k = flow_ring_put(T.shm, T.rank, dst, p, n);
+    if (k > 0) { p += k; n -= k; progress = now_s(); continue; }
+    if (pthread_mutex_trylock(&T.read_lock) == 0) { /* dst may be sending to this rank meanwhile */
+      drain(NULL);
+      pthread_mutex_unlock(&T.read_lock);
+    }
+    double now = now_s(), left = progress + patience - now;
+    if (now - progress < SPIN_US * 1e-6) {
+      if (T.crowded) sched_yield();
+      continue;
+    }
+    uint32_t seen = flow_ring_room_arm(T.shm, T.rank, dst);
+    pthread_mutex_lock(&T.lock);
+    bool gone = T.gone[dst];
+    pthread_mutex_unlock(&T.lock);
+    if (!gone && left > 0) /* the doorbell: dst's reader thread drains if no thread of dst does */
+      send(T.fd[dst], "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    k = gone || left <= 0 ? 0 : flow_ring_put(T.shm, T.rank, dst, p, n);
+    flow_ring_room_wait(T.shm, T.rank, dst, seen, gone || left <= 0 || k > 0 ? 0 : left > 1 ? 1 : left);
+    if (gone) return 1;
+    if (left <= 0) return 2;
+    p += k;
+    n -= k;
+    if (k > 0) progress = now_s();
+  }
+  return 0;
+}
+
+/* Send len bytes to world rank dst (to itself: straight into the queue). 1 when dst has gone, 2
+ * when dst took nothing for `patience` seconds, -1 out of memory. */
 static int put(uint64_t comm, int dst, int tag, const void *buf, size_t len, double patience) {
   if (dst == T.rank) {
-    msg *m = malloc(sizeof *m);
-    char *d = malloc(len + 1);
-    if (!m || !d) { free(m); free(d); return -1; }
-    if (len) memcpy(d, buf, len);
-    *m = (msg){.comm = comm, .src = dst, .tag = tag, .len = len, .data = d};
-    enqueue(m);
+    msg *m = msg_new(len);
+    if (!m) return -1;
+    if (len) memcpy(m->data, buf, len);
+    m->comm = comm;
+    m->src = dst;
+    m->tag = tag;
+    enqueue(m, m);
     return 0;
   }
   header h = {.comm = comm, .tag = tag, .len = len};
-  const char *parts[2] = {(const char *)&h, buf};
-  size_t sizes[2] = {sizeof h, len};
-  int rc = 0;
-  double start = now_s();
   pthread_mutex_lock(&T.send_lock[dst]);
-  for (int i = 0; i < 2 && rc == 0; i++) {
-    const char *p = parts[i];
-    size_t n = sizes[i];
-    while (n > 0) {
-      ssize_t k = send(T.fd[dst], p, n, MSG_NOSIGNAL);
-      if (k > 0) { p += k; n -= (size_t)k; start = now_s(); continue; }
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* SO_SNDTIMEO: dst reads nothing */
-        if (now_s() - start > patience) { rc = 2; break; }
-        continue;
-      }
-      rc = 1;
-      break;
-    }
-  }
+  int rc = write_ring(dst, (const char *)&h, sizeof h, patience);
+  if (rc == 0) rc = write_ring(dst, buf, len, patience);
   pthread_mutex_unlock(&T.send_lock[dst]);
   return rc;
 }
@@ -290,7 +470,7 @@ static int send_to(flow_comm *c, int peer, int tag, const void *buf, size_t byte
 static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, const char *what, bool soft) {
   double patience = flow_comm_timeout() + (soft ? 0 : 10), start = now_s();
   int why, src = impl(c)->world[peer];
-  msg *m = take(impl(c)->id, src, tag, start + patience, &why);
+  msg *m = take(impl(c)->id, src, tag, buf, bytes, start + patience, &why);
   if (why == GONE) return gone_error(what, src);
   if (why == TIMED_OUT) {
     if (!soft) stuck(what, now_s() - start);
@@ -301,7 +481,7 @@ static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, c
   if (m->len != bytes)
     rc = flow_error_set("[rank %d] %s: rank %d sent %zu bytes where %zu were expected (the ranks called different "
                         "collectives or sizes)", T.rank, what, src, m->len, bytes);
-  else if (bytes) memcpy(buf, m->data, bytes);
+  else if (bytes && m->data != buf) memcpy(buf, m->data, bytes);
   drop(m);
   return rc;
 }
@@ -357,7 +537,8 @@ static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const s
   int n = c->size, me = c->rank;
   size_t es = flow_dtype_size(dt), mine = counts[me];
   size_t *v = malloc(4 * (size_t)n * sizeof *v);
-  char *parts = malloc((size_t)n * mine * es + 1);
+  msg *scratch = msg_new((size_t)n * mine * es);
+  char *parts = scratch ? scratch->data : NULL;
   int rc = 0;
   if (!v || !parts) rc = flow_error_set("reduce-scatter: out of memory");
   for (int q = 0, off = 0; rc == 0 && q < n; off += (int)counts[q], q++) {
@@ -371,7 +552,7 @@ static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const s
     memcpy(recv, parts, mine * es);
     for (int q = 1; q < n; q++) flow_comm_add_into(recv, parts + (size_t)q * mine * es, mine, dt);
   }
-  free(parts);
+  drop(scratch);
   free(v);
   return rc;
 }
@@ -389,10 +570,10 @@ static int l_allreduce(flow_comm *c, const void *send, void *recv, size_t count,
     v[n + q] = off;
     off += v[q];
   }
-  char *part = malloc(v[c->rank] * es + 1);
-  int rc = part ? l_reduce_scatterv(c, send, part, v, dt) : flow_error_set("all-reduce: out of memory");
-  if (rc == 0) rc = l_allgatherv(c, part, v[c->rank], recv, v, v + n, dt);
-  free(part);
+  msg *part = msg_new(v[c->rank] * es);
+  int rc = part ? l_reduce_scatterv(c, send, part->data, v, dt) : flow_error_set("all-reduce: out of memory");
+  if (rc == 0) rc = l_allgatherv(c, part->data, v[c->rank], recv, v, v + n, dt);
+  drop(part);
   free(v);
   return rc;
 }
@@ -413,8 +594,9 @@ static int l_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_blo
     if (sblocks[q].rows * sblocks[q].run > most) most = sblocks[q].rows * sblocks[q].run;
     if (rblocks[q].rows * rblocks[q].run > most) most = rblocks[q].rows * rblocks[q].run;
   }
-  char *buf = malloc(most * es + 1);
-  if (!buf) return flow_error_set("all-to-all: out of memory");
+  msg *scratch = msg_new(most * es);
+  if (!scratch) return flow_error_set("all-to-all: out of memory");
+  char *buf = scratch->data;
   int rc = 0;
   for (int k = 0; k < c->size && rc == 0; k++) { /* k = 0: this rank's own block, through the queue */
     int q = (c->rank + k) % c->size;
@@ -426,7 +608,7 @@ static int l_alltoall_blocks(flow_comm *c, const void *send, const flow_comm_blo
     rc = recv_from(c, q, TAG_DATA, buf, rblocks[q].rows * rblocks[q].run * es, "all-to-all", false);
     if (rc == 0) move_block(recv, &rblocks[q], buf, es, false);
   }
-  free(buf);
+  drop(scratch);
   return rc;
 }
 
@@ -483,7 +665,7 @@ static int await_record(flow_comm *c, const char *what, int q, int tag, double d
     int why;
     /* in slices of 20 ms after the first: between two, a notice of the REPL's failed line counts */
     double until = now_s() - start < 1e-3 ? start + 1e-3 : now_s() + 2e-2;
-    msg *m = take(l->id, l->world[q], tag, until < deadline ? until : deadline, &why);
+    msg *m = take(l->id, l->world[q], tag, NULL, 0, until < deadline ? until : deadline, &why);
     if (!m && why == TIMED_OUT && until < deadline) {
       if (flow_comm_noticed(c, what) != 0) return -1;
       if (flow_comm_interrupted()) return TIMED_OUT; /* Ctrl-C: give up now, as at the deadline */
@@ -507,7 +689,7 @@ static bool withdrawn(flow_comm *c, int *who) {
   for (int q = 1; q < c->size; q++)
     for (;;) {
       int why;
-      msg *m = take(l->id, l->world[q], TAG_WITHDRAW, 0, &why);
+      msg *m = take(l->id, l->world[q], TAG_WITHDRAW, NULL, 0, 0, &why);
       if (!m) break;
       unsigned long long seq = 0;
       if (m->len == sizeof seq) memcpy(&seq, m->data, sizeof seq);
@@ -632,7 +814,7 @@ static int l_poll(flow_comm *c, void *buf, size_t cap, int tag, int peer) {
   local_comm *l = impl(c);
   for (int q = peer < 0 ? 0 : peer; q < (peer < 0 ? c->size : peer + 1); q++) {
     int why;
-    msg *m = take(l->id, l->world[q], tag, 0, &why); /* a past deadline: only looks */
+    msg *m = take(l->id, l->world[q], tag, NULL, 0, 0, &why); /* a past deadline: only looks */
     if (!m) continue;
     memcpy(buf, m->data, m->len < cap ? m->len : cap);
     drop(m);
@@ -661,26 +843,23 @@ static const flow_comm_ops local_ops = {
 
 /* ---- joining -------------------------------------------------------------------------------- */
 
-void flow_comm_local_join(int rank, int size, const int *fd, int aborts) {
+void flow_comm_local_join(int rank, int size, const int *fd, flow_ring_region *shm, int aborts) {
   T.rank = rank;
   T.size = size;
   T.aborts = aborts;
+  T.shm = shm;
+  cpu_set_t cores;
+  T.crowded = sched_getaffinity(0, sizeof cores, &cores) == 0 && size > CPU_COUNT(&cores);
   T.fd = malloc((size_t)size * sizeof *T.fd);
-  T.rd = malloc((size_t)size * sizeof *T.rd);
+  T.in = calloc((size_t)size, sizeof *T.in);
   T.gone = calloc((size_t)size, sizeof *T.gone);
   T.send_lock = malloc((size_t)size * sizeof *T.send_lock);
-  if (!T.fd || !T.rd || !T.gone || !T.send_lock) {
+  if (!T.fd || !T.in || !T.gone || !T.send_lock) {
     fprintf(stderr, "[rank %d] out of memory joining the ranks\n", rank);
     _exit(EXIT_FAILURE);
   }
   memcpy(T.fd, fd, (size_t)size * sizeof *fd);
-  memcpy(T.rd, fd, (size_t)size * sizeof *fd);
   for (int q = 0; q < size; q++) pthread_mutex_init(&T.send_lock[q], NULL);
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  pthread_cond_init(&T.arrived, &a);
-  pthread_condattr_destroy(&a);
   pthread_t t;
   if (size > 1 && pthread_create(&t, NULL, reader, NULL) != 0) {
     fprintf(stderr, "[rank %d] cannot start the message reader\n", rank);

@@ -1,17 +1,18 @@
 /* What the two files of `flowlua --ranks N` share: comm_launch.c forks the rank processes, joined
- * by a full mesh of Unix-domain sockets, and comm_local.c is the communicator backend over them.
- * Internal to core/. */
+ * by rings in shared memory (comm_ring.c) and a full mesh of Unix-domain sockets, and comm_local.c
+ * is the communicator backend over them. Internal to core/. */
 #ifndef FLOW_COMM_LOCAL_H
 #define FLOW_COMM_LOCAL_H
 
 #include <stdbool.h>
 
 #include "comm.h"
+#include "comm_ring.h"
 
 /* This process is rank `rank` of `size` launched ranks; fd[q] is its socket to rank q (fd[rank]
- * unused), `aborts` the pipe on which it tells the launcher that it ends the job. Called once, in
- * the rank process, before the world is made. */
-void flow_comm_local_join(int rank, int size, const int *fd, int aborts);
+ * unused), shm the rings mapped before the fork, `aborts` the pipe on which it tells the launcher
+ * that it ends the job. Called once, in the rank process, before the world is made. */
+void flow_comm_local_join(int rank, int size, const int *fd, flow_ring_region *shm, int aborts);
 
 /* What an aborting rank writes on the pipe before it signals the launcher (SIGUSR1), which then
  * ends the others before they fail on seeing it leave. */
