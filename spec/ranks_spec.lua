@@ -1,4 +1,4 @@
--- `flowlua --ranks N`: N ranks without mpirun, as forked processes on the socket backend
+-- `flowlua --ranks N`: N ranks without mpirun, as forked processes on the shared-memory backend
 -- (core/comm_launch.c, core/comm_local.c). The multi-rank specs pass as under mpirun, and a job ends
 -- as an mpirun job does: the first rank to fail ends the others, and the message names it.
 local flow = require "flow"
