@@ -11,8 +11,9 @@ int flow_cpu_softmax_backward(flow_tensor *dx, const flow_tensor *y, const flow_
                               bool log);
 
 /* Over the last axis: y = (x - mean) * rstd * w + b, also writing mean and rstd ([rows]).
- * w and b may be NULL (1 and 0). The backward writes dx, dw and db ([C]) in one pass, from the
- * gradients of all three outputs (dmean and drstd are usually zeros). */
+ * w and b may be NULL (1 and 0). The backward writes dx (rows split over the threads), then dw and
+ * db ([C], columns split over the threads, so the sums keep their order on any thread count), from
+ * the gradients of all three outputs (dmean and drstd are usually zeros). */
 int flow_cpu_layernorm_forward(flow_tensor *y, flow_tensor *mean, flow_tensor *rstd, const flow_tensor *x,
                                const flow_tensor *w, const flow_tensor *b, double eps);
 int flow_cpu_layernorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *db, const flow_tensor *dy,
