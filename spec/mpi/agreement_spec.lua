@@ -39,6 +39,44 @@ describe("the default agreement check #mpi", function()
     assert.matches("ranks disagree on the global ops", err)
   end)
 
+  -- f's error on this rank (it must fail on every rank)
+  local function fails(f)
+    local ok, err = pcall(f)
+    assert.is_false(ok, "expected an error on rank " .. me)
+    return tostring(err)
+  end
+
+  it("different dtypes on different ranks: an error on every rank, not a wrong sum", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local x = flow.ones({ 2 * ws, 2 }):to_global(P, B):to_global(P, S(0))
+    local err = fails(function()
+      local y = me == 0 and x or x:double()
+      return y:sum():item()
+    end)
+    assert.matches(("^%%[rank %d%%] ranks disagree on the global ops"):format(me), err)
+  end)
+
+  it("different target SBP on different ranks: an error before data moves", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local x = flow.ones({ 2 * ws, 2 * ws }):to_global(P, B):to_global(P, S(0))
+    local err = fails(function() return x:to_global(P, me == 0 and B or S(1)) end)
+    assert.matches(("^%%[rank %d%%] ranks disagree on the global ops .* the last was to_global"):format(me), err)
+  end)
+
+  it("a rank that skips a collective: the next handshake meets the others' and all raise", function()
+    if ws < 2 then return pending("needs 2 ranks or more") end
+    local x = flow.ones({ 2 * ws }):to_global(P, B):to_global(P, S(0))
+    local err = fails(function()
+      if me ~= 1 then x:to_global(P, B) end -- rank 1 skips the all-gather
+      return flow.barrier()
+    end)
+    if me == 1 then
+      assert.matches("^%[rank 1%] barrier: another rank is at a global op's handshake here", err)
+    else
+      assert.matches(("^%%[rank %d%%] ranks disagree on the global ops .* the last was to_global"):format(me), err)
+    end
+  end)
+
   it("after a disagreement the ranks go on together", function()
     local x = flow.ones({ 2 * ws }):to_global(P, B):to_global(P, S(0))
     assert.equal(4 * ws, (x + x):sum():item())
