@@ -14,6 +14,7 @@
 #include <tgmath.h>
 
 #include "cpu.h"
+#include "iter.h"
 #include "nn.h"
 #include "onednn.h"
 
@@ -221,6 +222,8 @@ static int GEN(attention_forward)(const heads *o, const heads *lse, const heads 
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, d->Tk, causal);
     heads hs = dense_heads(S, S16, H, br, nk, sizeof(real)), qb = heads_at(*q, 0, r0);
     if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &hs)) return -1;
+    int t = flow_cpu_threads(nb * H * br * nk, FLOW_GRAIN_COSTLY); /* rows are independent: same bits */
+#pragma omp parallel for collapse(2) num_threads(t) if (t > 1)
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
@@ -257,6 +260,8 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
     heads P = dense_heads(S, S16, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, S16 ? S16 + sz : NULL, H, br, nk, sizeof(real));
     heads qb = heads_at(*q, 0, r0), db = heads_at(*dout, 0, r0), dqb = heads_at(*dq, 0, r0);
     if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &P)) return -1;
+    int t = flow_cpu_threads(nb * H * br * nk, FLOW_GRAIN_COSTLY); /* rows are independent: same bits */
+#pragma omp parallel for collapse(2) num_threads(t) if (t > 1)
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
@@ -272,6 +277,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
     } else {
       memset(dP.data, 0, (size_t)(nb * H * br * nk) * sizeof(real));
     }
+#pragma omp parallel for collapse(2) num_threads(t) if (t > 1)
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
