@@ -18,6 +18,7 @@
 
 #include "comm_local.h"
 #include "comm_backend.h"
+#include "hash.h"
 #include "device.h"
 #include "error.h"
 
@@ -704,10 +705,9 @@ static int poll_each(const flow_comm_msg *msgs, int n, int tag, double timeout, 
 
 static int agree_on_group(const int *ranks, int n) {
   if (world->size < 2 || n < 2 || !world->ops->poll) return 0;
-  group_record mine = {.n = n, .hash = (int64_t)14695981039346656037ull};
+  group_record mine = {.n = n, .hash = (int64_t)flow_fnv(FLOW_FNV_START, ranks, (size_t)n * sizeof *ranks)};
   int lead = ranks[0];
   for (int i = 0; i < n; i++) {
-    mine.hash = (int64_t)(((uint64_t)mine.hash ^ (uint64_t)ranks[i]) * 1099511628211ull);
     if (i < GROUP_LIST) mine.ranks[i] = ranks[i];
     if (ranks[i] < lead) lead = ranks[i];
   }
@@ -869,9 +869,8 @@ int flow_comm_noticed(flow_comm *c, const char *what) {
     }
   pthread_mutex_unlock(&notice_lock);
   if (!have_notice) return 0;
-  const char *m = first_notice.msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
   return flow_error_set("[rank %d] %s: rank %d failed: %s", world->rank, what ? what : "handshake",
-                        (int)first_notice.rank, tail ? tail + 2 : m);
+                        (int)first_notice.rank, flow_error_unranked(first_notice.msg));
 }
 
 void flow_comm_notices_end(void) {
@@ -883,6 +882,12 @@ void flow_comm_notices_end(void) {
   pthread_mutex_unlock(&notice_lock);
 }
 
+/* A cached communicator's name, the same on each of its members: its channel and ranks. */
+static uint64_t cache_key(const cached *c) {
+  int head[2] = {c->n, c->channel};
+  return flow_fnv(flow_fnv(FLOW_FNV_START, head, sizeof head), c->ranks, (size_t)c->n * sizeof *c->ranks);
+}
+
 int flow_comm_resync(void) {
   if (!world || world->size < 2 || !world->ops->seq) return 0;
   typedef struct { uint64_t key; unsigned long long seq; } entry;
@@ -891,35 +896,30 @@ int flow_comm_resync(void) {
   for (cached *c = cache; c; c = c->next) n += c->ranks && c->comm->ops->seq;
   entry *mine = calloc((size_t)n + 1, sizeof *mine);
   n = 0;
-  for (cached *c = cache; c && mine; c = c->next) {
-    if (!c->ranks || !c->comm->ops->seq) continue;
-    uint64_t h = 1469598103934665603ull;
-    int head[2] = {c->n, c->channel};
-    for (size_t i = 0; i < sizeof head; i++) h = (h ^ ((const unsigned char *)head)[i]) * 1099511628211ull;
-    for (size_t i = 0; i < (size_t)c->n * sizeof(int); i++) h = (h ^ ((const unsigned char *)c->ranks)[i]) * 1099511628211ull;
-    mine[n++] = (entry){h, c->comm->ops->seq(c->comm, NULL)};
-  }
+  for (cached *c = cache; c && mine; c = c->next)
+    if (c->ranks && c->comm->ops->seq) mine[n++] = (entry){cache_key(c), c->comm->ops->seq(c->comm, NULL)};
   pthread_mutex_unlock(&cache_lock);
   if (!mine) return flow_error_set("resync: out of memory");
   char *all;
   size_t *lens;
-  if (flow_comm_allgather_bytes(world, mine, (size_t)n * sizeof *mine, &all, &lens) != 0) { free(mine); return -1; }
+  int rc = flow_comm_allgather_bytes(world, mine, (size_t)n * sizeof *mine, &all, &lens);
+  free(mine);
+  if (rc != 0) return -1;
   size_t total = 0;
   for (int q = 0; q < world->size; q++) total += lens[q];
-  const entry *every = (const entry *)all; /* malloc'd: aligned */
+  const entry *every = (const entry *)all; /* malloc'd: aligned; this rank's own entries among them */
   pthread_mutex_lock(&cache_lock);
-  int k = 0;
   for (cached *c = cache; c; c = c->next) {
     if (!c->ranks || !c->comm->ops->seq) continue;
-    unsigned long long top = mine[k++].seq;
+    uint64_t key = cache_key(c);
+    unsigned long long top = c->comm->ops->seq(c->comm, NULL);
     for (size_t i = 0; i < total / sizeof *every; i++)
-      if (every[i].key == mine[k - 1].key && every[i].seq > top) top = every[i].seq;
+      if (every[i].key == key && every[i].seq > top) top = every[i].seq;
     c->comm->ops->seq(c->comm, &top);
   }
   pthread_mutex_unlock(&cache_lock);
   free(all);
   free(lens);
-  free(mine);
   return 0;
 }
 

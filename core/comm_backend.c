@@ -109,8 +109,7 @@ int flow_comm_verdict_result(const flow_comm *c, const char *what, const flow_co
                              long long *max) {
   failed_rank = r->status == FLOW_HS_FAILED ? r->rank : -1;
   if (r->status == FLOW_HS_FAILED) {
-    const char *m = r->msg, *tail = strncmp(m, "[rank ", 6) == 0 ? strstr(m, "] ") : NULL;
-    return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r->rank, tail ? tail + 2 : m);
+    return flow_error_set("[rank %d] %s: rank %d failed: %s", c->rank, what, r->rank, flow_error_unranked(r->msg));
   }
   if (r->status == FLOW_HS_CANCELLED)
     return flow_error_set(c->rank == 0 ? "[rank %d] %s: %s" : "[rank %d] %s: rank 0 gave up waiting, so no rank moves "

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "comm_backend.h"
+#include "hash.h"
 #include "comm_ring.h"
 #include "error.h"
 
@@ -779,12 +780,6 @@ typedef struct made { uint64_t key; int count; struct made *next; } made;
 static made *made_list;
 static pthread_mutex_t made_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 static int l_group(flow_comm *c, const int *members, int n, flow_comm **out) {
   int *w = malloc((size_t)n * sizeof *w), me = -1, channel = flow_comm_channel();
   if (!w) return flow_error_set("communicator: out of memory");
@@ -797,7 +792,7 @@ static int l_group(flow_comm *c, const int *members, int n, flow_comm **out) {
     if (members[i] == c->rank) me = i;
   }
   if (me < 0) { free(w); return flow_error_set("[rank %d] communicator group: this rank is not a member", T.rank); }
-  uint64_t key = fnv(fnv(fnv(1469598103934665603ull, &impl(c)->id, sizeof(uint64_t)), &channel, sizeof channel), w,
+  uint64_t key = flow_fnv(flow_fnv(flow_fnv(FLOW_FNV_START, &impl(c)->id, sizeof(uint64_t)), &channel, sizeof channel), w,
                      (size_t)n * sizeof *w);
   pthread_mutex_lock(&made_lock);
   made *m = made_list;
@@ -805,7 +800,7 @@ static int l_group(flow_comm *c, const int *members, int n, flow_comm **out) {
   if (!m && (m = calloc(1, sizeof *m))) { m->key = key; m->next = made_list; made_list = m; }
   int k = m ? m->count++ : 0;
   pthread_mutex_unlock(&made_lock);
-  *out = comm_new(fnv(key, &k, sizeof k), me, n, w);
+  *out = comm_new(flow_fnv(key, &k, sizeof k), me, n, w);
   free(w);
   return *out ? 0 : -1;
 }

@@ -40,3 +40,8 @@ int flow_error_prefix(const char *fmt, ...) {
 const char *flow_error_get(void) { return msg[0] ? msg : "unknown error"; }
 
 void flow_error_clear(void) { msg[0] = '\0'; }
+
+const char *flow_error_unranked(const char *msg) {
+  const char *tail = strncmp(msg, "[rank ", 6) == 0 ? strstr(msg, "] ") : NULL;
+  return tail ? tail + 2 : msg;
+}

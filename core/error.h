@@ -12,6 +12,8 @@ int flow_error_vset(const char *fmt, va_list ap);
 /* Prefix the current message with "<prefix>: " (used when an error bubbles up through an op). */
 int flow_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *flow_error_get(void);
+/* msg without a leading "[rank r] " (the rank that raised it), for passing it on under another's */
+const char *flow_error_unranked(const char *msg);
 void flow_error_clear(void);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/hash.h"
 #include "../core/nccl.h"
 #include "autograd.h"
 #include "elementwise.h"
@@ -246,20 +247,14 @@ __attribute__((constructor)) static void read_check_env(void) {
   check_off = e && strcmp(e, "0") == 0;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 /* What the ranks of a placement must agree on for one op: the op, its inputs' logical shapes,
  * dtypes and SBP, the target SBP of a boxing, and the placement's ranks. */
 static uint64_t op_hash(const flow_op *op, flow_tensor *const *in, int nin, const flow_placement *p,
                         const flow_nd_sbp *target) {
-  uint64_t h = fnv(1469598103934665603ull, op->name, strlen(op->name));
+  uint64_t h = flow_fnv(FLOW_FNV_START, op->name, strlen(op->name));
   for (int m = 0; target && m < target->n; m++) {
     int v[2] = {target->v[m].kind, target->v[m].axis};
-    h = fnv(h, v, sizeof v);
+    h = flow_fnv(h, v, sizeof v);
   }
   for (int i = 0; i < nin; i++) {
     int nd;
@@ -267,15 +262,15 @@ static uint64_t op_hash(const flow_op *op, flow_tensor *const *in, int nin, cons
     flow_nd_sbp s;
     logical_of(in[i], &nd, shape);
     sbp_of(in[i], p, &s);
-    h = fnv(h, &nd, sizeof nd);
-    h = fnv(h, shape, (size_t)nd * sizeof(int64_t));
-    h = fnv(h, &in[i]->dtype, sizeof in[i]->dtype);
+    h = flow_fnv(h, &nd, sizeof nd);
+    h = flow_fnv(h, shape, (size_t)nd * sizeof(int64_t));
+    h = flow_fnv(h, &in[i]->dtype, sizeof in[i]->dtype);
     for (int m = 0; m < s.n; m++) {
       int v[2] = {s.v[m].kind, s.v[m].axis};
-      h = fnv(h, v, sizeof v);
+      h = flow_fnv(h, v, sizeof v);
     }
   }
-  return fnv(h, p->ranks, (size_t)p->nranks * sizeof(int));
+  return flow_fnv(h, p->ranks, (size_t)p->nranks * sizeof(int));
 }
 
 /* Set when an error was found by all the placement's ranks together (a handshake failed, or showed
@@ -287,8 +282,7 @@ static int same_everywhere(const flow_placement *p, const char *what, uint64_t h
   flow_comm *c = flow_comm_for_ranks(p->ranks, p->nranks);
   if (!c) { /* the members failed to make it together (comm.c), or it ran out of memory */
     char msg[1024];
-    const char *e = flow_error_get(), *tail = strncmp(e, "[rank ", 6) == 0 ? strstr(e, "] ") : NULL;
-    snprintf(msg, sizeof msg, "%s", tail ? tail + 2 : e);
+    snprintf(msg, sizeof msg, "%s", flow_error_unranked(flow_error_get()));
     shared_error = true;
     return flow_error_set("[rank %d] %s: %s", flow_comm_rank(), what, msg);
   }
@@ -329,7 +323,7 @@ static void fold(const flow_op *op, flow_tensor *const *in, int nin, const flow_
   while (k < PENDING_MAX && pending[k].p && pending[k].p != p) k++;
   if (k == PENDING_MAX) k = 0; /* more placements in flight than slots: share the first */
   pending[k].p = p;
-  pending[k].h = fnv(pending[k].h ? pending[k].h : 1469598103934665603ull, &h, sizeof h);
+  pending[k].h = flow_fnv(pending[k].h ? pending[k].h : FLOW_FNV_START, &h, sizeof h);
   pending[k].n++;
   pending[k].last = op->name;
 }
@@ -348,10 +342,10 @@ void flow_global_forget_all(void) {
  * so ranks that name different placements for one transfer disagree before data moves. */
 static void fold_other(const flow_placement *p, const flow_placement *other) {
   if (p->me < 0 || check_on || check_off) return;
-  uint64_t h = fnv(fnv(1469598103934665603ull, other->ranks, (size_t)other->nranks * sizeof(int)), other->shape,
+  uint64_t h = flow_fnv(flow_fnv(FLOW_FNV_START, other->ranks, (size_t)other->nranks * sizeof(int)), other->shape,
                    (size_t)other->ndim * sizeof other->shape[0]);
   for (int k = 0; k < PENDING_MAX; k++)
-    if (pending[k].p == p) { pending[k].h = fnv(pending[k].h, &h, sizeof h); return; }
+    if (pending[k].p == p) { pending[k].h = flow_fnv(pending[k].h, &h, sizeof h); return; }
 }
 
 int flow_global_settle(const flow_placement *p) {
@@ -478,7 +472,7 @@ static int tell_outsiders(const flow_placement *p, int64_t *msg) {
   if (p->nranks == flow_comm_size()) return 0;
   /* a handshake first, with a value of its own: a rank elsewhere is an error on all, not a hang */
   flow_comm *w = flow_comm_world();
-  long long lo, hi, v = (long long)(fnv(1469598103934665603ull, "outsiders", 9) >> 2);
+  long long lo, hi, v = (long long)(flow_fnv(FLOW_FNV_START, "outsiders", 9) >> 2);
   if (w->ops->handshake(w, "to_global", v, &lo, &hi) != 0) return rank_prefix();
   char ps[128];
   if (lo != hi)
@@ -508,7 +502,7 @@ static int local_logical_shape(const flow_placement *p, const flow_nd_sbp *sbp, 
   flow_global_box(p, sbp, nd, shape, p->coord, -1, start, box);
   flow_comm *all = flow_comm_for_ranks(p->ranks, p->nranks);
   long long lo, hi, fit = flow_shape_eq(nd, box, nd, in->shape);
-  uint64_t h = fnv(fnv(1469598103934665603ull, shape, (size_t)nd * sizeof(int64_t)), &in->dtype, sizeof in->dtype);
+  uint64_t h = flow_fnv(flow_fnv(FLOW_FNV_START, shape, (size_t)nd * sizeof(int64_t)), &in->dtype, sizeof in->dtype);
   if (!all || all->ops->handshake(all, "to_global", fit ? (long long)(h >> 2) : -1, &lo, &hi) != 0) return -1;
   int64_t msg[2 + FLOW_MAX_DIMS] = {lo != hi || lo < 0 ? -1 : nd, in->dtype};
   memcpy(msg + 2, shape, (size_t)nd * sizeof(int64_t));
