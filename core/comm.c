@@ -23,6 +23,9 @@
 #include "error.h"
 
 static flow_comm *world;
+/* every rank's process id and node (flow_comm_procs), once gathered; world's size and this rank */
+static flow_comm_proc *procs;
+static int nprocs, my_rank;
 
 /* Communicators made for rank lists, kept for the life of the process (a handful exist). */
 typedef struct cached {
@@ -452,9 +455,6 @@ static void finalize_at_exit(void) { flow_comm_finalize(); }
  * it does, each rank knows the process id and node of every rank (gathered at start), so the
  * lowest living rank of a node names the ranks of its node that are gone, in our own words, then
  * lets SIGTERM end it. Only async-signal-safe calls here: kill, open, read, write. */
-typedef struct { long host; long pid; } rank_proc;
-static rank_proc *procs;
-static int nprocs, my_rank;
 
 static bool proc_gone(long pid) {
   if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
@@ -529,16 +529,7 @@ static void on_sigterm(int sig) {
 static void name_the_gone(void) {
   struct sigaction old;
   if (world->size < 2 || sigaction(SIGTERM, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
-  rank_proc me = {0, (long)getpid()};
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  for (const char *h = host; *h; h++) me.host = me.host * 131 + (unsigned char)*h;
-  rank_proc *all = calloc((size_t)world->size, sizeof *all);
-  if (!all) return;
-  if (MPI_Allgather(&me, 2, MPI_LONG, all, 2, MPI_LONG, MPI_COMM_WORLD) != MPI_SUCCESS) { free(all); return; }
-  procs = all; /* kept for the life of the process: the handler reads it */
-  nprocs = world->size;
-  my_rank = world->rank;
+  if (!flow_comm_procs()) return; /* the handler reads procs */
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigterm;
@@ -662,6 +653,20 @@ int flow_comm_node_local(int *rank, int *size) { /* one rank, or ranks launched 
 int flow_comm_rank(void) { return world ? world->rank : 0; }
 int flow_comm_size(void) { return world ? world->size : 1; }
 flow_comm *flow_comm_world(void) { return world; }
+
+const flow_comm_proc *flow_comm_procs(void) {
+  if (procs || !world) return procs;
+  flow_comm_proc me = {0, (long)getpid()};
+  char host[256] = "", *all;
+  size_t *lens;
+  gethostname(host, sizeof host - 1);
+  me.host = (long)flow_fnv(FLOW_FNV_START, host, strlen(host));
+  if (flow_comm_allgather_bytes(world, &me, sizeof me, &all, &lens) != 0) return NULL;
+  free(lens);
+  nprocs = world->size;
+  my_rank = world->rank;
+  return procs = (flow_comm_proc *)all; /* malloc'd: aligned; kept for the life of the process */
+}
 
 /* "[0, 1, 2]" (the first 16 ranks, then "...") into buf */
 static const char *rank_list(char *buf, size_t size, const int64_t *ranks, int64_t n) {

@@ -137,6 +137,13 @@ void flow_comm_abort(int code);
 int flow_comm_rank(void);
 int flow_comm_size(void);
 flow_comm *flow_comm_world(void);
+/* Every rank's process id and node (a hash of its host name), indexed by rank: gathered over the
+ * world on the first call, which is therefore collective (MPI's start makes it, to name ranks that
+ * die). NULL + error when the gather failed. */
+typedef struct flow_comm_proc {
+  long host, pid;
+} flow_comm_proc;
+const flow_comm_proc *flow_comm_procs(void);
 /* This rank's index among the ranks on its node, and their number (collective over the world). */
 int flow_comm_node_local(int *rank, int *size);
 

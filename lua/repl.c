@@ -580,20 +580,10 @@ static void find_peers(void) {
    * testing that path on one machine) */
   const char *fwd = getenv("FLOW_REPL_FORWARD_SIGINT");
   bool forward = !(fwd && strcmp(fwd, "0") == 0);
-  typedef struct { char host[64]; long pid; } whom;
-  whom me;
-  char *bytes;
-  size_t *lens;
-  memset(&me, 0, sizeof me);
-  gethostname(me.host, sizeof me.host - 1);
-  me.pid = (long)getpid();
-  if (flow_comm_allgather_bytes(flow_comm_world(), &me, sizeof me, &bytes, &lens) != 0) return;
-  const whom *all = (const whom *)bytes; /* malloc'd: aligned for any type */
-  if (rank == 0 && (peers = calloc((size_t)nranks, sizeof *peers)))
+  const flow_comm_proc *all = flow_comm_procs();
+  if (all && rank == 0 && (peers = calloc((size_t)nranks, sizeof *peers)))
     for (int r = 1; r < nranks; r++)
-      if (forward && strcmp(all[r].host, me.host) == 0) peers[npeers++] = (pid_t)all[r].pid;
-  free(bytes);
-  free(lens);
+      if (forward && all[r].host == all[0].host) peers[npeers++] = (pid_t)all[r].pid;
 }
 
 /* The foreground back to mpirun's group, so the shell gets its terminal back when mpirun ends. */
