@@ -12,15 +12,11 @@ end
 
 -- Run script on 2 ranks with FLOW_TIMEOUT=1; its output (stdout and stderr), exit code and seconds.
 local function job(script)
-  local f = os.tmpname()
-  local h = assert(io.open(f, "w"))
-  h:write('local flow = require "flow"\n', script)
-  h:close()
-  local t0 = flow.now()
-  local out, err, code = sh.run("FLOW_TIMEOUT=1 OPENBLAS_NUM_THREADS=1 timeout -s KILL 60 mpirun --allow-run-as-root "
-    .. "--oversubscribe -np 2 " .. sh.quote(bin) .. " " .. sh.quote(f))
+  local f = sh.script(script)
+  local out, code, took = sh.timed("FLOW_TIMEOUT=1 OPENBLAS_NUM_THREADS=1 timeout -s KILL 60 mpirun "
+    .. "--allow-run-as-root --oversubscribe -np 2 " .. sh.quote(bin) .. " " .. sh.quote(f))
   os.remove(f)
-  return out .. err, code, flow.now() - t0
+  return out, code, took
 end
 
 local setup = [[

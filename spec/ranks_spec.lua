@@ -8,20 +8,11 @@ local bin = os.getenv("FLOW_BIN")
 -- Run flowlua with these arguments (a shell fragment); its output (stdout then stderr), exit code
 -- and seconds.
 local function flowlua(args, env)
-  local t0 = flow.now()
-  local out, err, code = sh.run((env or "") .. " OPENBLAS_NUM_THREADS=1 FLOW_SPEC_LABEL=specs timeout -s KILL 300 "
+  return sh.timed((env or "") .. " OPENBLAS_NUM_THREADS=1 FLOW_SPEC_LABEL=specs timeout -s KILL 300 "
     .. sh.quote(bin) .. " " .. args)
-  return out .. err, code, flow.now() - t0
 end
 
--- A script file for flowlua to run; its path.
-local function script(text)
-  local f = os.tmpname()
-  local h = assert(io.open(f, "w"))
-  h:write('local flow = require "flow"\n', text)
-  h:close()
-  return f
-end
+local script = sh.script
 
 local function needs_bin()
   if not bin then pending("FLOW_BIN is not set (scripts/test.sh exports the flowlua path)") end

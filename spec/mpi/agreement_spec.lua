@@ -1,6 +1,7 @@
 -- The default cross-rank agreement check (batched): ranks that ran different global ops are told
 -- so, every one of them, before data moves between them or a value is read; nothing silently wrong.
 local flow = require "flow"
+local fails = require("support.global").fails
 local S, B = flow.sbp.split, flow.sbp.broadcast
 local ws, me = flow.world_size(), flow.rank()
 
@@ -38,13 +39,6 @@ describe("the default agreement check #mpi", function()
     assert.is_false(ok)
     assert.matches("ranks disagree on the global ops", err)
   end)
-
-  -- f's error on this rank (it must fail on every rank)
-  local function fails(f)
-    local ok, err = pcall(f)
-    assert.is_false(ok, "expected an error on rank " .. me)
-    return tostring(err)
-  end
 
   it("different dtypes on different ranks: an error on every rank, not a wrong sum", function()
     if ws < 2 then return pending("needs 2 ranks or more") end

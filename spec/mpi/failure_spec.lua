@@ -6,13 +6,7 @@ local GL = require "support.global"
 local S, B = flow.sbp.split, flow.sbp.broadcast
 local ws, me = flow.world_size(), flow.rank()
 
--- f's error message on this rank, and the seconds it took
-local function fails(f)
-  local t0 = flow.now()
-  local ok, err = pcall(f)
-  assert.is_false(ok, "expected an error on rank " .. me)
-  return tostring(err), flow.now() - t0
-end
+local fails = GL.fails
 
 describe("a failure on one rank #mpi", function()
   local P = flow.placement("cpu", GL.all_ranks())

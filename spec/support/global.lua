@@ -36,4 +36,12 @@ function M.whole(g)
   return g:to_global(g.placement, all_broadcast(g.placement)):to_local()
 end
 
+-- f's error message on this rank (f must fail on every rank), and the seconds it took
+function M.fails(f)
+  local t0 = flow.now()
+  local ok, err = pcall(f)
+  assert(not ok, "expected an error on rank " .. flow.rank())
+  return tostring(err), flow.now() - t0
+end
+
 return M

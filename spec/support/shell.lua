@@ -12,6 +12,24 @@ function M.has(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1"
 local clean = "for v in $(env | sed -n 's/^\\(OMPI_[^=]*\\|PMIX_[^=]*\\|PMI_[^=]*\\)=.*/\\1/p'); do unset $v; done; "
   .. "export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0; "
 
+-- A flowlua script file holding `local flow = require "flow"` and then text; its path.
+function M.script(text)
+  local f = os.tmpname()
+  local h = assert(io.open(f, "w"))
+  h:write('local flow = require "flow"\n', text)
+  h:close()
+  return f
+end
+
+-- Run a shell command line; returns its output (stdout, then stderr), its exit code and the
+-- seconds it took.
+function M.timed(cmd)
+  local now = require("flow").now
+  local t0 = now()
+  local out, err, code = M.run(cmd)
+  return out .. err, code, now() - t0
+end
+
 -- Run a shell command line; returns its stdout, its stderr and its exit code.
 function M.run(cmd)
   local err = os.tmpname()
