@@ -328,15 +328,13 @@ static void fold(const flow_op *op, flow_tensor *const *in, int nin, const flow_
   pending[k].last = op->name;
 }
 
-/* Drops p's running hash (its ops failed before their check). */
+/* Drops p's running hash, or every placement's when p is NULL (its ops failed before their check). */
 static void forget(const flow_placement *p) {
   for (int k = 0; k < PENDING_MAX; k++)
-    if (pending[k].p == p) { pending[k].h = 0; pending[k].n = 0; }
+    if (!p || pending[k].p == p) { pending[k].h = 0; pending[k].n = 0; }
 }
 
-void flow_global_forget_all(void) {
-  for (int k = 0; k < PENDING_MAX; k++) { pending[k].h = 0; pending[k].n = 0; }
-}
+void flow_global_forget_all(void) { forget(NULL); }
 
 /* Folds into p's running hash the other placement of a transfer (its ranks in order and its mesh),
  * so ranks that name different placements for one transfer disagree before data moves. */
