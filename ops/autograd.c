@@ -138,9 +138,25 @@ int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, con
   return 0;
 }
 
-/* acc := acc + g (new reference in *acc); g is consumed. */
+/* Is t a gradient nobody else sees: this reference is its only one, it owns its whole storage
+ * (no view shares it), it is dense, real (not a value being traced) and local? Such a tensor may
+ * be added into in place, or kept as a leaf's .grad without a copy. */
+static bool exclusive(const flow_tensor *t) {
+  return t->refcount == 1 && !t->global && !t->lazy && !t->grad_fn && t->storage && t->storage->refcount == 1 &&
+         t->offset == 0 && flow_tensor_is_contiguous(t) &&
+         t->storage->nbytes == (size_t)flow_tensor_numel(t) * flow_dtype_size(t->dtype);
+}
+
+/* acc := acc + g (new reference in *acc); g is consumed. An accumulator nobody else sees takes g
+ * in place: no new buffer per contribution. */
 static int accumulate(flow_tensor **acc, flow_tensor *g) {
   if (!*acc) { *acc = g; return 0; }
+  if (exclusive(*acc) && g->dtype == (*acc)->dtype && !g->global &&
+      flow_shape_eq(g->ndim, g->shape, (*acc)->ndim, (*acc)->shape)) {
+    int rc = flow_add_inplace(*acc, g);
+    flow_tensor_decref(g);
+    return rc;
+  }
   flow_tensor *sum = flow_add(*acc, g);
   flow_tensor_decref(g);
   if (!sum) return -1;
@@ -164,6 +180,10 @@ static int accumulate_leaf(flow_tensor *leaf, flow_tensor *g) {
                           flow_shape_str(leaf->ndim, leaf->shape, b, sizeof b));
   }
   /* the stored grad is never an alias of a live tensor: later accumulation may be in place */
+  if (!leaf->grad && exclusive(g) && g->dtype == leaf->dtype) {
+    leaf->grad = g;
+    return 0;
+  }
   if (!leaf->grad) {
     flow_tensor *c = flow_contiguous_copy(g);
     flow_tensor_decref(g);
@@ -228,11 +248,17 @@ oom:
 
 static int run_node(flow_node *n) {
   if (check_versions(n) != 0) return -1;
-  flow_tensor *small[16] = {0}, **gin = small;
-  if (n->nin > 16 && !(gin = calloc((size_t)n->nin, sizeof *gin)))
+  flow_tensor *small[32] = {0}, **gin = small;
+  if (n->nin > 16 && !(gin = calloc(2 * (size_t)n->nin, sizeof *gin)))
     return flow_error_set("backward: out of memory for the gradients of %s", n->op->name);
+  flow_tensor **acc = gin + n->nin;
+  for (int i = 0; i < n->nin; i++) {
+    edge *e = &n->next[i];
+    flow_tensor *a = n->need[i] && e->node ? e->node->gbuf[e->index] : NULL;
+    acc[i] = a && exclusive(a) ? a : NULL;
+  }
   flow_grad_ctx c = {n->op, &n->attrs, n->nin, n->nout, n->saved_in, n->saved_out,
-                     n->in_meta, n->out_meta, n->gbuf, n->need};
+                     n->in_meta, n->out_meta, n->gbuf, n->need, acc};
   if (n->op->grad(&c, gin) != 0) {
     for (int i = 0; i < n->nin; i++) flow_tensor_decref(gin[i]);
     if (gin != small) free(gin);

@@ -39,6 +39,10 @@ typedef struct flow_grad_ctx {
   const flow_meta *out_meta;
   flow_tensor *const *gout;
   const bool *need;            /* need[i]: input i wants a gradient */
+  /* acc[i]: the gradient input i has gathered so far from its other consumers, when nobody else
+   * sees it (a dense local buffer), else NULL. A rule may add its gradient for input i into it in
+   * place and leave gin[i] NULL (narrow does: the pieces of a split fill one buffer). */
+  flow_tensor *const *acc;
 } flow_grad_ctx;
 
 /* Set gin[i] (a new reference) for each i with need[i]; leaving gin[i] NULL means zero. */

@@ -381,6 +381,13 @@ static int grad_narrow(const flow_grad_ctx *c, flow_tensor **gin) {
   const flow_meta *m = &c->in_meta[0];
   int axis = axis_of(c->attrs->axis, m->ndim);
   int64_t start = c->attrs->start < 0 ? c->attrs->start + m->shape[axis] : c->attrs->start;
+  if (c->acc[0] && c->acc[0]->dtype == c->gout[0]->dtype && !c->gout[0]->global) {
+    /* another piece of the input already has its gradient there: add into this piece's place */
+    flow_tensor *piece = flow_narrow(c->acc[0], axis, start, c->out_meta[0].shape[axis]);
+    int rc = piece ? flow_add_inplace(piece, c->gout[0]) : -1;
+    flow_tensor_decref(piece);
+    return rc;
+  }
   gin[0] = narrow_backward(c->gout[0], m, axis, start);
   return gin[0] ? 0 : -1;
 }

@@ -59,6 +59,41 @@ describe("gradient accumulation", function()
   end)
 end)
 
+  -- The pieces of a split, and narrows that overlap, add into one buffer in place (ops/autograd.c
+  -- passes the gathered gradient to narrow's rule); a piece that gets no gradient adds nothing.
+  it("split pieces and overlapping narrows fill one gradient, each piece at its place", function()
+    local x = leaf({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 11, 12}})
+    local y = x * 1
+    local p = flow.split(y, 2, 1)
+    ;((p[1] * 1):sum() + (p[3] * 3):sum() + (p[2] * p[2]):sum()):backward()
+    close({1, 1, 6, 8, 3, 3}, x.grad:totable()[1])
+    close({1, 1, 18, 20, 3, 3}, x.grad:totable()[2])
+    local z = leaf({1, 2, 3, 4, 5})
+    local w = z * 2
+    ;((w:narrow(0, 0, 3) * 10):sum() + (w:narrow(0, 2, 3) * 100):sum() + w:narrow(0, 1, 1):sum()):backward()
+    close({20, 22, 220, 200, 200}, z.grad:totable())
+    -- one piece only: the rest of the gradient is zero
+    local u = leaf({1, 2, 3, 4})
+    ;(flow.split(u * 1, 2, 0)[2] * 5):sum():backward()
+    close({0, 0, 5, 5}, u.grad:totable())
+  end)
+
+  it("a leaf's first gradient is kept without a copy only when nothing else holds it", function()
+    local x = leaf({1, 2})
+    local y = x * 3
+    local g = flow.tensor({1, 1}, {dtype = "float64"})
+    y:backward(g)                       -- mul's gradient is a fresh tensor: it becomes x.grad
+    close({3, 3}, x.grad:totable())
+    x:backward(g)                       -- g itself arrives at the leaf: added, not taken
+    close({4, 4}, x.grad:totable())
+    g:fill_(7)
+    close({4, 4}, x.grad:totable())
+    x.grad = nil
+    x:backward(g)                       -- a first gradient the caller holds is copied
+    g:fill_(0)
+    close({7, 7}, x.grad:totable())
+  end)
+
 describe("grad mode", function()
   after_each(function() flow.set_grad_enabled(true) end) -- a failing test must not leak the mode
   it("no_grad runs fn with arguments, returns its results and records nothing", function()
