@@ -210,6 +210,41 @@ static real *GEN(row)(const heads *m, int64_t b, int64_t h, int64_t i) {
   return (real *)m->data + b * m->sb + h * m->sh + i * m->ld;
 }
 
+/* The per-row work of the blocks below, on the CPU's widest vectors (FLOW_CPU_DISPATCH: the loops
+ * that call them are OpenMP regions, compiled for the baseline). Loops run over a multiple of 32
+ * first: -O2's vectoriser takes only loops without a scalar epilogue. */
+#define UPTO32(n) ((n) & ~(int64_t)31)
+
+/* s[0..lim) -> softmax(s[0..lim)), s[lim..nk) = 0 (keys a causal row does not see); returns the
+ * row's log-sum-exp. */
+FLOW_CPU_DISPATCH static real GEN(prob_row)(real *s, int64_t lim, int64_t nk) {
+  real m = GEN(flow_cpu_row_max)(s, lim), sum = GEN(flow_cpu_exp_shift)(s, s, lim, m), r = 1 / sum;
+  int64_t j = 0;
+#pragma GCC ivdep
+  for (; j < UPTO32(lim); j++) s[j] *= r;
+  for (; j < lim; j++) s[j] *= r;
+  memset(s + lim, 0, (size_t)(nk - lim) * sizeof(real));
+  return m + log(sum);
+}
+
+/* dS for one row: dp[j] = p[j] (dp[j] - D), D = sum_c dO_c O_c - dlse (partial sums in LANES lanes,
+ * as the row statistics elsewhere, so the dot product vectorises). */
+#define LANES 8
+FLOW_CPU_DISPATCH static void GEN(ds_row)(real *dp, const real *p, const real *gi, const real *oi, int64_t Dv,
+                                          int64_t nk, real dlse) {
+  real acc[LANES] = {0}, D = -dlse;
+  int64_t c = 0;
+  for (; c + LANES <= Dv; c += LANES)
+    for (int l = 0; l < LANES; l++) acc[l] += gi[c + l] * oi[c + l];
+  for (; c < Dv; c++) D += gi[c] * oi[c];
+  for (int l = 0; l < LANES; l++) D += acc[l];
+  int64_t j = 0;
+#pragma GCC ivdep
+  for (; j < UPTO32(nk); j++) dp[j] = p[j] * (dp[j] - D);
+  for (; j < nk; j++) dp[j] = p[j] * (dp[j] - D);
+}
+#undef LANES
+
 /* nb batch items of every head: for each block of query rows,
  *   S = scale * Q K^T,  row i sees keys j < lim(i) (lim = i + 1 when causal, else Tk),
  *   lse_i = log sum_j exp S_ij,  P = exp(S - lse) (0 beyond lim),  O = P V.
@@ -228,13 +263,8 @@ static int GEN(attention_forward)(const heads *o, const heads *lse, const heads 
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
           real *s = GEN(row)(&hs, b, h, i);
-          int64_t lim = causal ? r0 + i + 1 : nk;
-          real m = GEN(flow_cpu_row_max)(s, lim), sum = GEN(flow_cpu_exp_shift)(s, s, lim, m);
-          for (int64_t j = lim; j < nk; j++) s[j] = 0;
-          real r = 1 / sum;
-          for (int64_t j = 0; j < lim; j++) s[j] *= r;
+          *GEN(row)(lse, b, h, r0 + i) = GEN(prob_row)(s, causal ? r0 + i + 1 : nk, nk);
           GEN(keep_bf16)(&hs, b, h, i, s, nk);
-          *GEN(row)(lse, b, h, r0 + i) = m + log(sum);
         }
     heads ob = heads_at(*o, 0, r0);
     if (d->Dv > 0 && GEN(heads_gemm)(nb, H, false, false, br, d->Dv, nk, 1, &hs, v, 0, &ob)) return -1;
@@ -268,7 +298,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           real *p = GEN(row)(&P, b, h, i);
           int64_t lim = causal ? r0 + i + 1 : nk;
           GEN(flow_cpu_exp_shift)(p, p, lim, *GEN(row)(lse, b, h, r0 + i));
-          for (int64_t j = lim; j < nk; j++) p[j] = 0;
+          memset(p + lim, 0, (size_t)(nk - lim) * sizeof(real));
           GEN(keep_bf16)(&P, b, h, i, p, nk);
         }
     if (d->Dv > 0) {
@@ -281,10 +311,9 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
-          const real *oi = GEN(row)(o, b, h, r0 + i), *gi = GEN(row)(&db, b, h, i);
-          real Di = -*GEN(row)(dlse, b, h, r0 + i), *p = GEN(row)(&P, b, h, i), *dp = GEN(row)(&dP, b, h, i);
-          for (int64_t c = 0; c < d->Dv; c++) Di += gi[c] * oi[c];
-          for (int64_t j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di);
+          real *dp = GEN(row)(&dP, b, h, i);
+          GEN(ds_row)(dp, GEN(row)(&P, b, h, i), GEN(row)(&db, b, h, i), GEN(row)(o, b, h, r0 + i), d->Dv, nk,
+                      *GEN(row)(dlse, b, h, r0 + i));
           GEN(keep_bf16)(&dP, b, h, i, dp, nk);
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
