@@ -31,6 +31,17 @@ describe("embedding", function()
     w:requires_grad_(true)
     flow.embedding(long({1, 1, 2}), w):backward(flow.ones({3, 2}, {dtype = "float64"}))
     assert.are.same({{0, 0}, {2, 2}, {1, 1}, {0, 0}}, w.grad:totable())
+    -- float32 rows of 37 (a vector loop and a tail): row r of the gradient is r + col / 64, so the
+    -- sums are exact in float32
+    local w32 = flow.zeros({3, 37}, {requires_grad = true})
+    local g = flow.arange(0, 4, 1):reshape({4, 1}) + flow.arange(0, 37, 1):reshape({1, 37}) / 64
+    flow.embedding(long({2, 0, 2, 2}), w32):backward(g)
+    local got = w32.grad:totable()
+    for c = 1, 37 do
+      assert.are.equal(1 + (c - 1) / 64, got[1][c])             -- id 0: row 1
+      assert.are.equal(0, got[2][c])                            -- id 1: unused
+      assert.are.equal(0 + 2 + 3 + 3 * (c - 1) / 64, got[3][c]) -- id 2: rows 0, 2, 3
+    end
   end)
 
   it("checks ids", function()
