@@ -66,6 +66,14 @@ int flow_cpu_copy(flow_tensor *out, const flow_tensor *x) {
 
 __attribute__((constructor)) static void register_copy(void) { flow_kernel_set_copy(FLOW_CPU, flow_cpu_copy); }
 
+/* memset of elements [lo, hi) of a dense buffer: a large zero fill cut among threads */
+typedef struct zero_job { char *p; size_t es; } zero_job;
+static void zero_part(int64_t lo, int64_t hi, int part, void *ctx) {
+  (void)part;
+  const zero_job *j = ctx;
+  memset(j->p + lo * (int64_t)j->es, 0, (size_t)(hi - lo) * j->es);
+}
+
 int flow_cpu_fill(flow_tensor *out, double v) {
   char one[8];
   flow_dtype_store(out->dtype, one, v);
@@ -73,7 +81,11 @@ int flow_cpu_fill(flow_tensor *out, double v) {
   int64_t n = flow_tensor_numel(out);
   char *p = flow_tensor_data(out);
   if (flow_tensor_is_contiguous(out)) {
-    if (v == 0) { memset(p, 0, (size_t)n * es); return 0; }
+    if (v == 0) {
+      zero_job j = {p, es};
+      flow_cpu_parallel(flow_cpu_threads(n, FLOW_GRAIN_CHEAP), n, 32, zero_part, &j);
+      return 0;
+    }
     for (int64_t i = 0; i < n; i++) memcpy(p + i * (int64_t)es, one, es);
     return 0;
   }

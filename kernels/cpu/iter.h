@@ -41,7 +41,7 @@ void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int
  * region costs a few microseconds on an idle machine and tens where the cores are shared, so
  * a small op pays nothing and a large one gains. Cheap per element (a copy, an add: ~0.1 ns in
  * cache) and costly (exp, erf, pow, a row of softmax: 0.5-2 ns). */
-#define FLOW_GRAIN_CHEAP (int64_t)262144
+#define FLOW_GRAIN_CHEAP (int64_t)65536
 #define FLOW_GRAIN_COSTLY (int64_t)32768
 
 /* The threads to run `work` elements on: 1 below two grains or inside a parallel region, else up
