@@ -81,7 +81,7 @@ if files then
   -- the interpreter this runs under: arg's lowest index
   local lowest = 0
   while arg[lowest - 1] do lowest = lowest - 1 end
-  os.exit(require("support.parallel").run(arg[lowest], files, jobs))
+  os.exit(require("support.parallel").run(arg[lowest], files, jobs, cores()))
 end
 
 local args = { [0] = "busted", "-o", "spec/support/summary.lua" }

@@ -38,24 +38,33 @@ end
 
 local marker = "flow-spec-worker"
 
--- Run the files; returns the exit status (0: every spec passed).
-function M.run(bin, files, jobs)
+-- Run the files; returns the exit status (0: every spec passed). The workers share the cores as
+-- flowlua --ranks's ranks do (core/comm_launch.c): unless the user chose, each one's OpenMP team
+-- gets its share of them (at least 1), instead of every worker's team spinning on every core.
+-- (spec/threads_spec.lua sets its own thread counts.)
+function M.run(bin, files, jobs, cores)
   local dir = os.tmpname()
   os.remove(dir)
   assert(os.execute("mkdir -p " .. quote(dir)), "spec/run.lua: cannot make a temporary folder")
   local tasks = plan(files)
+  local threads = ""
+  if not os.getenv("FLOW_NUM_THREADS") and not os.getenv("OMP_NUM_THREADS") then
+    threads = ("FLOW_NUM_THREADS=%d "):format(math.max(1, cores // math.min(jobs, #tasks)))
+  end
   -- task i's shell script, $dir/i.sh
   local function write(i, t)
     local h = assert(io.open(("%s/%d.sh"):format(dir, i), "w"))
     local quoted = {}
     for j, f in ipairs(t) do quoted[j] = quote(f) end
-    h:write(("FLOW_SPEC_JOBS=1 FLOW_SPEC_LABEL=%s exec %s spec/run.lua %s\n"):format(marker, quote(bin),
+    h:write(("FLOW_SPEC_JOBS=1 FLOW_SPEC_LABEL=%s %sexec %s spec/run.lua %s\n"):format(marker, threads, quote(bin),
       table.concat(quoted, " ")))
     h:close()
   end
   for i, t in ipairs(tasks) do write(i, t) end
   -- each task, when it ends, writes one short line (atomic on the pipe): index, status, ns, ns
-  local task = 's=$(date +%s%N); sh "$0/$1.sh" >"$0/$1.out" 2>&1 </dev/null; rc=$?; echo "$1 $rc $s $(date +%s%N)"'
+  -- (and its CPU time in $dir/i.times: the shell's `times`, without a fork)
+  local task = 's=$(date +%s%N); sh "$0/$1.sh" >"$0/$1.out" 2>&1 </dev/null; rc=$?; times >"$0/$1.times"; '
+    .. 'echo "$1 $rc $s $(date +%s%N)"'
   local t0 = require("flow").now()
   local p = assert(io.popen(("seq 1 %d | xargs -P %d -n 1 sh -c %s %s"):format(#tasks, jobs, quote(task), quote(dir))))
   local passed, failed, skipped, bad, done, again = 0, 0, 0, {}, 0, {}
@@ -69,8 +78,14 @@ function M.run(bin, files, jobs)
       counts = { tonumber(np), tonumber(nf), tonumber(ns) }
       return ""
     end)
-    local names = table.concat(t, " ")
-    io.stdout:write(("== %s (%.1f s)\n%s%s"):format(names, seconds, out, out:sub(-1) == "\n" and "" or "\n"))
+    local names, cpu = table.concat(t, " "), ""
+    h = io.open(("%s/%d.times"):format(dir, i))
+    if h then
+      local um, us, sm, ss = h:read("a"):match("\n(%d+)m([%d.]+)s (%d+)m([%d.]+)s")
+      if um then cpu = (", %.1f s CPU"):format(60 * (um + sm) + us + ss) end
+      h:close()
+    end
+    io.stdout:write(("== %s (%.1f s%s)\n%s%s"):format(names, seconds, cpu, out, out:sub(-1) == "\n" and "" or "\n"))
     if not counts and #t > 1 then
       -- a crash in a bundle: its files again one by one, to say which one
       io.stdout:write(("(exit %d before the closing line: these files run again one at a time)\n"):format(rc))
