@@ -6,19 +6,20 @@
 # per run (seconds, the closing line, the load average before it), then min and median per side.
 set -uo pipefail
 old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); runs=${3:-3}; build=${4:-build-s}
-t=$(mktemp)
-trap 'rm -f "$t"' EXIT
+logs=$(mktemp -d)
+echo "each run's output: $logs/{old,new}-N.txt"
 declare -A secs
-one() { # side, dir
-  local load line
+one() { # side, dir, run
+  local load line log=$logs/$1-$3.txt
   load=$(cut -d' ' -f1 /proc/loadavg)
-  line=$(cd "$2" && OPENBLAS_NUM_THREADS=1 FLOW_BIN=$2/$build/flowlua FLOW_SPEC_LABEL=specs \
-    /usr/bin/time -o "$t" -f '%e' "$build/flowlua" spec/run.lua spec 2>&1 | grep '^specs: ' | tail -1)
-  local s; s=$(tail -1 "$t")
+  (cd "$2" && OPENBLAS_NUM_THREADS=1 FLOW_BIN=$2/$build/flowlua FLOW_SPEC_LABEL=specs \
+    /usr/bin/time -o "$log.time" -f '%e' "$build/flowlua" spec/run.lua spec >"$log" 2>&1)
+  line=$(grep '^specs: ' "$log" | tail -1)
+  local s; s=$(tail -1 "$log.time")
   secs[$1]+="$s "
   printf '%-4s %7.2f s  load %-5s %s\n' "$1" "$s" "$load" "$line"
 }
-for ((i = 1; i <= runs; i++)); do one old "$old"; one new "$new"; done
+for ((i = 1; i <= runs; i++)); do one old "$old" "$i"; one new "$new" "$i"; done
 for side in old new; do
   echo "$side: ${secs[$side]}" | tr ' ' '\n' | tail -n +2 | grep . | sort -n |
     awk -v side="$side" '{v[NR] = $1} END {m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
