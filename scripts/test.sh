@@ -2,7 +2,9 @@
 # Runs every spec: set-up and build first (scripts/setup.sh), then the single-rank suite, then
 # the multi-rank suite (spec/mpi) under mpirun -np 2 and -np 4, and under flowlua's own --ranks 2 and
 # --ranks 4 (no mpirun; also in a build without MPI). Ends with "total: N passed, N failed".
-# FLOW_BUILD picks the build folder; FLOW_SKIP_SETUP=1 reuses an existing build.
+# FLOW_BUILD picks the build folder; FLOW_SKIP_SETUP=1 reuses an existing build. The single-rank
+# suite runs its files in parallel worker processes (spec/run.lua; FLOW_SPEC_JOBS=N sets how many,
+# 1 runs them in one process); the multi-rank ones run each rank's specs in order.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${FLOW_BUILD:-build}

@@ -11,9 +11,14 @@ local nan, inf = 0 / 0, math.huge
 local X = {-1.5, -0.5, 0.0, 0.25, 0.5, 2.5, nan, inf, -inf}
 
 local function find_python()
+  local seen = {}
   for _, py in ipairs({os.getenv("FLOW_PYTHON") or "python3", "python3", "/usr/bin/python3"}) do
-    local probe = " -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
-    if os.execute(py .. probe .. " >/dev/null 2>&1") then return py end
+    -- each candidate once: a probe starts python (through a pyenv shim, 0.3 s)
+    if not seen[py] then
+      seen[py] = true
+      local probe = " -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
+      if os.execute(py .. probe .. " >/dev/null 2>&1") then return py end
+    end
   end
 end
 

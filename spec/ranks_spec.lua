@@ -20,22 +20,17 @@ local function needs_bin()
 end
 
 describe("flowlua --ranks", function()
-  describe("runs the multi-rank specs as mpirun -np N does", function()
-    -- the failure cases wait for FLOW_TIMEOUT: at 2 ranks only, to keep this suite quick
-    for _, np in ipairs({ 2, 4 }) do
-      local files = { "agreement", "boxing", "global_ops", "visualize", np == 2 and "failure" or nil }
-      it(("--ranks %d: %s"):format(np, table.concat(files, ", ")), function()
-        if not needs_bin() then return end
-        local paths = {}
-        for i, f in ipairs(files) do paths[i] = "spec/mpi/" .. f .. "_spec.lua" end
-        local out, code = flowlua(("--ranks %d spec/run.lua %s"):format(np, table.concat(paths, " ")))
-        local passed, failed = out:match("specs: (%d+) passed, (%d+) failed")
-        assert.is_truthy(passed, out)
-        assert.are.equal("0", failed, out)
-        assert.is_true(tonumber(passed) > 150, out)
-        assert.are.equal(0, code, out)
-      end)
-    end
+  -- scripts/test.sh runs all of spec/mpi under --ranks 2 and --ranks 4 (local2, local4); here one
+  -- file of it shows the spec runner itself works on the ranks of a job (the closing line counts
+  -- each rank's results)
+  it("runs a multi-rank spec file as mpirun -np N does", function()
+    if not needs_bin() then return end
+    local out, code = flowlua("--ranks 2 spec/run.lua spec/mpi/boxing_spec.lua")
+    local passed, failed = out:match("specs: (%d+) passed, (%d+) failed")
+    assert.is_truthy(passed, out)
+    assert.are.equal("0", failed, out)
+    assert.is_true(tonumber(passed) > 100, out)
+    assert.are.equal(0, code, out)
   end)
 
   describe("the command line", function()

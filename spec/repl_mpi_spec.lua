@@ -84,38 +84,61 @@ for _, launcher in ipairs(launchers) do
         .. "placement=cpu{0, 1}, sbp=S%(0%)%)\n  rank 0: %[0:2%]\n  rank 1: %[2:4%]", out)
     end)
 
-    -- the REPL in a tmux terminal (env: variables for it); steps: lists of keys, or a shell
-    -- command (a string); returns what the terminal shows at the end
+    -- the REPL in a tmux terminal (env: variables for it), driven by steps: each a list of keys to
+    -- send, then what to wait for before the next step: `prompts = n` (n prompts on screen: the
+    -- line ended) or `shows = text`. Waits poll the screen, up to 10 s each, instead of sleeping
+    -- a fixed time. Returns what the terminal shows at the end, after Ctrl-D's "EXIT=".
     local function terminal(env, steps)
       local dir = os.tmpname()
       os.remove(dir)
+      assert(os.execute("mkdir " .. dir))
       local s = "flowlua_repl_mpi_" .. tostring(os.time()) .. "_" .. tostring(math.random(1e6))
-      local function keys(list)
-        local args = {}
-        for i, k in ipairs(list) do args[i] = sh_quote(k) end
-        return "tmux send-keys -t " .. s .. " " .. table.concat(args, " ") .. "; sleep 0.5"
+      local function screen() return (run("tmux capture-pane -p -t " .. s)) end
+      local function prompts(text)
+        local _, n = ("\n" .. text):gsub("\n>[^\n]?", "")
+        return n
+      end
+      local function await(step)
+        local deadline, text = flow.now() + 10, nil
+        repeat
+          text = screen()
+          if step.shows and text:find(step.shows, 1, true) or step.prompts and prompts(text) >= step.prompts then
+            return
+          end
+          os.execute("sleep 0.05")
+        until flow.now() > deadline
+        error(("the terminal did not show %s within 10 s:\n%s"):format(
+          step.shows and ("'" .. step.shows .. "'") or (step.prompts .. " prompts"), text))
       end
       -- HOME keeps the history file out of the user's
-      local script = {
-        "mkdir " .. dir .. " || exit 1",
-        "tmux new-session -d -s " .. s .. " -x 200 -y 50 " .. sh_quote("HOME=" .. dir .. " " .. env .. " "
-          .. flowlua() .. "; echo EXIT=$?; sleep 5"),
-        "sleep 1.5",
-      }
-      for _, step in ipairs(steps) do script[#script + 1] = type(step) == "table" and keys(step) or step end
-      for _, line in ipairs({ "sleep 1", "tmux capture-pane -p -t " .. s, "tmux kill-session -t " .. s,
-                              "rm -rf " .. dir }) do script[#script + 1] = line end
-      return run(table.concat(script, "\n"))
+      run("tmux new-session -d -s " .. s .. " -x 200 -y 50 " .. sh_quote("HOME=" .. dir .. " " .. env .. " "
+        .. flowlua() .. "; echo EXIT=$?; sleep 60"))
+      local ok, err = pcall(function()
+        await({ prompts = 1 })
+        for _, step in ipairs(steps) do
+          local args = {}
+          for i, k in ipairs(step) do args[i] = sh_quote(k) end
+          run("tmux send-keys -t " .. s .. " " .. table.concat(args, " "))
+          await(step)
+        end
+      end)
+      local out = screen()
+      run("tmux kill-session -t " .. s .. "; rm -rf " .. dir)
+      assert(ok, err)
+      return out
     end
+
+    -- a line that runs until Ctrl-C, once it shows it runs on both ranks
+    local spin = { 'flow.print_all("spinning") while true do end', "Enter", shows = "[rank 1] spinning" }
 
     it("on a terminal: a prompt, completion, Ctrl-C interrupts a line on both ranks, Ctrl-D ends", function()
       local why = cannot() or (not has("tmux") and "tmux is not installed")
       if why then return pending(why) end
       local out = terminal("", {
-        { session[1], "Enter" }, { session[3], "Enter" },
-        { "flow.world_si", "Tab" }, { "()", "Enter" },
-        { "while true do end", "Enter" }, "sleep 0.5", { "C-c" },
-        { session[5], "Enter" }, { "C-d" },
+        { session[1], "Enter", prompts = 2 }, { session[3], "Enter", prompts = 3 },
+        { "flow.world_si", "Tab", shows = "> flow.world_size" }, { "()", "Enter", prompts = 4 },
+        spin, { "C-c", prompts = 5 },
+        { session[5], "Enter", prompts = 6 }, { "C-d", shows = "EXIT=" },
       })
       assert.matches("world: 2 ranks", out)
       assert.matches("\n> flow%.world_size%(%)\n2\n", out)
@@ -130,12 +153,13 @@ for _, launcher in ipairs(launchers) do
       if why then return pending(why) end
       -- FLOW_REPL_FORWARD_SIGINT=0: rank 1 is reached as a rank on another node is
       local out = terminal("FLOW_REPL_FORWARD_SIGINT=0", {
-        { session[1], "Enter" },
-        { "while true do end", "Enter" }, "sleep 0.5", { "C-c" },
+        { session[1], "Enter", prompts = 2 },
+        spin, { "C-c", prompts = 3 },
         -- rank 0 waits in a handshake for rank 1, which computes
-        { "if flow.rank() == 1 then while true do end end; y = x:to_global(x.placement, flow.sbp.broadcast)", "Enter" },
-        "sleep 0.5", { "C-c" },
-        { "(x * 3):sum():to_local()", "Enter" }, { "C-d" },
+        { 'flow.print_all("computing") if flow.rank() == 1 then while true do end end; '
+          .. "y = x:to_global(x.placement, flow.sbp.broadcast)", "Enter", shows = "[rank 1] computing" },
+        { "C-c", prompts = 4 },
+        { "(x * 3):sum():to_local()", "Enter", prompts = 5 }, { "C-d", shows = "EXIT=" },
       })
       local _, n = out:gsub("%[rank 1%] REPL line: rank 0 failed: interrupted", "")
       assert.equal(2, n, out)
