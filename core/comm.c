@@ -70,6 +70,15 @@ double flow_comm_timeout(void) {
   return timeout_s;
 }
 
+double flow_comm_grace(void) {
+  static double grace_s = -1;
+  if (grace_s < 0) {
+    const char *e = getenv("FLOW_WATCHDOG_GRACE");
+    grace_s = e && atof(e) > 0 ? atof(e) : 10;
+  }
+  return grace_s;
+}
+
 #ifdef FLOW_HAVE_MPI
 #include <mpi.h>
 

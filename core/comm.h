@@ -109,10 +109,12 @@ void flow_comm_forget_failure(void);
 
 /* How long a handshake or a transfer may wait for its peers before it fails (seconds; FLOW_TIMEOUT,
  * default 300). A blocking data collective (it runs after a handshake saw every rank arrive) still
- * running 10 s past that means a peer died or stopped inside it: a watchdog thread then ends the
- * job (MPI_Abort) with a message naming the collective. */
+ * running flow_comm_grace() seconds past that (FLOW_WATCHDOG_GRACE, default 10) means a peer died
+ * or stopped inside it: a watchdog thread then ends the job (MPI_Abort) with a message naming the
+ * collective. */
 double flow_comm_timeout(void);
 void flow_comm_set_timeout(double seconds);
+double flow_comm_grace(void);
 
 /* The world: the launched ranks' in a rank of `flowlua --ranks n` (comm_local.c), MPI's when
  * launched by mpirun/srun (or FLOW_MPI=1, or MPI already running), else a world of one without MPI

@@ -1,5 +1,5 @@
 /* The MPI backend's watchdog: it ends the job when a thread has been inside a blocking collective
- * for FLOW_TIMEOUT + 10 s (comm_mpi.h). */
+ * for FLOW_TIMEOUT + FLOW_WATCHDOG_GRACE (10 s unless set; comm_mpi.h). */
 #ifdef FLOW_HAVE_MPI
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,7 +12,7 @@
 /* Data collectives run blocking, at the speed of MPI's tuned algorithms (its non-blocking ones are
  * slower), after a handshake saw every rank arrive. A peer that dies or stops between the two would
  * leave the others inside the collective for good: each thread marks when it entered one, and a
- * watchdog thread ends the job when a mark is older than FLOW_TIMEOUT + 10 s. The marks cost a
+ * watchdog thread ends the job when a mark is older than FLOW_TIMEOUT + the grace. The marks cost a
  * clock read per collective. */
 
 #define WATCH_SLOTS 64
@@ -35,14 +35,14 @@ static void *watchdog(void *arg) {
   for (;;) {
     struct timespec nap = {0, 250000000};
     nanosleep(&nap, NULL);
-    long long now = now_ns(), limit = (long long)((flow_comm_timeout() + 10) * 1e9);
+    long long now = now_ns(), limit = (long long)((flow_comm_timeout() + flow_comm_grace()) * 1e9);
     int used = atomic_load(&watch_used);
     for (int i = 0; i < used && i < WATCH_SLOTS; i++) {
       long long since = atomic_load(&watch[i].since_ns);
       if (since == 0 || now - since <= limit) continue;
-      fprintf(stderr, "[rank %d] %s: no progress for %.0f s (FLOW_TIMEOUT %.0f s + 10 s): a peer rank died or "
+      fprintf(stderr, "[rank %d] %s: no progress for %.0f s (FLOW_TIMEOUT %.0f s + %.0f s): a peer rank died or "
               "stopped inside this collective, or never called it; ending the job\n", flow_comm_rank(),
-              atomic_load(&watch[i].what), (double)(now - since) * 1e-9, flow_comm_timeout());
+              atomic_load(&watch[i].what), (double)(now - since) * 1e-9, flow_comm_timeout(), flow_comm_grace());
       fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
     }
