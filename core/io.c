@@ -4,6 +4,8 @@
 #include "io.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -619,18 +621,26 @@ int flow_io_load(const char *path, flow_io_file *f) {
   return rc;
 }
 
-/* The text is capped at the host allocation limit (a gzip bomb stops there, not at out-of-memory). */
-int flow_io_read_file(const char *path, char **data, size_t *len) {
+/* The text is capped at the host allocation limit (a gzip bomb stops there, not at out-of-memory),
+ * and at `max` bytes: a prefix of a file is read (and, gzipped, unpacked) without the rest. */
+int flow_io_read_file(const char *path, size_t max, char **data, size_t *len) {
   int fd = open_regular("read_file", path);
   if (fd < 0) return -1;
   size_t cap = flow_device_cpu_max_alloc();
+  bool capped = max < cap; /* stop at max, and not as an error */
+  if (capped) cap = max;
   gzFile gz = gzdopen(fd, "rb");
   if (!gz) { close(fd); return flow_error_set("read_file: cannot open '%s': out of memory", path); }
   buf b = {0};
   buf_put(&b, "", 0);
   char chunk[1 << 16];
   int n;
-  while ((n = gzread(gz, chunk, sizeof chunk)) > 0 && b.len + (size_t)n <= cap) buf_put(&b, chunk, (size_t)n);
+  for (;;) {
+    size_t want = capped && cap - b.len < sizeof chunk ? cap - b.len : sizeof chunk;
+    if (want == 0) { n = 0; break; }
+    if ((n = gzread(gz, chunk, (unsigned)want)) <= 0 || b.len + (size_t)n > cap) break;
+    buf_put(&b, chunk, (size_t)n);
+  }
   if (n < 0 || b.oom || n > 0) {
     int errnum;
     const char *msg = gzerror(gz, &errnum);
@@ -727,7 +737,7 @@ int flow_io_tokens_open(const char *path, flow_io_tokens *t) {
   }
   close(fd);
   size_t len;
-  if (flow_io_read_file(path, &t->text, &len) != 0) return -1;
+  if (flow_io_read_file(path, SIZE_MAX, &t->text, &len) != 0) return -1;
   t->data = (const unsigned char *)t->text;
   t->count = (int64_t)len;
   t->width = 1;

@@ -35,7 +35,7 @@ void flow_io_file_free(flow_io_file *f);
 
 /* The whole content of a file, gunzipped when it is gzip-compressed (zlib reads plain files
  * unchanged). *data is malloc'd, NUL-terminated; the caller frees it. */
-int flow_io_read_file(const char *path, char **data, size_t *len);
+int flow_io_read_file(const char *path, size_t max, char **data, size_t *len);
 
 /* ---------------------------------------------------------------- token files */
 

@@ -2,6 +2,7 @@
  * file as a Lua string, gunzipped when compressed) and flow.open_tokens (token files for
  * lua/flow/data.lua: llm.c shards read straight into int64 tensors). */
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "../core/io.h"
@@ -147,12 +148,16 @@ static int l_load(lua_State *L) {
   return 1;
 }
 
+/* flow.read_file(path [, max]): the file's bytes (unpacked when gzipped), or its first max bytes */
 static int l_read_file(lua_State *L) {
   luaL_checkstring(L, 1);
   const char *path = check_cstring(L, 1, "read_file", "the path");
+  lua_Integer max = luaL_optinteger(L, 2, -1);
+  if (!lua_isnoneornil(L, 2) && max < 0)
+    return luaL_error(L, "read_file: max must be a non-negative number of bytes (got %I)", max);
   char *data;
   size_t len;
-  if (flow_io_read_file(path, &data, &len) != 0) return flow_lua_error(L);
+  if (flow_io_read_file(path, max < 0 ? SIZE_MAX : (size_t)max, &data, &len) != 0) return flow_lua_error(L);
   lua_pushlstring(L, data, len);
   free(data);
   return 1;

@@ -49,26 +49,25 @@ if args.epochs < 1 or args.batch < 1 or args.width < 1 then fail("--epochs, --ba
 
 -------------------------------------------------------------------------------- data
 
--- The four IDX files, gzipped as Debian ships them or unpacked.
-local function idx(name)
+-- The four IDX files, gzipped as Debian ships them or unpacked: the first `limit` items of each
+-- (all with 0), and the file's own count.
+local function idx(name, limit)
   for _, p in ipairs({ args.data .. "/" .. name .. ".gz", args.data .. "/" .. name }) do
     local f = io.open(p, "rb")
-    if f then f:close(); return data.read_idx(p) end
+    if f then f:close(); return data.read_idx(p, limit > 0 and limit or nil) end
   end
   fail(("--data %s: no %s(.gz) there (Debian: apt install dataset-fashion-mnist)"):format(args.data, name))
 end
-local function split(images, labels, limit)
+local function split(set, limit)
+  local images, count = idx(set .. "-images-idx3-ubyte", limit)
+  local labels, nlabels = idx(set .. "-labels-idx1-ubyte", limit)
+  if nlabels ~= count then fail(("%d images but %d labels"):format(count, nlabels)) end
   local n = images:shape()[1]
-  if labels:shape()[1] ~= n then fail(("%d images but %d labels"):format(n, labels:shape()[1])) end
-  if limit > 0 and limit < n then
-    images, labels, n = flow.narrow(images, 0, 0, limit), flow.narrow(labels, 0, 0, limit), limit
-  end
   -- labels as int64 once, for cross_entropy and comparisons; images stay uint8 until batched
   return { x = images, y = flow.tensor(labels, { dtype = "int64" }), n = n }
 end
 local ok_data, train, test = pcall(function()
-  return split(idx("train-images-idx3-ubyte"), idx("train-labels-idx1-ubyte"), args.train_limit),
-         split(idx("t10k-images-idx3-ubyte"), idx("t10k-labels-idx1-ubyte"), args.test_limit)
+  return split("train", args.train_limit), split("t10k", args.test_limit)
 end)
 if not ok_data then fail(train) end
 

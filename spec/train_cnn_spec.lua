@@ -39,6 +39,24 @@ describe("Fashion-MNIST", function()
     assert.are.equal(4.5, y:mean():item())
   end)
 
+  it("data.read_idx with a limit reads the first items alone, the same bytes as the whole file's", function()
+    local path = DIR .. "/t10k-images-idx3-ubyte.gz"
+    local all, n = data.read_idx(path)
+    local some, n2 = data.read_idx(path, 37)
+    assert.are.same({ 10000, 10000 }, { n, n2 })
+    assert.are.same({ 37, 28, 28 }, some:shape())
+    local a = flow.tensor(flow.narrow(all, 0, 0, 37), { dtype = "float32" })
+    assert.are.equal(0, (a - flow.tensor(some, { dtype = "float32" })):abs():max():item())
+    assert.is_true(a:sum():item() > 0)
+    assert.are.same({ 10000, 28, 28 }, data.read_idx(path, 20000):shape()) -- past the end: all of them
+    assert.are.same({ 0, 28, 28 }, data.read_idx(path, 0):shape())
+    assert.has_error(function() data.read_idx(path, -1) end, "data.read_idx: limit must be a non-negative integer (got -1)")
+    -- flow.read_file's max: a prefix of the unpacked bytes
+    assert.are.equal(16, #flow.read_file(path, 16))
+    assert.are.equal(flow.read_file(path, 100):sub(1, 16), flow.read_file(path, 16))
+    assert.has_error(function() flow.read_file(path, -2) end, "read_file: max must be a non-negative number of bytes (got -2)")
+  end)
+
   it("data.read_idx names what it expected in a file that is not IDX", function()
     local p = os.tmpname()
     local g = assert(io.open(p, "wb"))

@@ -165,10 +165,15 @@ end
 
 -- IDX files (LeCun's MNIST format, as Fashion-MNIST ships them; plain or gzip): a big-endian
 -- header of magic 0x0000 0803 (uint8 data, 3 dims) or 0x0000 0801 (1 dim) and one uint32 size per
--- dim, then the bytes row-major. Returns a uint8 tensor of that shape.
+-- dim, then the bytes row-major. Returns a uint8 tensor of that shape, and the file's count of
+-- items (its first dim). With limit, only the first `limit` items are read (and unpacked): the
+-- tensor's first dim is then the smaller of limit and the file's count.
 local IDX_UINT8 = 0x08
-function data.read_idx(path)
-  local s = flow.read_file(path)
+function data.read_idx(path, limit)
+  if limit ~= nil and (math.type(limit) ~= "integer" or limit < 0) then
+    error(("data.read_idx: limit must be a non-negative integer (got %s)"):format(tostring(limit)), 2)
+  end
+  local s = flow.read_file(path, limit and 4 + 4 * 255) -- with a limit: the header first
   if #s < 4 then error(("data: '%s' is too short for an IDX header (%d bytes)"):format(path, #s), 0) end
   local zero, dtype, ndim = string.unpack(">I2BB", s)
   if zero ~= 0 or dtype ~= IDX_UINT8 or ndim < 1 or #s < 4 + 4 * ndim then
@@ -180,7 +185,17 @@ function data.read_idx(path)
     shape[d] = string.unpack(">I4", s, 1 + 4 * d)
     numel = numel * shape[d]
   end
-  local first = 4 + 4 * ndim
+  local first, count = 4 + 4 * ndim, shape[1]
+  if limit and limit < count then
+    numel = count > 0 and numel // count * limit or 0
+    shape[1] = limit
+    s = flow.read_file(path, first + numel)
+    if #s < first + numel then
+      error(("data: '%s' ends after %d bytes, inside its first %d items"):format(path, #s, limit), 0)
+    end
+  elseif limit then
+    s = flow.read_file(path)
+  end
   if #s - first ~= numel then
     error(("data: '%s' says %s = %d bytes of data but holds %d"):format(path, table.concat(shape, "x"), numel, #s - first), 0)
   end
@@ -195,7 +210,7 @@ function data.read_idx(path)
   local loaded, t = pcall(flow.load, tmp)
   os.remove(tmp)
   if not loaded then error(t, 0) end
-  return t.idx
+  return t.idx, count
 end
 
 -- Bytes as text (for printing samples of a byte-level model).
