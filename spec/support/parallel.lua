@@ -7,7 +7,7 @@ local M = {}
 -- Seconds a file takes on its own (scripts/bench/spec-times.sh), for the ones that take long:
 -- they start first and alone, and the others share workers in bundles of about a second.
 local known = {
-  ["spec/train_cnn_spec.lua"] = 6, ["spec/ranks_transport_spec.lua"] = 4.5, ["spec/cli_spec.lua"] = 4.5,
+  ["spec/train_cnn_spec.lua"] = 4, ["spec/ranks_transport_spec.lua"] = 4.5, ["spec/cli_spec.lua"] = 4.5,
   ["spec/ranks_spec.lua"] = 4, ["spec/failure_job_spec.lua"] = 4, ["spec/repl_mpi_spec.lua"] = 4,
   ["spec/conformance_spec.lua"] = 3, ["spec/reference_spec.lua"] = 2.5, ["spec/print_spec.lua"] = 1.6,
   ["spec/startup_spec.lua"] = 1.6, ["spec/threads_spec.lua"] = 1.6, ["spec/train_spec.lua"] = 1.3,
