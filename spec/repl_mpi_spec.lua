@@ -7,7 +7,8 @@
 local flow = require "flow"
 local bin = os.getenv("FLOW_BIN")
 
-local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local sh = require "support.shell"
+local sh_quote, has = sh.quote, sh.has
 
 -- Run a shell command line; returns everything it printed (stdout and stderr) and its exit code.
 local function run(cmd)
@@ -16,8 +17,6 @@ local function run(cmd)
   local _, _, code = p:close()
   return out, code
 end
-
-local function has(cmd) return run("command -v " .. cmd .. " >/dev/null; echo $?") == "0\n" end
 
 -- nil when the multi-rank REPL can run here, else why not
 local function cannot()
@@ -89,9 +88,7 @@ for _, launcher in ipairs(launchers) do
     -- line ended) or `shows = text`. Waits poll the screen, up to 10 s each, instead of sleeping
     -- a fixed time. Returns what the terminal shows at the end, after Ctrl-D's "EXIT=".
     local function terminal(env, steps)
-      local dir = os.tmpname()
-      os.remove(dir)
-      assert(os.execute("mkdir " .. dir))
+      local dir = sh.tmpdir()
       local s = "flowlua_repl_mpi_" .. tostring(os.time()) .. "_" .. tostring(math.random(1e6))
       local function screen() return (run("tmux capture-pane -p -t " .. s)) end
       local function prompts(text)

@@ -15,7 +15,8 @@ local known = {
 }
 local bundle_s, other_s = 1.2, 0.2
 
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local sh = require "support.shell"
+local quote = sh.quote
 
 -- The files in tasks (lists of files), the slowest first.
 local function plan(files)
@@ -43,9 +44,7 @@ local marker = "flow-spec-worker"
 -- gets its share of them (at least 1), instead of every worker's team spinning on every core.
 -- (spec/threads_spec.lua sets its own thread counts.)
 function M.run(bin, files, jobs, cores)
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p " .. quote(dir)), "spec/run.lua: cannot make a temporary folder")
+  local dir = sh.tmpdir()
   local tasks = plan(files)
   local threads = ""
   if not os.getenv("FLOW_NUM_THREADS") and not os.getenv("OMP_NUM_THREADS") then
