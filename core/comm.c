@@ -62,20 +62,20 @@ static double timeout_s = -1;
 
 void flow_comm_set_timeout(double seconds) { timeout_s = seconds; }
 
+/* Seconds from the environment variable name when positive, else dflt. */
+static double env_seconds(const char *name, double dflt) {
+  const char *e = getenv(name);
+  return e && atof(e) > 0 ? atof(e) : dflt;
+}
+
 double flow_comm_timeout(void) {
-  if (timeout_s <= 0) {
-    const char *e = getenv("FLOW_TIMEOUT");
-    timeout_s = e && atof(e) > 0 ? atof(e) : 300;
-  }
+  if (timeout_s <= 0) timeout_s = env_seconds("FLOW_TIMEOUT", 300);
   return timeout_s;
 }
 
 double flow_comm_grace(void) {
   static double grace_s = -1;
-  if (grace_s < 0) {
-    const char *e = getenv("FLOW_WATCHDOG_GRACE");
-    grace_s = e && atof(e) > 0 ? atof(e) : 10;
-  }
+  if (grace_s < 0) grace_s = env_seconds("FLOW_WATCHDOG_GRACE", 10);
   return grace_s;
 }
 

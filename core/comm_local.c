@@ -447,6 +447,9 @@ enum { TAG_DATA = -1, TAG_RECORD = -2, TAG_VERDICT = -3, TAG_WITHDRAW = -4 };
 
 /* A data transfer that makes no progress for FLOW_TIMEOUT + FLOW_WATCHDOG_GRACE runs after a handshake that saw
  * every rank arrive: a peer stopped inside it. As the MPI backend's watchdog does, end the job. */
+/* How long such a transfer may wait before it is stuck. */
+static double stuck_after(void) { return flow_comm_timeout() + flow_comm_grace(); }
+
 static void stuck(const char *what, double waited) {
   fprintf(stderr, "[rank %d] %s: no progress for %.0f s (FLOW_TIMEOUT %.0f s + %.0f s): a peer rank died or stopped "
           "inside this collective, or never called it; ending the job\n", T.rank, what, waited, flow_comm_timeout(),
@@ -459,7 +462,7 @@ static int gone_error(const char *what, int world_rank) {
 }
 
 static int send_to(flow_comm *c, int peer, int tag, const void *buf, size_t bytes, const char *what) {
-  double patience = flow_comm_timeout() + flow_comm_grace();
+  double patience = stuck_after();
   int rc = put(impl(c)->id, impl(c)->world[peer], tag, buf, bytes, patience);
   if (rc == 2) stuck(what, patience);
   if (rc == 1) return gone_error(what, impl(c)->world[peer]);
@@ -470,7 +473,7 @@ static int send_to(flow_comm *c, int peer, int tag, const void *buf, size_t byte
 /* Receive exactly `bytes` from member peer. Nothing for FLOW_TIMEOUT seconds is an error when soft
  * (a transfer without a handshake before it); else the job ends after FLOW_TIMEOUT + the grace (stuck). */
 static int recv_from(flow_comm *c, int peer, int tag, void *buf, size_t bytes, const char *what, bool soft) {
-  double patience = flow_comm_timeout() + (soft ? 0 : flow_comm_grace()), start = now_s();
+  double patience = soft ? flow_comm_timeout() : stuck_after(), start = now_s();
   int why, src = impl(c)->world[peer];
   msg *m = take(impl(c)->id, src, tag, buf, bytes, start + patience, &why);
   if (why == GONE) return gone_error(what, src);
@@ -722,8 +725,7 @@ static int lead(flow_comm *c, const char *what, long long mine, record *v) {
   free(got);
   free(state);
   for (int q = 1; q < n; q++) /* a member that exited hears nothing: no error here */
-    if (put(l->id, l->world[q], TAG_VERDICT, v, sizeof *v, flow_comm_timeout() + flow_comm_grace()) == 2)
-      stuck(what, flow_comm_timeout() + flow_comm_grace());
+    if (put(l->id, l->world[q], TAG_VERDICT, v, sizeof *v, stuck_after()) == 2) stuck(what, stuck_after());
   return 0;
 }
 
