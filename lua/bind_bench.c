@@ -32,7 +32,7 @@ static flow_tensor *check_matrix(lua_State *L, int idx, const char *what) {
 
 /* _bench.sgemm(a [m,k], b [k,n], c [m,n], iters, library) -> seconds per call of C = A B by
  * oneDNN's matmul primitive (library "onednn", the default: flowlua's own GEMM without the op
- * around it) or OpenBLAS's cblas_sgemm ("openblas"). */
+ * around it, run whole on oneDNN's own threads) or OpenBLAS's cblas_sgemm ("openblas"). */
 static int l_sgemm(lua_State *L) {
   flow_tensor *a = check_matrix(L, 1, "a"), *b = check_matrix(L, 2, "b"), *c = check_matrix(L, 3, "c");
   lua_Integer iters = luaL_optinteger(L, 4, 1);
@@ -54,8 +54,12 @@ static int l_sgemm(lua_State *L) {
     if (!onednn)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, pa, (int)k, pb,
                   (int)n, 0.0f, pc, (int)n);
-    else if (flow_onednn_sgemm("_bench.sgemm", false, false, m, n, k, 1, pa, k, pb, n, 0, pc, n) != 0)
-      return flow_lua_error(L);
+    else {
+      bool was = flow_onednn_whole(true);   /* oneDNN's primitive as oneDNN threads it */
+      int rc = flow_onednn_sgemm("_bench.sgemm", false, false, m, n, k, 1, pa, k, pb, n, 0, pc, n);
+      flow_onednn_whole(was);
+      if (rc != 0) return flow_lua_error(L);
+    }
   }
   lua_pushnumber(L, (seconds() - t0) / (double)iters);
   return 1;
@@ -94,11 +98,18 @@ static int l_conv_reference(lua_State *L) {
   return 1;
 }
 
+/* _bench.gemm_whole(on) -> previous: this thread's GEMMs run whole on oneDNN's own threads (true)
+ * or cut into one piece per thread (false, the default); see flow_onednn_whole. */
+static int l_gemm_whole(lua_State *L) {
+  lua_pushboolean(L, flow_onednn_whole(lua_toboolean(L, 1)));
+  return 1;
+}
+
 /* Called by luaopen_flow with the module table on top. */
 void flow_lua_open_bench(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"sgemm", l_sgemm},   {"matmul_reference", l_matmul_reference}, {"onednn", l_onednn},
-      {"conv_reference", l_conv_reference}, {NULL, NULL}};
+      {"conv_reference", l_conv_reference}, {"gemm_whole", l_gemm_whole}, {NULL, NULL}};
   luaL_newlib(L, fns);
   lua_setfield(L, -2, "_bench");
 }

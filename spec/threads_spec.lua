@@ -58,4 +58,14 @@ describe("CPU threads", function()
     assert.is_true(count > 30)
   end)
 
+  it("cut big GEMMs into one piece per thread and match the reference loop", function()
+    for _, threads in ipairs { 2, 4 } do
+      local out, err, code = shell.run(("FLOW_NUM_THREADS=%d %s %s"):format(threads, shell.quote(bin),
+        shell.quote(here .. "/support/cut_gemms.lua")))
+      assert.equal(0, code, err)
+      local n = tonumber(out:match("^cut (%d+)\n$"))
+      assert.is_true(n ~= nil and n >= 20, out)
+    end
+  end)
+
 end)

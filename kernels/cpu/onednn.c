@@ -192,6 +192,88 @@ int flow_onednn_run(const char *op, const flow_onednn_key *key, flow_onednn_buil
   return rc;
 }
 
+/* ---- one GEMM cut among the threads ------------------------------------------------------------ */
+
+/* Each thread's own stream, memory objects and scratchpad: a primitive built for one thread runs on
+ * several at once only with state of its own on each (oneDNN's library scratchpad is shared). */
+typedef struct part_state {
+  dnnl_stream_t stream;
+  dnnl_memory_t mem[MAXARGS];
+  dnnl_memory_desc_t md[MAXARGS];
+  void *pad;
+  size_t pad_bytes;
+  dnnl_memory_t pad_mem;
+  dnnl_memory_desc_t pad_md;
+} part_state;
+
+static _Thread_local part_state part;
+
+/* Runs e on args shifted by p * step[i] bytes, on this thread alone. A dnnl status. */
+static dnnl_status_t run_part(entry *e, int nargs, const flow_onednn_arg *args, const int64_t *step, int p) {
+  part_state *s = &part;
+  dnnl_status_t st;
+  if (!s->stream && (st = dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags))) return st;
+  dnnl_exec_arg_t ex[MAXARGS + 1];
+  for (int i = 0; i < nargs; i++) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(e->pd, dnnl_query_exec_arg_md, args[i].arg);
+    if (!s->mem[i] || !dnnl_memory_desc_equal(&s->md[i], md)) {
+      if (s->mem[i]) dnnl_memory_destroy(s->mem[i]);
+      s->mem[i] = NULL;
+      if ((st = dnnl_memory_create(&s->mem[i], md, engine, DNNL_MEMORY_NONE))) return st;
+      s->md[i] = *md;
+    }
+    if ((st = dnnl_memory_set_data_handle(s->mem[i], (char *)args[i].data + p * step[i]))) return st;
+    ex[i] = (dnnl_exec_arg_t){args[i].arg, s->mem[i]};
+  }
+  const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
+  size_t bytes = pmd ? dnnl_memory_desc_get_size(pmd) : 0;
+  int n = nargs;
+  if (bytes) {
+    if (bytes > s->pad_bytes) {
+      free(s->pad);
+      s->pad_bytes = 0;
+      if (!(s->pad = aligned_alloc(64, (bytes + 63) / 64 * 64))) return dnnl_out_of_memory;
+      s->pad_bytes = bytes;
+    }
+    if (!s->pad_mem || !dnnl_memory_desc_equal(&s->pad_md, pmd)) {
+      if (s->pad_mem) dnnl_memory_destroy(s->pad_mem);
+      s->pad_mem = NULL;
+      if ((st = dnnl_memory_create(&s->pad_mem, pmd, engine, DNNL_MEMORY_NONE))) return st;
+      s->pad_md = *pmd;
+    }
+    if ((st = dnnl_memory_set_data_handle(s->pad_mem, s->pad))) return st;
+    ex[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, s->pad_mem};
+  }
+  if ((st = dnnl_primitive_execute(e->prim, s->stream, n, ex))) return st;
+  return dnnl_stream_wait(s->stream);
+}
+
+int flow_onednn_run_parts(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
+                          int nargs, const flow_onednn_arg *args, const int64_t *step, int parts) {
+  if (ready(op) != 0) return -1;
+  if (nargs > MAXARGS) return flow_error_set("%s: %d oneDNN arguments (at most %d)", op, nargs, MAXARGS);
+  pthread_mutex_lock(&mu);
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(1);   /* the primitive is built for one thread */
+  entry *e = lookup(op, key, build, ctx);
+  omp_set_num_threads(threads);
+  int rc = e ? 0 : -1;
+  if (rc == 0) {
+    dnnl_status_t bad = dnnl_success;
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+    for (int p = 0; p < parts; p++) {
+      dnnl_status_t st = run_part(e, nargs, args, step, p);
+      if (st != dnnl_success) {
+#pragma omp critical(flow_onednn_parts)
+        bad = st;
+      }
+    }
+    if (bad != dnnl_success) rc = flow_error_set("%s: oneDNN execution failed (status %d)", op, (int)bad);
+  }
+  pthread_mutex_unlock(&mu);
+  return rc;
+}
+
 int flow_onednn_arg_md(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx, int arg,
                        dnnl_memory_desc_t *md) {
   if (ready(op) != 0) return -1;
@@ -442,6 +524,7 @@ typedef struct gemm_desc {
   dnnl_data_type_t in;
   bool bias;
   float alpha, beta;
+  bool parts;   /* built for one thread of several (flow_onednn_run_parts): a scratchpad of the caller's */
 } gemm_desc;
 
 static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const void *ctx) {
@@ -462,7 +545,8 @@ static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, co
   dnnl_primitive_attr_t attr;
   if ((st = dnnl_primitive_attr_create(&attr))) return st;
   dnnl_post_ops_t po = NULL;
-  if (g->alpha != 1) st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &g->alpha);
+  if (g->parts) st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (!st && g->alpha != 1) st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &g->alpha);
   if (!st && g->beta != 0 && !(st = dnnl_post_ops_create(&po)) && !(st = dnnl_post_ops_append_sum(po, g->beta)))
     st = dnnl_primitive_attr_set_post_ops(attr, po);
   if (!st) st = dnnl_primitive_desc_create(pd, &desc, attr, eng, NULL);
@@ -489,6 +573,57 @@ static void gemm_empty(const flow_onednn_mat *c, const float *bias, float beta) 
   }
 }
 
+/* Into how many pieces to cut C, one per thread, each run by oneDNN's one-thread kernel. On 2
+ * threads oneDNN's own cutting ran the GEMMs of the benchmark GPT step (1024 x 256 x 768, say) at
+ * 1.5-1.75x their one-thread speed, two halves at 1.8-1.9x (scripts/bench/gemm_threads.lua); the
+ * whole step ran 5-11% faster. Pieces may round differently from one thread's whole GEMM where the
+ * cut leaves an operand strided (a transposed A cut along M). Cuts batch axis 0
+ * when the threads divide it, else the longer of M and N when the threads divide it into pieces
+ * of 32 or more; shrinks a, b and c to the first piece and sets step[] (a, b, c, bias) to the bytes
+ * from one piece to the next. 1, changing nothing, on one thread, inside a parallel region, for a
+ * GEMM under 2^18 multiply-adds a thread, or when nothing divides. */
+static _Thread_local bool whole;
+
+bool flow_onednn_whole(bool on) {
+  bool was = whole;
+  whole = on;
+  return was;
+}
+
+static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int64_t *step, bool half) {
+  int t = whole || omp_in_parallel() ? 1 : omp_get_max_threads(), n = c->ndim;
+  if (t < 2) return 1;
+  int64_t M = c->dims[n - 2], N = c->dims[n - 1], K = a->dims[n - 1];
+  if (flow_shape_numel(n - 2, c->dims) * M * N * K < (int64_t)t << 18) return 1;
+  int64_t e = half ? 2 : 4;   /* bytes of an element of a and b (c is float32) */
+  bool cut_m = M % t == 0 && M / t >= 32, cut_n = N % t == 0 && N / t >= 32;
+  if (n > 2 && c->dims[0] % t == 0) {
+    int64_t len = c->dims[0] / t;
+    step[0] = a->dims[0] == 1 ? 0 : len * a->strides[0] * e;
+    step[1] = b->dims[0] == 1 ? 0 : len * b->strides[0] * e;
+    step[2] = len * c->strides[0] * 4;
+    step[3] = 0;
+    if (a->dims[0] != 1) a->dims[0] = len;
+    if (b->dims[0] != 1) b->dims[0] = len;
+    c->dims[0] = len;
+  } else if (cut_m && (M >= N || !cut_n)) {
+    int64_t len = M / t;
+    step[0] = len * a->strides[n - 2] * e;
+    step[1] = 0;
+    step[2] = len * c->strides[n - 2] * 4;
+    step[3] = 0;
+    a->dims[n - 2] = c->dims[n - 2] = len;
+  } else if (cut_n) {
+    int64_t len = N / t;
+    step[0] = 0;
+    step[1] = len * b->strides[n - 1] * e;
+    step[2] = len * c->strides[n - 1] * 4;
+    step[3] = len * 4;
+    b->dims[n - 1] = c->dims[n - 1] = len;
+  } else return 1;
+  return t;
+}
+
 int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onednn_mat *b0, const flow_onednn_mat *c0,
                      const float *bias, float alpha, float beta) {
   int n = c0->ndim;
@@ -512,7 +647,10 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
     if ((held[i] = flow_onednn_to_bf16(op, m[i], &r))) *m[i] = r;
     else rc = -1;
   }
-  gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta};
+  int parts = 1;
+  int64_t step[4] = {0};
+  if (rc == 0) parts = split(&a, &b, &c, step, half);
+  gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta, parts > 1};
   flow_onednn_key key = {0};
   flow_onednn_key_add(&key, 'G');
   flow_onednn_key_add(&key, n);
@@ -528,7 +666,9 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
                              {DNNL_ARG_WEIGHTS, b.data},
                              {DNNL_ARG_DST, c.data},
                              {DNNL_ARG_BIAS, bias}};
-  if (rc == 0) rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
+  flow_onednn_key_add(&key, parts);
+  if (rc == 0 && parts > 1) rc = flow_onednn_run_parts(op, &key, build_gemm, &g, bias ? 4 : 3, args, step, parts);
+  else if (rc == 0) rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
   flow_tensor_decref(held[0]);
   flow_tensor_decref(held[1]);
   return rc;

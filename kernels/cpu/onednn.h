@@ -43,6 +43,11 @@ typedef struct flow_onednn_arg {
  * caller in errors. 0, or -1 with the error set. */
 int flow_onednn_run(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
                     int nargs, const flow_onednn_arg *args);
+/* The same on `parts` pieces at once, one per OpenMP thread: piece p reads and writes args[i].data +
+ * p * step[i] bytes. The primitive is built for one thread, with a scratchpad of each thread's own
+ * (build must ask for dnnl_scratchpad_mode_user). */
+int flow_onednn_run_parts(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
+                          int nargs, const flow_onednn_arg *args, const int64_t *step, int parts);
 /* Bytes of the workspace (max pooling's argmax) the primitive under key needs: built if missing. */
 int flow_onednn_workspace_size(const char *op, const flow_onednn_key *key, flow_onednn_build build,
                                const void *ctx, size_t *bytes);
@@ -90,6 +95,11 @@ flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_
 /* dst[i] = bf16(src[i]) for i < n, rounded as flow_onednn_to_bf16 rounds; only where
  * flow_onednn_bf16() holds (the CPU has AVX512-BF16). */
 void flow_onednn_round_bf16(uint16_t *dst, const float *src, int64_t n);
+
+/* GEMMs on several threads are cut into one piece per thread, each on oneDNN's one-thread kernel
+ * (faster here than oneDNN's own cutting); flow_onednn_whole(true) makes this thread's GEMMs run
+ * whole on oneDNN's threads instead (the reference in benchmarks). Returns the previous setting. */
+bool flow_onednn_whole(bool on);
 
 /* The BLAS-style form of the same GEMM, for kernels working on one matrix at a time:
  * C [M, N] (leading dimension ldc) = alpha op(A) op(B) + beta C, A and B row-major with leading
