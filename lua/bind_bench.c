@@ -3,6 +3,7 @@
  * scripts/bench/ can print ratios rather than absolute numbers from another machine; the plain
  * reference GEMM the specs check oneDNN against; oneDNN's thread count and primitive count. */
 #include <cblas.h>
+#include <omp.h>
 #include <string.h>
 #include <time.h>
 
@@ -98,6 +99,16 @@ static int l_conv_reference(lua_State *L) {
   return 1;
 }
 
+/* _bench.set_threads(n) -> previous: the OpenMP threads this thread's oneDNN calls and CPU loops
+ * use from now on (benchmarks compare thread counts in one process). */
+static int l_set_threads(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  if (n < 1 || n > 1024) return luaL_error(L, "_bench.set_threads: expected 1 to 1024 threads (got %d)", (int)n);
+  lua_pushinteger(L, flow_onednn_num_threads());
+  omp_set_num_threads((int)n);
+  return 1;
+}
+
 /* _bench.gemm_whole(on) -> previous: this thread's GEMMs run whole on oneDNN's own threads (true)
  * or cut into one piece per thread (false, the default); see flow_onednn_whole. */
 static int l_gemm_whole(lua_State *L) {
@@ -109,7 +120,8 @@ static int l_gemm_whole(lua_State *L) {
 void flow_lua_open_bench(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"sgemm", l_sgemm},   {"matmul_reference", l_matmul_reference}, {"onednn", l_onednn},
-      {"conv_reference", l_conv_reference}, {"gemm_whole", l_gemm_whole}, {NULL, NULL}};
+      {"conv_reference", l_conv_reference}, {"gemm_whole", l_gemm_whole},
+      {"set_threads", l_set_threads}, {NULL, NULL}};
   luaL_newlib(L, fns);
   lua_setfield(L, -2, "_bench");
 }

@@ -282,9 +282,15 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
   const heads *dq = &g[0], *dk = &g[1], *dv = &g[2], *q = &g[3], *k = &g[4], *v = &g[5], *o = &g[6], *lse = &g[7],
               *dout = &g[8], *dlse = &g[9];
   int64_t H = d->H, Tk = d->Tk;
-  memset(dk->data, 0, (size_t)(nb * H * Tk * d->D) * sizeof(real));
-  memset(dv->data, 0, (size_t)(nb * H * Tk * d->Dv) * sizeof(real));
-  for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
+  if (d->Tq == 0) {
+    memset(dk->data, 0, (size_t)(nb * H * Tk * d->D) * sizeof(real));
+    memset(dv->data, 0, (size_t)(nb * H * Tk * d->Dv) * sizeof(real));
+    return 0;
+  }
+  /* Blocks from the last: it sees every key (causal attention has Tq = Tk), so its GEMMs write dK
+   * and dV (beta `into` 0) and the blocks after it add to them: no zero fill first. */
+  real into = 0;
+  for (int64_t r0 = (d->Tq - 1) / BLOCK * BLOCK; r0 >= 0; r0 -= BLOCK, into = 1) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
     int64_t sz = nb * H * br * nk;
     heads P = dense_heads(S, S16, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, S16 ? S16 + sz : NULL, H, br, nk, sizeof(real));
@@ -302,7 +308,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           GEN(keep_bf16)(&P, b, h, i, p, nk);
         }
     if (d->Dv > 0) {
-      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, 1, dv)) return -1;
+      if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, into, dv)) return -1;
       if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->Dv, 1, &db, v, 0, &dP)) return -1;
     } else {
       memset(dP.data, 0, (size_t)(nb * H * br * nk) * sizeof(real));
@@ -317,7 +323,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           GEN(keep_bf16)(&dP, b, h, i, dp, nk);
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
-    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, 1, dk)) return -1;
+    if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, into, dk)) return -1;
   }
   return 0;
 }
