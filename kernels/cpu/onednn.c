@@ -207,12 +207,30 @@ typedef struct part_state {
 } part_state;
 
 static _Thread_local part_state part;
+static pthread_key_t part_key;   /* frees a thread's state when the thread ends (OpenMP's pool may shrink) */
+static pthread_once_t part_once = PTHREAD_ONCE_INIT;
+
+static void part_free(void *v) {
+  part_state *s = v;
+  for (int i = 0; i < MAXARGS; i++)
+    if (s->mem[i]) dnnl_memory_destroy(s->mem[i]);
+  if (s->pad_mem) dnnl_memory_destroy(s->pad_mem);
+  if (s->stream) dnnl_stream_destroy(s->stream);
+  free(s->pad);
+  memset(s, 0, sizeof *s);
+}
+
+static void part_key_make(void) { pthread_key_create(&part_key, part_free); }
 
 /* Runs e on args shifted by p * step[i] bytes, on this thread alone. A dnnl status. */
 static dnnl_status_t run_part(entry *e, int nargs, const flow_onednn_arg *args, const int64_t *step, int p) {
   part_state *s = &part;
   dnnl_status_t st;
-  if (!s->stream && (st = dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags))) return st;
+  if (!s->stream) {
+    pthread_once(&part_once, part_key_make);
+    if ((st = dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags))) return st;
+    pthread_setspecific(part_key, s);
+  }
   dnnl_exec_arg_t ex[MAXARGS + 1];
   for (int i = 0; i < nargs; i++) {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(e->pd, dnnl_query_exec_arg_md, args[i].arg);
