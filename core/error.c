@@ -4,8 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define FLOW_ERROR_MAX 1024
-
 static _Thread_local char msg[FLOW_ERROR_MAX];
 
 int flow_error_vset(const char *fmt, va_list ap) {

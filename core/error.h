@@ -5,6 +5,8 @@
 
 #include <stdarg.h>
 
+#define FLOW_ERROR_MAX 1024   /* bytes of a message, with its terminating zero */
+
 /* Set the current error message (printf-style). Always returns -1 so callers can
  * write `return flow_error_set(...)`. */
 int flow_error_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -102,6 +102,7 @@ typedef struct entry {
 
 static entry *table;
 static int count;
+static atomic_int alone_in_flight;
 static int64_t built;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -140,8 +141,14 @@ static entry *lookup(const char *op, const flow_onednn_key *key, flow_onednn_bui
         memcmp(table[i].key.v, key->v, (size_t)key->n * sizeof key->v[0]) == 0)
       return &table[i];
   if (count >= CAP / 2) {
-    clear_table();
-    i = h % CAP;
+    /* GEMMs running alone on the threads of a team (flow_onednn_run_alone) hold entries without mu */
+    if (atomic_load(&alone_in_flight) > 0) {
+      if (count >= CAP - CAP / 8)
+        return flow_error_set("%s: %d oneDNN primitives cached while GEMMs run on several threads", op, count), NULL;
+    } else {
+      clear_table();
+      i = h % CAP;
+    }
   }
   dnnl_primitive_desc_t pd = NULL;
   dnnl_primitive_t prim = NULL;
@@ -290,6 +297,24 @@ int flow_onednn_run_parts(const char *op, const flow_onednn_key *key, flow_onedn
   }
   pthread_mutex_unlock(&mu);
   return rc;
+}
+
+int flow_onednn_run_alone(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
+                          int nargs, const flow_onednn_arg *args) {
+  if (ready(op) != 0) return -1;
+  if (nargs > MAXARGS) return flow_error_set("%s: %d oneDNN arguments (at most %d)", op, nargs, MAXARGS);
+  pthread_mutex_lock(&mu);
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(1);   /* the primitive is built for one thread */
+  entry *e = lookup(op, key, build, ctx);
+  omp_set_num_threads(threads);
+  if (e) atomic_fetch_add(&alone_in_flight, 1);
+  pthread_mutex_unlock(&mu);
+  if (!e) return -1;
+  static const int64_t still[MAXARGS];
+  dnnl_status_t st = run_part(e, nargs, args, still, 0);
+  atomic_fetch_sub(&alone_in_flight, 1);
+  return st == dnnl_success ? 0 : flow_error_set("%s: oneDNN execution failed (status %d)", op, (int)st);
 }
 
 int flow_onednn_arg_md(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx, int arg,
@@ -542,7 +567,7 @@ typedef struct gemm_desc {
   dnnl_data_type_t in;
   bool bias;
   float alpha, beta;
-  bool parts;   /* built for one thread of several (flow_onednn_run_parts): a scratchpad of the caller's */
+  bool parts;   /* built for one thread of several (run_parts, run_alone): a scratchpad of the caller's */
 } gemm_desc;
 
 static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, const void *ctx) {
@@ -665,10 +690,13 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
     if ((held[i] = flow_onednn_to_bf16(op, m[i], &r))) *m[i] = r;
     else rc = -1;
   }
+  /* inside a team of threads (attention's batch items), this thread's GEMM runs alone, beside the
+   * others' */
+  bool alone = omp_in_parallel() && omp_get_num_threads() > 1;
   int parts = 1;
   int64_t step[4] = {0};
-  if (rc == 0) parts = split(&a, &b, &c, step, half);
-  gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta, parts > 1};
+  if (rc == 0 && !alone) parts = split(&a, &b, &c, step, half);
+  gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta, parts > 1 || alone};
   flow_onednn_key key = {0};
   flow_onednn_key_add(&key, 'G');
   flow_onednn_key_add(&key, n);
@@ -684,8 +712,9 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
                              {DNNL_ARG_WEIGHTS, b.data},
                              {DNNL_ARG_DST, c.data},
                              {DNNL_ARG_BIAS, bias}};
-  flow_onednn_key_add(&key, parts);
-  if (rc == 0 && parts > 1) rc = flow_onednn_run_parts(op, &key, build_gemm, &g, bias ? 4 : 3, args, step, parts);
+  flow_onednn_key_add(&key, g.parts);
+  if (rc == 0 && alone) rc = flow_onednn_run_alone(op, &key, build_gemm, &g, bias ? 4 : 3, args);
+  else if (rc == 0 && parts > 1) rc = flow_onednn_run_parts(op, &key, build_gemm, &g, bias ? 4 : 3, args, step, parts);
   else if (rc == 0) rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
   flow_tensor_decref(held[0]);
   flow_tensor_decref(held[1]);

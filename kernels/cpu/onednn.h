@@ -48,6 +48,10 @@ int flow_onednn_run(const char *op, const flow_onednn_key *key, flow_onednn_buil
  * (build must ask for dnnl_scratchpad_mode_user). */
 int flow_onednn_run_parts(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
                           int nargs, const flow_onednn_arg *args, const int64_t *step, int parts);
+/* The same on this thread alone, inside a parallel region whose other threads may run GEMMs of their
+ * own at the same time (build as for flow_onednn_run_parts). */
+int flow_onednn_run_alone(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
+                          int nargs, const flow_onednn_arg *args);
 /* Bytes of the workspace (max pooling's argmax) the primitive under key needs: built if missing. */
 int flow_onednn_workspace_size(const char *op, const flow_onednn_key *key, flow_onednn_build build,
                                const void *ctx, size_t *bytes);

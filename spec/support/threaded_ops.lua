@@ -62,4 +62,24 @@ keep("adamw v", v)
 
 keep("embedding", F.embedding(flow.randint(0, 1000, { 64, 64 }), flow.randn({ 1000, 128 })))
 
+-- attention: a team of threads takes the batch items (two blocks of query rows each), GEMMs and
+-- all, in float32 and under bf16 autocast
+local qa, ka, va = flow.randn({ 4, 4, 70, 16 }), flow.randn({ 4, 4, 70, 16 }), flow.randn({ 4, 4, 70, 16 })
+local ua = flow.randn({ 4, 4, 70, 16 }) -- upstream gradient
+local function attention(name, causal)
+  local q, k, v = qa:clone():requires_grad_(true), ka:clone():requires_grad_(true), va:clone():requires_grad_(true)
+  local y = F.scaled_dot_product_attention(q, k, v, { causal = causal })
+  y:backward(ua)
+  keep(name, y)
+  keep(name .. " dq", q.grad)
+  keep(name .. " dk", k.grad)
+  keep(name .. " dv", v.grad)
+end
+for _, causal in ipairs({ false, true }) do
+  attention(("attention causal=%s"):format(causal), causal)
+  if flow._bench.onednn().bf16 then
+    flow.autocast("bfloat16", function() attention(("attention bf16 causal=%s"):format(causal), causal) end)
+  end
+end
+
 flow.save(results, assert(arg[1], "usage: threaded_ops.lua FILE"))
