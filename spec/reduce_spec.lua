@@ -109,6 +109,22 @@ describe("sum, mean and var", function()
     assert_close({5 / 3}, shifted:var(), 1e-7)
   end)
 
+  it("sum leading axes of large inputs (rows in blocks) as the last axis of the transpose sums", function()
+    flow.manual_seed(12)
+    -- rows not a multiple of the block, two leading axes (a bias gradient of [B, T, C]), integers
+    local cases = { flow.randn({300, 40}), flow.randn({4, 130, 257}), flow.randn({300, 40}, {dtype = "float64"}) }
+    for _, x in ipairs(cases) do
+      local C = x:shape()[x:dim()]
+      local rows = x:reshape({-1, C})
+      local want = rows:transpose(0, 1):contiguous():sum(1)
+      local axes = x:dim() == 3 and {0, 1} or 0
+      assert_close(want:totable(), x:sum(axes), 1e-6)
+      assert_close((want / rows:shape()[1]):totable(), x:mean(axes), 1e-6)
+    end
+    local i = flow.randint(-1000, 1000, {300, 64})
+    assert.are.same(i:transpose(0, 1):contiguous():sum(1):totable(), i:sum(0):totable())
+  end)
+
   it("var of one element is nan when unbiased, 0 when biased; of none, nan", function()
     local one = flow.tensor({3}, {dtype = "float64"})
     local v = one:var():item()

@@ -1,5 +1,6 @@
 /* LayerNorm over the last axis, fused forward (saving mean and rstd) and fused backward (dx by
- * rows, then dw and db by columns), float32 and float64, on several threads for large inputs. The kernels after `#else` are written once against `real`:
+ * rows, dw and db by blocks of rows), float32 and float64, on several threads for large inputs.
+ * The kernels after `#else` are written once against `real`:
  * this file includes itself once per dtype (Torch7's THGenerate pattern). */
 #ifndef real
 
@@ -11,6 +12,8 @@
 
 /* Independent partial sums per row: the row statistics run at throughput, not add latency. */
 #define LANES 8
+/* Rows per block of the backward: threads take whole blocks, and dw and db are summed per block. */
+#define WB_ROWS (int64_t)64
 
 #define FLOW_GENERIC_FILE "layernorm.c"
 #include "generic.h"
@@ -55,18 +58,27 @@ int flow_cpu_layernorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
   flow_tensor *tmp[7];
   if (dense_all(in, p, tmp, 7) != 0) return -1;
   int64_t C = x->shape[x->ndim - 1], rows = flow_shape_numel(x->ndim - 1, x->shape);
+  int64_t np = (rows + WB_ROWS - 1) / WB_ROWS * 2 * C;
+  np = np > 0 ? np : 1;
+  flow_tensor *part = flow_tensor_new(x->dtype, FLOW_DEVICE_CPU, 1, &np); /* cached memory, no page faults */
+  if (!part) {
+    for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
+    return flow_error_set("layer_norm: out of memory for the weight gradient's partial sums");
+  }
+  memset(flow_tensor_data(part), 0, flow_tensor_nbytes(part));
   memset(flow_tensor_data(dw), 0, flow_tensor_nbytes(dw));
   memset(flow_tensor_data(db), 0, flow_tensor_nbytes(db));
   if (x->dtype == FLOW_F32)
     layernorm_backward_run_f32(&(layernorm_job_f32){.y = flow_tensor_data(dx), .dw = flow_tensor_data(dw),
-                                                     .db = flow_tensor_data(db), .dy = p[0], .dmean = p[1],
-                                                     .drstd = p[2], .x = p[3], .w = p[4], .smean = p[5],
-                                                     .srstd = p[6], .rows = rows, .C = C});
+                                                     .db = flow_tensor_data(db), .part = flow_tensor_data(part),
+                                                     .dy = p[0], .dmean = p[1], .drstd = p[2], .x = p[3], .w = p[4],
+                                                     .smean = p[5], .srstd = p[6], .rows = rows, .C = C});
   else
     layernorm_backward_run_f64(&(layernorm_job_f64){.y = flow_tensor_data(dx), .dw = flow_tensor_data(dw),
-                                                     .db = flow_tensor_data(db), .dy = p[0], .dmean = p[1],
-                                                     .drstd = p[2], .x = p[3], .w = p[4], .smean = p[5],
-                                                     .srstd = p[6], .rows = rows, .C = C});
+                                                     .db = flow_tensor_data(db), .part = flow_tensor_data(part),
+                                                     .dy = p[0], .dmean = p[1], .drstd = p[2], .x = p[3], .w = p[4],
+                                                     .smean = p[5], .srstd = p[6], .rows = rows, .C = C});
+  flow_tensor_decref(part);
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
   return 0;
 }
@@ -112,9 +124,8 @@ static void GEN(layernorm_forward)(real *y, real *mean, real *rstd, const real *
  * dx = (dn - mean(dn) - xhat * mean(dn * xhat)) * rstd,  dw = sum over rows of dy * xhat,  db = sum of dy;
  * the saved statistics add d(mean)/dx = 1/C and d(rstd)/dx = -rstd^2 xhat / C:
  * dx += (dmean - drstd * rstd^2 * xhat) / C, folded into the two row means below.
- * dx is row by row (rows r0..r1); dw and db, sums down the columns, are a second pass over
- * columns c0..c1 (below), so threads can split rows for the one and columns for the other and
- * every sum runs in row order whatever the split. */
+ * dx is row by row (rows r0..r1); dw and db, sums down the columns, are summed per block of rows
+ * (below) and the blocks added in order, so every sum runs in the same order whatever the threads. */
 FLOW_CPU_DISPATCH
 static void GEN(layernorm_backward_dx)(real *dx, const real *dy, const real *dmean, const real *drstd, const real *x,
                                        const real *w, const real *mean, const real *rstd, int64_t r0, int64_t r1,
@@ -162,33 +173,34 @@ static void GEN(layernorm_backward_dx)(real *dx, const real *dy, const real *dme
   }
 }
 
-/* dw[i] += dy[r, i] * xhat[r, i], db[i] += dy[r, i] for r = 0..rows-1 in order, columns c0..c1 (dw, db zeroed).
- * The columns run over a multiple of 32 first, as the loops above, or the vectoriser leaves the loop scalar. */
+/* dw[i] += dy[r, i] * xhat[r, i], db[i] += dy[r, i] for rows r0..r1 in order (dw, db: a block's
+ * partial sums). The columns run over a multiple of 32 first, as the loops above, or the vectoriser
+ * leaves the loop scalar. */
 FLOW_CPU_DISPATCH
-static void GEN(layernorm_backward_wb)(real *dw, real *db, const real *dy, const real *x, const real *mean,
-                                       const real *rstd, int64_t rows, int64_t c0, int64_t c1, int64_t C) {
-  int64_t n = c1 - c0, n32 = n & ~(int64_t)31;
-  real *w = dw + c0, *b = db + c0;
-  for (int64_t r = 0; r < rows; r++) {
-    const real *xr = x + r * C + c0, *dyr = dy + r * C + c0;
+static void GEN(layernorm_backward_wb)(real *w, real *b, const real *dy, const real *x, const real *mean,
+                                       const real *rstd, int64_t r0, int64_t r1, int64_t C) {
+  int64_t n32 = C & ~(int64_t)31;
+  for (int64_t r = r0; r < r1; r++) {
+    const real *xr = x + r * C, *dyr = dy + r * C;
     real m = mean[r], s = rstd[r];
 #pragma GCC ivdep
     for (int64_t i = 0; i < n32; i++) {
       w[i] += dyr[i] * ((xr[i] - m) * s);
       b[i] += dyr[i];
     }
-    for (int64_t i = n32; i < n; i++) {
+    for (int64_t i = n32; i < C; i++) {
       w[i] += dyr[i] * ((xr[i] - m) * s);
       b[i] += dyr[i];
     }
   }
 }
 
-/* ---- the threads' share: rows, or columns for dw and db ---- */
+/* ---- the threads' share: rows, or blocks of rows for the backward ---- */
 
 typedef struct GEN(layernorm_job) {
   real *y, *mean, *rstd;               /* forward outputs; for the backward, y is dx */
   real *dw, *db;
+  real *part;                          /* backward: dw and db of each block of WB_ROWS rows, zeroed */
   const real *x, *w, *b, *dy, *dmean, *drstd, *smean, *srstd;  /* smean, srstd: the saved statistics */
   int64_t rows, C;
   real eps;
@@ -199,24 +211,35 @@ static void GEN(layernorm_forward_part)(int64_t lo, int64_t hi, int part, void *
   GEN(layernorm_forward)(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->C, j->eps);
 }
 
+/* Blocks lo..hi of WB_ROWS rows: dx row by row, and each block's dw and db while its rows are in
+ * cache. */
 static void GEN(layernorm_dx_part)(int64_t lo, int64_t hi, int part, void *vjob) {
   const GEN(layernorm_job) *j = vjob;
-  GEN(layernorm_backward_dx)(j->y, j->dy, j->dmean, j->drstd, j->x, j->w, j->smean, j->srstd, lo, hi, j->C);
-}
-
-static void GEN(layernorm_wb_part)(int64_t lo, int64_t hi, int part, void *vjob) {
-  const GEN(layernorm_job) *j = vjob;
-  GEN(layernorm_backward_wb)(j->dw, j->db, j->dy, j->x, j->smean, j->srstd, j->rows, lo, hi, j->C);
+  (void)part;
+  for (int64_t blk = lo; blk < hi; blk++) {
+    int64_t r0 = blk * WB_ROWS, r1 = r0 + WB_ROWS < j->rows ? r0 + WB_ROWS : j->rows;
+    GEN(layernorm_backward_dx)(j->y, j->dy, j->dmean, j->drstd, j->x, j->w, j->smean, j->srstd, r0, r1, j->C);
+    real *pw = j->part + blk * 2 * j->C;
+    GEN(layernorm_backward_wb)(pw, pw + j->C, j->dy, j->x, j->smean, j->srstd, r0, r1, j->C);
+  }
 }
 
 static void GEN(layernorm_forward_run)(GEN(layernorm_job) *j) {
   flow_cpu_parallel(flow_cpu_threads(j->rows * j->C, FLOW_GRAIN_COSTLY), j->rows, 1, GEN(layernorm_forward_part), j);
 }
 
+/* dw and db are the blocks' sums added in block order: the same bits on any number of threads. */
 static void GEN(layernorm_backward_run)(GEN(layernorm_job) *j) {
-  int t = flow_cpu_threads(j->rows * j->C, FLOW_GRAIN_COSTLY);
-  flow_cpu_parallel(t, j->rows, 1, GEN(layernorm_dx_part), j);
-  flow_cpu_parallel(t, j->C, 32, GEN(layernorm_wb_part), j);
+  int64_t blocks = (j->rows + WB_ROWS - 1) / WB_ROWS;
+  flow_cpu_parallel(flow_cpu_threads(j->rows * j->C, FLOW_GRAIN_COSTLY), blocks, 1, GEN(layernorm_dx_part), j);
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const real *pw = j->part + blk * 2 * j->C, *pb = pw + j->C;
+#pragma GCC ivdep
+    for (int64_t i = 0; i < j->C; i++) {
+      j->dw[i] += pw[i];
+      j->db[i] += pb[i];
+    }
+  }
 }
 
 #endif
