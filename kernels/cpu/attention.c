@@ -160,23 +160,66 @@ static flow_tensor *twin_of(heads *m, const dims *d, int64_t rows, int64_t cols)
   return h;
 }
 
-/* The first error of the team's threads, on the calling thread. */
-typedef struct team_error {
-  bool set;
-  char msg[FLOW_ERROR_MAX];
-} team_error;
+/* One group of nb batch items from b0 on, with a thread's own score scratch (and its bf16 twin). */
+typedef int (*group_fn)(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx);
 
-static void team_fail(team_error *e) {
+/* The batch items in groups of G, each thread of a team of t taking its own share with its own n
+ * elements of scratch (st and st16 hold t of them): fn per group. The first error of any thread
+ * ends up on the calling thread. */
+static int run_team(int t, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16, group_fn fn,
+                    void *ctx) {
+  bool failed = false;
+  char msg[FLOW_ERROR_MAX] = "";
+  size_t es = flow_dtype_size(st->dtype);
+#pragma omp parallel num_threads(t) if (t > 1)
+  {
+    int me = omp_get_thread_num(), of = omp_get_num_threads();
+    void *scratch = (char *)flow_tensor_data(st) + me * n * (int64_t)es;
+    uint16_t *scratch16 = st16 ? (uint16_t *)flow_tensor_data(st16) + me * n : NULL;
+    int r = 0;
+    for (int64_t b0 = d->B * me / of, end = d->B * (me + 1) / of; r == 0 && b0 < end; b0 += G)
+      r = fn(b0, end - b0 < G ? end - b0 : G, scratch, scratch16, ctx);
+    if (r != 0) {
 #pragma omp critical(flow_attention_error)
-  if (!e->set) {
-    e->set = true;
-    snprintf(e->msg, sizeof e->msg, "%s", flow_error_get());
+      if (!failed) {
+        failed = true;
+        snprintf(msg, sizeof msg, "%s", flow_error_get());
+      }
+    }
   }
+  return failed ? flow_error_set("%s", msg) : 0;
+}
+
+/* A call's operands for run_team: forward o, lse, q, k, v; backward dq, dk, dv, q, k, v, o, lse,
+ * dout, dlse. */
+typedef struct attention_job {
+  heads g[10];
+  dims d;
+  double scale;
+  bool causal, f32;
+} attention_job;
+
+static int forward_group(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx) {
+  const attention_job *j = ctx;
+  heads g[5];
+  for (int i = 0; i < 5; i++) g[i] = heads_at(j->g[i], b0, 0);
+  if (j->f32)
+    return attention_forward_f32(&g[0], &g[1], &g[2], &g[3], &g[4], scratch, scratch16, nb, &j->d, (float)j->scale,
+                                 j->causal);
+  return attention_forward_f64(&g[0], &g[1], &g[2], &g[3], &g[4], scratch, NULL, nb, &j->d, j->scale, j->causal);
+}
+
+static int backward_group(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx) {
+  const attention_job *j = ctx;
+  heads g[10];
+  for (int i = 0; i < 10; i++) g[i] = heads_at(j->g[i], b0, 0);
+  if (j->f32) return attention_backward_f32(g, scratch, scratch16, nb, &j->d, (float)j->scale, j->causal);
+  return attention_backward_f64(g, scratch, NULL, nb, &j->d, j->scale, j->causal);
 }
 
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                const flow_tensor *v, double scale, bool causal) {
-  heads m[3];
+  heads m[3] = {{0}};
   flow_tensor *tmp[3] = {NULL}, *twin[3] = {NULL};
   const flow_tensor *in[3] = {q, k, v};
   dims d = dims_of(q, v);
@@ -189,27 +232,10 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
   for (int i = 0; rc == 0 && half && i < 3; i++)
     if (!(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
-  heads ho = dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, es);
-  heads hl = dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es);
-  team_error err = {false, ""};
-#pragma omp parallel num_threads(t) if (rc == 0 && t > 1)
-  {
-    int me = omp_get_thread_num(), of = omp_get_num_threads();
-    char *scratch = st ? (char *)flow_tensor_data(st) + me * n * (int64_t)es : NULL;
-    uint16_t *scratch16 = st16 ? (uint16_t *)flow_tensor_data(st16) + me * n : NULL;
-    int r = rc;
-    for (int64_t b0 = d.B * me / of, end = d.B * (me + 1) / of; r == 0 && b0 < end; b0 += G) {
-      int64_t nb = end - b0 < G ? end - b0 : G;
-      heads hq = heads_at(m[0], b0, 0), hk = heads_at(m[1], b0, 0), hv = heads_at(m[2], b0, 0);
-      heads go = heads_at(ho, b0, 0), gl = heads_at(hl, b0, 0);
-      if (q->dtype == FLOW_F32)
-        r = attention_forward_f32(&go, &gl, &hq, &hk, &hv, (float *)scratch, scratch16, nb, &d, (float)scale, causal);
-      else
-        r = attention_forward_f64(&go, &gl, &hq, &hk, &hv, (double *)scratch, NULL, nb, &d, scale, causal);
-    }
-    if (r != 0 && rc == 0) team_fail(&err);
-  }
-  if (rc == 0 && err.set) rc = flow_error_set("%s", err.msg);
+  attention_job job = {{dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, es),
+                        dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es), m[0], m[1], m[2]},
+                       d, scale, causal, q->dtype == FLOW_F32};
+  if (rc == 0) rc = run_team(t, &d, G, n, st, st16, forward_group, &job);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
   for (int i = 0; i < 3; i++) {
@@ -223,7 +249,7 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal) {
-  heads m[5];
+  heads m[5] = {{0}};
   flow_tensor *tmp[7] = {NULL}, *twin[5] = {NULL};
   const flow_tensor *in[5] = {q, k, v, o, dout};
   dims d = dims_of(q, v);
@@ -239,28 +265,13 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
     if (i != 3 && !(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
-  heads hdq = dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, es);
-  heads hdk = dense_heads(flow_tensor_data(dk), NULL, d.H, d.Tk, d.D, es);
-  heads hdv = dense_heads(flow_tensor_data(dv), NULL, d.H, d.Tk, d.Dv, es);
-  heads hl = dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), hdl = dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es);
-  team_error err = {false, ""};
-#pragma omp parallel num_threads(t) if (rc == 0 && t > 1)
-  {
-    int me = omp_get_thread_num(), of = omp_get_num_threads();
-    char *scratch = st ? (char *)flow_tensor_data(st) + me * n * (int64_t)es : NULL;
-    uint16_t *scratch16 = st16 ? (uint16_t *)flow_tensor_data(st16) + me * n : NULL;
-    int r = rc;
-    for (int64_t b0 = d.B * me / of, end = d.B * (me + 1) / of; r == 0 && b0 < end; b0 += G) {
-      int64_t nb = end - b0 < G ? end - b0 : G;
-      heads g[10] = {heads_at(hdq, b0, 0), heads_at(hdk, b0, 0), heads_at(hdv, b0, 0), heads_at(m[0], b0, 0),
-                     heads_at(m[1], b0, 0), heads_at(m[2], b0, 0), heads_at(m[3], b0, 0), heads_at(hl, b0, 0),
-                     heads_at(m[4], b0, 0), heads_at(hdl, b0, 0)};
-      if (q->dtype == FLOW_F32) r = attention_backward_f32(g, (float *)scratch, scratch16, nb, &d, (float)scale, causal);
-      else r = attention_backward_f64(g, (double *)scratch, NULL, nb, &d, scale, causal);
-    }
-    if (r != 0 && rc == 0) team_fail(&err);
-  }
-  if (rc == 0 && err.set) rc = flow_error_set("%s", err.msg);
+  attention_job job = {{dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, es),
+                       dense_heads(flow_tensor_data(dk), NULL, d.H, d.Tk, d.D, es),
+                       dense_heads(flow_tensor_data(dv), NULL, d.H, d.Tk, d.Dv, es), m[0], m[1], m[2], m[3],
+                       dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
+                       dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es)},
+                      d, scale, causal, q->dtype == FLOW_F32};
+  if (rc == 0) rc = run_team(t, &d, G, n, st, st16, backward_group, &job);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);

@@ -276,15 +276,22 @@ static dnnl_status_t run_part(entry *e, int nargs, const flow_onednn_arg *args, 
   return dnnl_stream_wait(s->stream);
 }
 
+/* The entry for key, built for one thread (where several threads each run one: run_part), with mu
+ * held. */
+static entry *lookup_one_thread(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx) {
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  entry *e = lookup(op, key, build, ctx);
+  omp_set_num_threads(threads);
+  return e;
+}
+
 int flow_onednn_run_parts(const char *op, const flow_onednn_key *key, flow_onednn_build build, const void *ctx,
                           int nargs, const flow_onednn_arg *args, const int64_t *step, int parts) {
   if (ready(op) != 0) return -1;
   if (nargs > MAXARGS) return flow_error_set("%s: %d oneDNN arguments (at most %d)", op, nargs, MAXARGS);
   pthread_mutex_lock(&mu);
-  int threads = omp_get_max_threads();
-  omp_set_num_threads(1);   /* the primitive is built for one thread */
-  entry *e = lookup(op, key, build, ctx);
-  omp_set_num_threads(threads);
+  entry *e = lookup_one_thread(op, key, build, ctx);
   int rc = e ? 0 : -1;
   if (rc == 0) {
     dnnl_status_t bad = dnnl_success;
@@ -307,10 +314,7 @@ int flow_onednn_run_alone(const char *op, const flow_onednn_key *key, flow_onedn
   if (ready(op) != 0) return -1;
   if (nargs > MAXARGS) return flow_error_set("%s: %d oneDNN arguments (at most %d)", op, nargs, MAXARGS);
   pthread_mutex_lock(&mu);
-  int threads = omp_get_max_threads();
-  omp_set_num_threads(1);   /* the primitive is built for one thread */
-  entry *e = lookup(op, key, build, ctx);
-  omp_set_num_threads(threads);
+  entry *e = lookup_one_thread(op, key, build, ctx);
   if (e) atomic_fetch_add(&alone_in_flight, 1);
   pthread_mutex_unlock(&mu);
   if (!e) return -1;
@@ -718,12 +722,10 @@ static int gemm_k_pieces(const char *op, const gemm_desc *g, int t) {
   gemm_key(&k1, &g1);
   int rc = ready(op);
   pthread_mutex_lock(&mu);
-  int threads = omp_get_max_threads();
-  omp_set_num_threads(1);   /* the primitives are built for one thread */
   int64_t clears0 = clears;
-  entry *e0 = rc == 0 ? lookup(op, &k0, build_gemm, &g0) : NULL, *e1 = e0 ? lookup(op, &k1, build_gemm, &g1) : NULL;
-  if (e1 && clears != clears0) e0 = lookup(op, &k0, build_gemm, &g0);   /* the second emptied the table */
-  omp_set_num_threads(threads);
+  entry *e0 = rc == 0 ? lookup_one_thread(op, &k0, build_gemm, &g0) : NULL;
+  entry *e1 = e0 ? lookup_one_thread(op, &k1, build_gemm, &g1) : NULL;
+  if (e1 && clears != clears0) e0 = lookup_one_thread(op, &k0, build_gemm, &g0);   /* the second emptied the table */
   if (!e0 || !e1) rc = -1;
   dnnl_status_t bad = dnnl_success;
   static const int64_t still[MAXARGS];

@@ -7,22 +7,12 @@
 --   flowlua scripts/bench/gpt_ab.lua [--vs threads|amp --threads 2 --rounds 8 --block 4]
 local flow = require "flow"
 local utils = require "flow.utils"
-local gpt = require "flow.gpt"
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local step_timer = require "step_timer"
 
-local args = utils.parse_args(arg, { layers = 4, dim = 256, heads = 8, seq = 128, batch = 8, vocab = 256,
-                                     vs = "threads", threads = 2, rounds = 8, block = 4 })
+local args = utils.parse_args(arg, step_timer.gpt_options({ vs = "threads", threads = 2, rounds = 8, block = 4 }))
 if args.vs ~= "threads" and args.vs ~= "amp" then error(("--vs %s: expected threads or amp"):format(args.vs), 0) end
-flow.manual_seed(0)
-local model = gpt.GPT({ vocab_size = args.vocab, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim })
-local opt = model:configure_optimizer({ lr = 1e-4, weight_decay = 0.1 })
-local x = flow.randint(0, args.vocab, { args.batch, args.seq })
-local y = flow.randint(0, args.vocab, { args.batch, args.seq })
-local function loss()
-  local _, l = model(x, y)
-  return l
-end
+local _, opt, loss = step_timer.gpt(args)
 
 -- the two settings: a name and a step function each
 local settings

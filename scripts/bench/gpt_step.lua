@@ -9,28 +9,18 @@
 -- unset for that one command (its OpenBLAS then picks its own kernel); the faster is the anchor.
 local flow = require "flow"
 local utils = require "flow.utils"
-local gpt = require "flow.gpt"
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local step_timer = require "step_timer"
 
-local args = utils.parse_args(arg, { layers = 4, dim = 256, heads = 8, seq = 128, batch = 8, vocab = 256,
-                                     steps = 10, warmup = 2, device = "cpu", amp = "off",
-                                     torch = "on" })
+local args = utils.parse_args(arg, step_timer.gpt_options({ steps = 10, warmup = 2, device = "cpu", amp = "off",
+                                                             torch = "on" }))
 if args.amp ~= "off" and args.amp ~= "bf16" then error(("--amp %s: expected off or bf16"):format(args.amp), 0) end
 local function amp(fn)
   if args.amp == "bf16" then return flow.autocast("bfloat16", fn) end
   return fn()
 end
-flow.manual_seed(0)
-local model = gpt.GPT({ vocab_size = args.vocab, block_size = args.seq, n_layer = args.layers, n_head = args.heads, n_embd = args.dim })
-local opt = model:configure_optimizer({ lr = 1e-4, weight_decay = 0.1 })
-local x = flow.randint(0, args.vocab, { args.batch, args.seq })
-local y = flow.randint(0, args.vocab, { args.batch, args.seq })
-
-local step = step_timer.train_step(function()
-  local _, l = model(x, y)
-  return l
-end, opt, args.amp)
+local model, opt, loss = step_timer.gpt(args)
+local step = step_timer.train_step(loss, opt, args.amp)
 
 local times, cpu_ms = step_timer.times(step, args.warmup, args.steps)
 local sum = 0

@@ -1,11 +1,35 @@
--- What the training-step benchmarks (gpt_step.lua, cnn.lua) share: timing a step after warm-up,
--- and running their PyTorch reference twice in the same command, as configured and with
+-- What the training-step benchmarks (gpt_step.lua, gpt_ab.lua, cnn.lua) share: the benchmark GPT,
+-- timing a step after warm-up, and running their PyTorch reference twice in the same command, as
+-- configured and with
 -- OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for that command (its OpenBLAS then picks its own
 -- kernel), so the ratio is against the faster.
 local flow = require "flow"
 local utils = require "flow.utils"
 
 local step_timer = {}
+
+-- The benchmark GPT's options with their defaults (L4 D256 H8 T128 B8, byte vocabulary), and a
+-- script's own: the table utils.parse_args takes.
+function step_timer.gpt_options(own)
+  local t = { layers = 4, dim = 256, heads = 8, seq = 128, batch = 8, vocab = 256 }
+  for k, v in pairs(own) do t[k] = v end
+  return t
+end
+
+-- The model (seed 0), its AdamW and a loss function on one fixed random batch, from parsed options.
+function step_timer.gpt(args)
+  local gpt = require "flow.gpt"
+  flow.manual_seed(0)
+  local model = gpt.GPT({ vocab_size = args.vocab, block_size = args.seq, n_layer = args.layers,
+                          n_head = args.heads, n_embd = args.dim })
+  local opt = model:configure_optimizer({ lr = 1e-4, weight_decay = 0.1 })
+  local x = flow.randint(0, args.vocab, { args.batch, args.seq })
+  local y = flow.randint(0, args.vocab, { args.batch, args.seq })
+  return model, opt, function()
+    local _, l = model(x, y)
+    return l
+  end
+end
 
 -- One training step: loss_fn() and its backward under bf16 autocast when amp is "bf16", then the
 -- optimizer (outside autocast, in float32); returns the loss as a number.
