@@ -266,11 +266,11 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
   attention_job job = {{dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, es),
-                       dense_heads(flow_tensor_data(dk), NULL, d.H, d.Tk, d.D, es),
-                       dense_heads(flow_tensor_data(dv), NULL, d.H, d.Tk, d.Dv, es), m[0], m[1], m[2], m[3],
-                       dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
-                       dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es)},
-                      d, scale, causal, q->dtype == FLOW_F32};
+                        dense_heads(flow_tensor_data(dk), NULL, d.H, d.Tk, d.D, es),
+                        dense_heads(flow_tensor_data(dv), NULL, d.H, d.Tk, d.Dv, es), m[0], m[1], m[2], m[3],
+                        dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
+                        dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es)},
+                       d, scale, causal, q->dtype == FLOW_F32};
   if (rc == 0) rc = run_team(t, &d, G, n, st, st16, backward_group, &job);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
