@@ -117,10 +117,7 @@ static uint64_t hash_key(const flow_onednn_key *k) {
   return h;
 }
 
-static int64_t clears;   /* times the table was emptied */
-
 static void clear_table(void) {
-  clears++;
   for (int i = 0; i < CAP; i++)
     if (table[i].prim) {
       for (int j = 0; j < table[i].nmem; j++) dnnl_memory_destroy(table[i].mem[j].memory);
@@ -647,6 +644,10 @@ static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int
   if (flow_shape_numel(n - 2, c->dims) * M * N * K < (int64_t)t << 18) return 1;
   int64_t e = half ? 2 : 4;   /* bytes of an element of a and b (c is float32) */
   bool cut_m = M % t == 0 && M / t >= 32, cut_n = N % t == 0 && N / t >= 32;
+  /* a weight's gradient dY^T X with M > N: cut along M, each piece of the transposed A is strided
+   * and ran on a slower kernel (0.84x oneDNN's own cutting for 1024 x 1024 x 256), and cut along K
+   * (dense pieces, then the products added) it still ran 0.93x: oneDNN cuts these itself */
+  if (n == 2 && column_major(a) && M > N) return 1;
   if (n > 2 && c->dims[0] % t == 0) {
     int64_t len = c->dims[0] / t;
     step[0] = a->dims[0] == 1 ? 0 : len * a->strides[0] * e;
@@ -689,79 +690,6 @@ static void gemm_key(flow_onednn_key *key, const gemm_desc *g) {
   flow_onednn_key_add(key, g->parts);
 }
 
-/* A weight's gradient, dW = dY^T X: A is a transpose (column-major), and a cut along M leaves each
- * piece of it strided, which oneDNN ran on a slower kernel (1.75x on 2 threads where the others
- * reached 1.9x). Cutting K instead keeps every piece dense: each thread multiplies its share of the
- * rows of X (tokens), and the products are added after. Where M <= N, split cuts N (dense pieces)
- * or a square M (which measured faster than K pieces there). The threads to cut K among (C = A B,
- * 2-d, no bias), or 1. */
-static int k_split(const flow_onednn_mat *a, const flow_onednn_mat *b, const flow_onednn_mat *c) {
-  int t = whole || omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (t < 2 || c->ndim != 2 || !column_major(a) || a->strides[1] != a->dims[0]) return 1;
-  int64_t M = c->dims[0], N = c->dims[1], K = a->dims[1];
-  if (M <= N || K % t != 0 || K / t < 128 || M * N * K < (int64_t)t << 18) return 1;
-  return t;
-}
-
-/* C = alpha A B + beta C with K cut into t pieces: thread 0 multiplies the first into C, thread p
- * the p-th into a scratch matrix, and then each thread adds the scratches into its share of C's
- * rows, in piece order. */
-static int gemm_k_pieces(const char *op, const gemm_desc *g, int t) {
-  const flow_onednn_mat *a = g->a, *b = g->b, *c = g->c;
-  int64_t M = c->dims[0], N = c->dims[1], len = a->dims[1] / t, e = g->in == dnnl_bf16 ? 2 : 4;
-  int64_t ns = (t - 1) * M * N;
-  flow_tensor *scratch = flow_tensor_new(FLOW_F32, FLOW_DEVICE_CPU, 1, &ns);
-  if (!scratch) return flow_error_prefix("%s", op);
-  float *sp = flow_tensor_data(scratch);
-  flow_onednn_mat ap = *a, bp = *b, s = {2, {M, N}, {N, 1}, sp};
-  ap.dims[1] = len;
-  bp.dims[0] = len;
-  gemm_desc g0 = {&ap, &bp, c, g->in, false, g->alpha, g->beta, true}, g1 = {&ap, &bp, &s, g->in, false, g->alpha, 0, true};
-  flow_onednn_key k0, k1;
-  gemm_key(&k0, &g0);
-  gemm_key(&k1, &g1);
-  int rc = ready(op);
-  pthread_mutex_lock(&mu);
-  int64_t clears0 = clears;
-  entry *e0 = rc == 0 ? lookup_one_thread(op, &k0, build_gemm, &g0) : NULL;
-  entry *e1 = e0 ? lookup_one_thread(op, &k1, build_gemm, &g1) : NULL;
-  if (e1 && clears != clears0) e0 = lookup_one_thread(op, &k0, build_gemm, &g0);   /* the second emptied the table */
-  if (!e0 || !e1) rc = -1;
-  dnnl_status_t bad = dnnl_success;
-  static const int64_t still[MAXARGS];
-#pragma omp parallel num_threads(t) if (rc == 0)
-  {
-    int p = omp_get_thread_num(), of = omp_get_num_threads();
-    /* a team smaller than asked: the pieces round-robin, thread 0 keeping piece 0 */
-    for (int q = p; rc == 0 && q < t; q += of) {
-      flow_onednn_arg args[3] = {{DNNL_ARG_SRC, (const char *)a->data + q * len * a->strides[1] * e},
-                                 {DNNL_ARG_WEIGHTS, (const char *)b->data + q * len * b->strides[0] * e},
-                                 {DNNL_ARG_DST, q == 0 ? (void *)c->data : (void *)(sp + (q - 1) * M * N)}};
-      dnnl_status_t st = run_part(q == 0 ? e0 : e1, 3, args, still, 0);
-      if (st != dnnl_success) {
-#pragma omp critical(flow_onednn_parts)
-        bad = st;
-      }
-    }
-#pragma omp barrier
-    if (rc == 0 && bad == dnnl_success)
-      for (int64_t r = M * p / of; r < M * (p + 1) / of; r++) {
-        float *cr = (float *)c->data + r * c->strides[0];
-        for (int q = 1; q < t; q++) {
-          const float *sr = sp + (q - 1) * M * N + r * N;
-          if (c->strides[1] == 1)
-            for (int64_t j = 0; j < N; j++) cr[j] += sr[j];
-          else
-            for (int64_t j = 0; j < N; j++) cr[j * c->strides[1]] += sr[j];
-        }
-      }
-  }
-  pthread_mutex_unlock(&mu);
-  flow_tensor_decref(scratch);
-  if (rc == 0 && bad != dnnl_success) rc = flow_error_set("%s: oneDNN execution failed (status %d)", op, (int)bad);
-  return rc;
-}
-
 int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onednn_mat *b0, const flow_onednn_mat *c0,
                      const float *bias, float alpha, float beta) {
   int n = c0->ndim;
@@ -790,9 +718,7 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
   bool alone = omp_in_parallel() && omp_get_num_threads() > 1;
   int parts = 1;
   int64_t step[4] = {0};
-  int ks = rc == 0 && !alone && !bias ? k_split(&a, &b, &c) : 1;
-  if (rc == 0 && ks > 1) parts = 1;
-  else if (rc == 0 && !alone) parts = split(&a, &b, &c, step, half);
+  if (rc == 0 && !alone) parts = split(&a, &b, &c, step, half);
   gemm_desc g = {&a, &b, &c, half ? dnnl_bf16 : dnnl_f32, bias != NULL, alpha, beta, parts > 1 || alone};
   flow_onednn_key key;
   gemm_key(&key, &g);
@@ -800,8 +726,7 @@ int flow_onednn_gemm(const char *op, const flow_onednn_mat *a0, const flow_onedn
                              {DNNL_ARG_WEIGHTS, b.data},
                              {DNNL_ARG_DST, c.data},
                              {DNNL_ARG_BIAS, bias}};
-  if (rc == 0 && ks > 1) rc = gemm_k_pieces(op, &g, ks);
-  else if (rc == 0 && alone) rc = flow_onednn_run_alone(op, &key, build_gemm, &g, bias ? 4 : 3, args);
+  if (rc == 0 && alone) rc = flow_onednn_run_alone(op, &key, build_gemm, &g, bias ? 4 : 3, args);
   else if (rc == 0 && parts > 1) rc = flow_onednn_run_parts(op, &key, build_gemm, &g, bias ? 4 : 3, args, step, parts);
   else if (rc == 0) rc = flow_onednn_run(op, &key, build_gemm, &g, bias ? 4 : 3, args);
   flow_tensor_decref(held[0]);

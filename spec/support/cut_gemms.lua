@@ -1,5 +1,5 @@
 -- Run by spec/threads_spec.lua under FLOW_NUM_THREADS=2 and =4: GEMMs big enough to be cut into one
--- piece per thread (kernels/cpu/onednn.c, split and k_split) along each axis it cuts, against the float64
+-- piece per thread (kernels/cpu/onednn.c, split) along each axis it cuts, against the float64
 -- reference loop and against the same GEMM run whole on oneDNN's threads. Prints "cut N" (the cases
 -- checked) and fails with the first case off.
 local flow = require "flow"
@@ -47,7 +47,7 @@ local mats = {
   { "M cut", 256, 96, 64 },          -- M >= N
   { "N cut", 64, 96, 256 },          -- M / threads under 32
   { "N cut, M odd", 250, 96, 256 },  -- M does not divide
-  { "K cut", 256, 512, 64 },          -- a weight's gradient (A transposed): K in pieces of 128 or more
+  { "M > N, K long", 256, 512, 64 },  -- a weight's gradient (A transposed) runs whole on oneDNN's threads
 }
 for _, m in ipairs(mats) do
   local name, M, K, N = table.unpack(m)
