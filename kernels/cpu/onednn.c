@@ -624,11 +624,11 @@ static void gemm_empty(const flow_onednn_mat *c, const float *bias, float beta) 
  * threads oneDNN's own cutting ran the GEMMs of the benchmark GPT step (1024 x 256 x 768, say) at
  * 1.5-1.75x their one-thread speed, two halves at 1.8-1.9x (scripts/bench/gemm_threads.lua); the
  * whole step ran 5-11% faster. Pieces may round differently from one thread's whole GEMM where the
- * cut leaves an operand strided (a transposed A cut along M). Cuts batch axis 0
- * when the threads divide it, else the longer of M and N when the threads divide it into pieces
- * of 32 or more; shrinks a, b and c to the first piece and sets step[] (a, b, c, bias) to the bytes
- * from one piece to the next. 1, changing nothing, on one thread, inside a parallel region, for a
- * GEMM under 2^18 multiply-adds a thread, or when nothing divides. */
+ * cut leaves an operand strided (a transposed A cut along M, B cut along N). Cuts batch axis 0 when
+ * the threads divide it, else the longer of M and N when the threads divide it into pieces of 32 or
+ * more; shrinks a, b and c to the first piece and sets step[] (a, b, c, bias) to the bytes from one
+ * piece to the next. 1, changing nothing, on one thread, inside a parallel region, for a GEMM under
+ * 2^18 multiply-adds a thread, for a weight's gradient with M > N (below), or when nothing divides. */
 static _Thread_local bool whole;
 
 bool flow_onednn_whole(bool on) {
