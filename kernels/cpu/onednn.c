@@ -229,6 +229,16 @@ static void part_free(void *v) {
 
 static void part_key_make(void) { pthread_key_create(&part_key, part_free); }
 
+/* *m, a memory object described by md: kept while *saved equals md, else made anew. */
+static dnnl_status_t rewrap(dnnl_memory_t *m, dnnl_memory_desc_t *saved, const dnnl_memory_desc_t *md) {
+  if (*m && dnnl_memory_desc_equal(saved, md)) return dnnl_success;
+  if (*m) dnnl_memory_destroy(*m);
+  *m = NULL;
+  dnnl_status_t st = dnnl_memory_create(m, md, engine, DNNL_MEMORY_NONE);
+  if (st == dnnl_success) *saved = *md;
+  return st;
+}
+
 /* Runs e on args shifted by p * step[i] bytes, on this thread alone. A dnnl status. */
 static dnnl_status_t run_part(entry *e, int nargs, const flow_onednn_arg *args, const int64_t *step, int p) {
   part_state *s = &part;
@@ -241,12 +251,7 @@ static dnnl_status_t run_part(entry *e, int nargs, const flow_onednn_arg *args, 
   dnnl_exec_arg_t ex[MAXARGS + 1];
   for (int i = 0; i < nargs; i++) {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(e->pd, dnnl_query_exec_arg_md, args[i].arg);
-    if (!s->mem[i] || !dnnl_memory_desc_equal(&s->md[i], md)) {
-      if (s->mem[i]) dnnl_memory_destroy(s->mem[i]);
-      s->mem[i] = NULL;
-      if ((st = dnnl_memory_create(&s->mem[i], md, engine, DNNL_MEMORY_NONE))) return st;
-      s->md[i] = *md;
-    }
+    if ((st = rewrap(&s->mem[i], &s->md[i], md))) return st;
     if ((st = dnnl_memory_set_data_handle(s->mem[i], (char *)args[i].data + p * step[i]))) return st;
     ex[i] = (dnnl_exec_arg_t){args[i].arg, s->mem[i]};
   }
@@ -260,13 +265,8 @@ static dnnl_status_t run_part(entry *e, int nargs, const flow_onednn_arg *args, 
       if (!(s->pad = aligned_alloc(64, (bytes + 63) / 64 * 64))) return dnnl_out_of_memory;
       s->pad_bytes = bytes;
     }
-    if (!s->pad_mem || !dnnl_memory_desc_equal(&s->pad_md, pmd)) {
-      if (s->pad_mem) dnnl_memory_destroy(s->pad_mem);
-      s->pad_mem = NULL;
-      if ((st = dnnl_memory_create(&s->pad_mem, pmd, engine, DNNL_MEMORY_NONE))) return st;
-      s->pad_md = *pmd;
-    }
-    if ((st = dnnl_memory_set_data_handle(s->pad_mem, s->pad))) return st;
+    if ((st = rewrap(&s->pad_mem, &s->pad_md, pmd)) || (st = dnnl_memory_set_data_handle(s->pad_mem, s->pad)))
+      return st;
     ex[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, s->pad_mem};
   }
   if ((st = dnnl_primitive_execute(e->prim, s->stream, n, ex))) return st;
@@ -620,6 +620,14 @@ static void gemm_empty(const flow_onednn_mat *c, const float *bias, float beta) 
   }
 }
 
+static _Thread_local bool whole;   /* this thread's GEMMs run whole on oneDNN's threads */
+
+bool flow_onednn_whole(bool on) {
+  bool was = whole;
+  whole = on;
+  return was;
+}
+
 /* Into how many pieces to cut C, one per thread, each run by oneDNN's one-thread kernel. On 2
  * threads oneDNN's own cutting ran the GEMMs of the benchmark GPT step (1024 x 256 x 768, say) at
  * 1.5-1.75x their one-thread speed, two halves at 1.8-1.9x (scripts/bench/gemm_threads.lua); the
@@ -629,14 +637,6 @@ static void gemm_empty(const flow_onednn_mat *c, const float *bias, float beta) 
  * more; shrinks a, b and c to the first piece and sets step[] (a, b, c, bias) to the bytes from one
  * piece to the next. 1, changing nothing, on one thread, inside a parallel region, for a GEMM under
  * 2^18 multiply-adds a thread, for a weight's gradient with M > N (below), or when nothing divides. */
-static _Thread_local bool whole;
-
-bool flow_onednn_whole(bool on) {
-  bool was = whole;
-  whole = on;
-  return was;
-}
-
 static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int64_t *step, bool half) {
   int t = whole || omp_in_parallel() ? 1 : omp_get_max_threads(), n = c->ndim;
   if (t < 2) return 1;
