@@ -65,7 +65,7 @@ int flow_cpu_layernorm_backward(flow_tensor *dx, flow_tensor *dw, flow_tensor *d
     for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
     return flow_error_set("layer_norm: out of memory for the weight gradient's partial sums");
   }
-  memset(flow_tensor_data(part), 0, flow_tensor_nbytes(part));
+  flow_cpu_fill(part, 0);
   memset(flow_tensor_data(dw), 0, flow_tensor_nbytes(dw));
   memset(flow_tensor_data(db), 0, flow_tensor_nbytes(db));
   if (x->dtype == FLOW_F32)

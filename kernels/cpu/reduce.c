@@ -161,7 +161,7 @@ static int sum_rows(flow_tensor *acc, const flow_tensor *in, int64_t R, int64_t 
   /* from the tensor allocator's cache: a fresh calloc each call page-faulted (expensive here) */
   flow_tensor *part = flow_tensor_new(FLOW_F64, FLOW_DEVICE_CPU, 1, &n);
   if (!part) return flow_error_set("sum: out of memory");
-  memset(flow_tensor_data(part), 0, (size_t)n * 8);
+  flow_cpu_fill(part, 0);
   row_sums job = {fn, flow_tensor_data(in), R, C, (int64_t)flow_dtype_size(in->dtype), flow_tensor_data(part)};
   flow_cpu_parallel(flow_cpu_threads(R * C, FLOW_GRAIN_CHEAP), blocks, 1, sum_row_blocks, &job);
   if (acc->dtype == FLOW_F64) {
