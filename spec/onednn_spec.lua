@@ -91,6 +91,31 @@ describe("matmul on oneDNN", function()
     step()
     assert.are.equal(before, flow._bench.onednn().primitives)
   end)
+
+  -- oneDNN fixes a primitive's thread count when it builds it: one built on 1 thread would go on
+  -- running on 1 after the count is raised
+  it("builds a GEMM's primitive again for another thread count, and finds each after", function()
+    flow.manual_seed(6)
+    local a, b = flow.randn({ 37, 23 }), flow.randn({ 37, 9 })
+    local function grad_w() return flow.matmul(a, b, { transpose_a = true }) end
+    local was = flow._bench.set_threads(1)
+    local ok, err = pcall(function()
+      local y1 = grad_w()
+      local built = flow._bench.onednn().primitives
+      flow._bench.set_threads(2)
+      local y2 = grad_w()
+      assert.are.equal(built + 1, flow._bench.onednn().primitives)
+      flow._bench.set_threads(1)
+      grad_w()
+      flow._bench.set_threads(2)
+      grad_w()
+      assert.are.equal(built + 1, flow._bench.onednn().primitives)
+      local _, r = reference(a, b, true, false)
+      assert.is_true(rel_err(y1, r) < 1e-5 and rel_err(y2, r) < 1e-5)
+    end)
+    flow._bench.set_threads(was)
+    assert(ok, err)
+  end)
 end)
 
 -- y and the gradients of sum(y * r) for the inputs, with conv/pool/batch-norm on the reference

@@ -90,9 +90,13 @@ bool flow_onednn_bf16(void) {
 #define CAP 4096
 #define MAXARGS 12
 
-/* A primitive with the memory objects of its arguments, kept so a run only points them at data. */
+/* A primitive with the memory objects of its arguments, kept so a run only points them at data.
+ * oneDNN fixes a primitive's thread count when it builds it: an entry serves only the thread count
+ * it was built under (omp_get_max_threads then), so a primitive built on one thread does not go on
+ * running on one after the count is raised (flow._bench.set_threads, omp_set_num_threads). */
 typedef struct entry {
   flow_onednn_key key;
+  int threads;
   uint64_t hash;
   dnnl_primitive_desc_t pd;
   dnnl_primitive_t prim;
@@ -134,10 +138,11 @@ static entry *lookup(const char *op, const flow_onednn_key *key, flow_onednn_bui
     return flow_error_set("%s: oneDNN key of %d numbers (at most %d)", op, key->n, FLOW_ONEDNN_KEY_MAX), NULL;
   if (!table && !(table = calloc(CAP, sizeof *table)))
     return flow_error_set("%s: out of memory for the oneDNN cache", op), NULL;
-  uint64_t h = hash_key(key);
+  int threads = omp_get_max_threads();
+  uint64_t h = (hash_key(key) ^ (uint64_t)threads) * 1099511628211ull;
   size_t i = h % CAP;
   for (; table[i].prim; i = (i + 1) % CAP)
-    if (table[i].hash == h && table[i].key.n == key->n &&
+    if (table[i].hash == h && table[i].threads == threads && table[i].key.n == key->n &&
         memcmp(table[i].key.v, key->v, (size_t)key->n * sizeof key->v[0]) == 0)
       return &table[i];
   if (count >= CAP / 2) {
@@ -158,7 +163,7 @@ static entry *lookup(const char *op, const flow_onednn_key *key, flow_onednn_bui
     if (pd) dnnl_primitive_desc_destroy(pd);
     return flow_error_set("%s: oneDNN has no primitive for these shapes (status %d)", op, (int)st), NULL;
   }
-  table[i] = (entry){.key = *key, .hash = h, .pd = pd, .prim = prim};
+  table[i] = (entry){.key = *key, .threads = threads, .hash = h, .pd = pd, .prim = prim};
   count++;
   built++;
   return &table[i];
