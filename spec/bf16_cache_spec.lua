@@ -124,6 +124,28 @@ describe("the bf16 cache of GEMM operands", function()
     for i = 1, 3 do assert.are.equal(0, diff(a[i], b[i])) end
   end)
 
+  it_bf16("rounds strided views as their contiguous copies: heads of one qkv, no axis of unit stride", function()
+    flow.manual_seed(18)
+    local B, T, H, D = 3, 37, 4, 8
+    local parts = flow.split(flow.randn({ B, T, 3 * H * D }), H * D, 2)
+    local function heads(t) return flow.transpose(flow.reshape(t, { B, T, H, D }), 1, 2) end
+    local q, k, v = heads(parts[1]), heads(parts[2]), heads(parts[3])
+    local s, s0 = bf16(function()
+      return flow.matmul(q, k, { transpose_b = true }), flow.matmul(q:contiguous(), k:contiguous(), { transpose_b = true })
+    end)
+    assert.are.equal(0, diff(s, s0))
+    local o, o0 = bf16(function()
+      return F.scaled_dot_product_attention(q, k, v, { causal = true }),
+        F.scaled_dot_product_attention(q:contiguous(), k:contiguous(), v:contiguous(), { causal = true })
+    end)
+    assert.are.equal(0, diff(o, o0))
+    -- [K, M, B] read as [B, M, K]: every axis strided
+    local a, w = flow.randn({ 19, 13, 3 }):permute({ 2, 1, 0 }), flow.randn({ 3, 19, 11 })
+    local y, y0 = bf16(function() return flow.matmul(a, w), flow.matmul(a:contiguous(), w) end)
+    assert.are.equal(0, diff(y, y0))
+    assert.is_true(diff(y, flow.matmul(rounded(a), rounded(w))) < 1e-4)
+  end)
+
   it_bf16("frees the copies of ended regions: many regions of fresh weights hold no memory", function()
     flow.manual_seed(17)
     local x = flow.randn({ 4, 512 })

@@ -410,6 +410,31 @@ static void round_line(uint16_t *dst, const float *src, int64_t n) {
 
 void flow_onednn_round_bf16(uint16_t *dst, const float *src, int64_t n) { round_line(dst, src, n); }
 
+/* Lines [l0, l1) of round_mat's walk: line l starts at src + the offset of its index over dims[0 .. n-2]
+ * (strides in elements), each next offset stepped from the last (no division per line: a [B, H, T, D]
+ * head view of a qkv projection is B H T lines of only D elements). */
+static void round_lines(uint16_t *dst, const float *src, const int64_t *dims, const int64_t *strides, int n,
+                        int64_t len, int64_t step, int64_t l0, int64_t l1) {
+  int64_t idx[DNNL_MAX_NDIMS] = {0}, off = 0, rest = l0;
+  for (int d = n - 2; d >= 0; d--) {
+    idx[d] = rest % dims[d];
+    rest /= dims[d];
+    off += idx[d] * strides[d];
+  }
+  for (int64_t l = l0; l < l1; l++) {
+    uint16_t *o = dst + l * len;
+    if (step == 1) round_line(o, src + off, len);
+    else
+      for (int64_t j = 0; j < len; j++) o[j] = flow_float_to_bf16(src[off + j * step]);
+    for (int d = n - 2; d >= 0; d--) {
+      off += strides[d];
+      if (++idx[d] < dims[d]) break;
+      off -= strides[d] * dims[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 /* dst (dense, row-major over m's dims) = bf16(m), m float32 with any strides: axes that continue the
  * one inside them are merged so each line rounded is as long as the layout allows. */
 static void round_mat(uint16_t *dst, const flow_onednn_mat *m) {
@@ -427,17 +452,10 @@ static void round_mat(uint16_t *dst, const flow_onednn_mat *m) {
   }
   n = n > 0 ? n : 1;
   int64_t len = dims[n - 1], step = strides[n - 1], lines = flow_shape_numel(n - 1, dims);
-  const float *src = m->data;
-#pragma omp parallel for schedule(static) if (lines * len >= ((int64_t)1 << 18))
-  for (int64_t l = 0; l < lines; l++) {
-    int64_t off = 0, rest = l;
-    for (int d = n - 2; d >= 0; d--) {
-      off += rest % dims[d] * strides[d];
-      rest /= dims[d];
-    }
-    if (step == 1) round_line(dst + l * len, src + off, len);
-    else
-      for (int64_t j = 0; j < len; j++) dst[l * len + j] = flow_float_to_bf16(src[off + j * step]);
+#pragma omp parallel if (lines * len >= ((int64_t)1 << 18))
+  {
+    int64_t t = omp_get_num_threads(), i = omp_get_thread_num();
+    round_lines(dst, m->data, dims, strides, n, len, step, lines * i / t, lines * (i + 1) / t);
   }
 }
 

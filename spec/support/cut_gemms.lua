@@ -86,4 +86,19 @@ for _, s in ipairs(batched) do
         function() return flow.matmul(a, b) end, reference(a, b, false, false), 1e-5)
 end
 
+-- bf16: the threads share the rounding of a strided operand (attention's q heads of one qkv, 2^18
+-- elements) line by line; its copy must hold the bits of the contiguous operand's
+if bf16 then
+  local B, T, H, D = 8, 128, 8, 32
+  local parts = flow.split(flow.randn({ B, T, 3 * H * D }), H * D, 2)
+  local function heads(t) return flow.transpose(flow.reshape(t, { B, T, H, D }), 1, 2) end
+  local q, k = heads(parts[1]), heads(parts[2])
+  local s, s0 = flow.autocast("bfloat16", function()
+    return flow.matmul(q, k, { transpose_b = true }), flow.matmul(q:contiguous(), k:contiguous(), { transpose_b = true })
+  end)
+  local d = (s - s0):abs():max():item()
+  assert(d == 0, ("bf16 q k^T of strided heads on %d threads: off the contiguous operands' by %g"):format(threads, d))
+  checked = checked + 1
+end
+
 print("cut " .. checked)
