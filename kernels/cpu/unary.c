@@ -94,9 +94,35 @@ ELEMENT float tanh_f32(float x) {
 #define GELU_C 0.7978845608028654
 #define GELU_A 0.044715
 
+/* e^z for the logistic function 1 / (1 + e^z): Cephes' steps as exp_f32, with the exponent k
+ * clamped to a normal float's [-126, 127] in place of exp_f32's clamp of z and its selects of 0,
+ * inf and NaN. Equal to exp_f32 for |z| <= 87; beyond, positive and finite but not e^z (callers
+ * select their limits there), and NaN for z = +-inf. GELU with it ran 1.65x faster than with
+ * exp_f32, whose selects GCC turned into a second, masked division per vector. */
+ELEMENT float exp_logistic_f32(float z) {
+  float t = z * 1.44269504088896341f + 12582912.0f;
+  float n = t - 12582912.0f;
+  float r = z - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t k = (int32_t)(float_to_bits(t) - 0x4B400000u);
+  k = k < -126 ? -126 : k;
+  k = k > 127 ? 127 : k;
+  return p * bits_to_float((uint32_t)(k + 127) << 23);
+}
+
+/* Beyond |2u| = 87 gelu is x * 0 (-0, and NaN at -inf) below and x above, as torch's
+ * 0.5 x (1 + tanh u). */
 ELEMENT float gelu_tanh_f32(float x) {
-  float u = (float)GELU_C * (x + (float)GELU_A * x * x * x);
-  return x / (1.0f + exp_f32(-2.0f * u));
+  float z = -2.0f * (float)GELU_C * (x + (float)GELU_A * x * x * x);
+  float y = x / (1.0f + exp_logistic_f32(z));
+  y = z < -87.0f ? x : y;
+  return z > 87.0f ? x * 0.0f : y;
 }
 
 ELEMENT double gelu_tanh_f64(double x) {
@@ -114,10 +140,12 @@ ELEMENT double gelu_tanh_f64(double x) {
  * one exp and one division, where tanh_f32 evaluates a polynomial as well (1.5x faster);
  * 1 - s = e s with e = exp(-2u). */
 ELEMENT float gelu_tanh_grad_float(float x) {
-  float x2 = x * x, e = exp_f32(-2.0f * (float)GELU_C * (x + (float)GELU_A * x2 * x));
+  float x2 = x * x, z = -2.0f * (float)GELU_C * (x + (float)GELU_A * x2 * x), e = exp_logistic_f32(z);
   float s = 1.0f / (1.0f + e), s1 = e * s; /* 1 - s without cancellation */
-  s1 = e == INFINITY ? 1.0f : s1;
-  return s + 2.0f * x * s * s1 * (float)GELU_C * (1.0f + 3.0f * (float)GELU_A * x2);
+  float d = s + 2.0f * x * s * s1 * (float)GELU_C * (1.0f + 3.0f * (float)GELU_A * x2);
+  /* below 2u = -87 (s = 0): 0, and NaN at -inf (0 * inf in torch's form); above 2u = 87 the
+   * formula gives 1, and NaN at inf */
+  return z > 87.0f ? x - x : d;
 }
 GELU_GRAD(double, tanh)
 
