@@ -199,6 +199,34 @@ describe("unary ops", function()
     assert_close({math.tanh(1e-5), math.tanh(-3e-4)}, tiny:tanh(), 1e-6)
   end)
 
+  -- float32 silu and its gradient run on the vectorised exp of kernels/cpu/unary.c, not libm's expf
+  it("float32 silu and its gradient: float64 on every 1e-3 of [-20, 20], torch's far out and at inf and nan", function()
+    local x32 = (flow.arange(-20000, 20001, {dtype = "float64"}) / 1000):float()
+    local function silu(x)
+      local a = x:detach():requires_grad_(true)
+      local y = flow.nn.functional.silu(a)
+      y:sum():backward()
+      return y:double(), a.grad:double()
+    end
+    local y, g = silu(x32)
+    local yd, gd = silu(x32:double())
+    assert.is_true(((y - yd):abs() - yd:abs() * 2.5e-7):max():item() <= 1e-7)
+    assert.is_true((g - gd):abs():max():item() < 2.5e-7)
+    -- torch 1.13, float32: silu -0 -0 -5.328e-37 -4.1223e-08 20 100 inf nan nan,
+    -- gradient -0 -0 -5.2675e-37 -3.9162e-08 1 1 nan nan nan
+    local t = flow.tensor({-200, -100, -88, -20, 20, 100, 1 / 0, -1 / 0, 0 / 0}, {dtype = "float32"})
+    local v, d = silu(t)
+    v, d = flat(v:totable()), flat(d:totable())
+    for i, want in ipairs({0, 0, -5.328049755387946e-37, -4.1223074731533416e-08, 20, 100, 1 / 0}) do
+      assert.is_true(v[i] == want or math.abs(v[i] - want) <= 1e-5 * math.abs(want), ("silu at point %d: %g"):format(i, v[i]))
+    end
+    for i, want in ipairs({0, 0, -5.2675033481724166e-37, -3.916192170549948e-08, 1, 1}) do
+      assert.is_true(d[i] == want or math.abs(d[i] - want) <= 1e-5 * math.abs(want), ("gradient at point %d: %g"):format(i, d[i]))
+    end
+    assert.is_true(v[8] ~= v[8] and v[9] ~= v[9], "silu(-inf) and silu(nan) are nan")
+    assert.is_true(d[7] ~= d[7] and d[8] ~= d[8] and d[9] ~= d[9], "the gradient at inf, -inf and nan is nan")
+  end)
+
   it("clamp takes either bound as nil", function()
     local t = flow.tensor({-3, -1, 0, 2, 5}, {dtype = "float64"})
     assert_close({-1, -1, 0, 2, 3}, t:clamp(-1, 3))
