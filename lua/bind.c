@@ -167,27 +167,39 @@ flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, 
 }
 
 /* Lua's GC sees only the small userdata box of a tensor, never its memory, and the generational
- * collector left large dead tensors unfinalised (a loop of 16 MB adds kept allocating). So count
- * the tensor bytes handed to Lua and run a full collection once they pass a budget: the bytes of
- * live tensors after the last collection (at least GC_FLOOR). Dead outputs then return to the
- * caching allocator within about one live set of allocation, and a loop's peak stays near twice
- * its live set. A collector stopped by collectgarbage("stop") stays stopped. */
+ * collector left large dead tensors unfinalised (a loop of 16 MB adds kept allocating). So watch
+ * the bytes the tensor allocator holds (every device, whoever allocated them: an op's output, a
+ * gradient that backward made, a tensor autograd saved) each time a tensor reaches Lua, and run a
+ * full collection once they have grown from their lowest since the last one by that low again (at
+ * least GC_FLOOR, at most GC_CEIL). Dead tensors then return to the caching allocator within about
+ * one live set of allocation, and a loop's peak stays near twice its live set; the low follows
+ * frees (a collectgarbage() of the script's, refcounts), so a smaller loop after a large one
+ * collects as often as it needs. Counting only the tensors pushed with storage of their own missed
+ * outputs that autograd also holds and the gradients backward makes in C:
+ * `a = x:detach():requires_grad_(true); sigmoid(a):backward(g)` on 4 MB grew by 8 MB an iteration.
+ * A collector stopped by collectgarbage("stop") stays stopped; each thread (a rank of
+ * `flowlua --ranks`) keeps its own low. */
 #define GC_FLOOR ((size_t)8 << 20)
-static size_t since_collect, gc_budget = GC_FLOOR;
+#define GC_CEIL ((size_t)1 << 30)
+static _Thread_local size_t gc_low = SIZE_MAX;
 
-void flow_lua_account(lua_State *L, size_t nbytes) {
-  if (nbytes < (1u << 16)) return;
-  since_collect += nbytes;
-  if (since_collect < gc_budget || !lua_gc(L, LUA_GCISRUNNING)) return;
-  since_collect = 0;
-  lua_gc(L, LUA_GCCOLLECT);
-  int64_t live = 0;
+static size_t tensor_bytes(void) {
+  int64_t total = 0;
   for (int d = 0; d < FLOW_NDEVTYPES; d++) {
     int64_t in_use, peak;
     flow_mem_stats((flow_devtype)d, &in_use, &peak);
-    live += in_use;
+    total += in_use;
   }
-  gc_budget = (size_t)live > GC_FLOOR ? (size_t)live : GC_FLOOR;
+  return total > 0 ? (size_t)total : 0;
+}
+
+void flow_lua_account(lua_State *L) {
+  size_t now = tensor_bytes();
+  if (now < gc_low) gc_low = now;
+  size_t budget = gc_low < GC_FLOOR ? GC_FLOOR : gc_low > GC_CEIL ? GC_CEIL : gc_low;
+  if (now - gc_low < budget || !lua_gc(L, LUA_GCISRUNNING)) return;
+  lua_gc(L, LUA_GCCOLLECT);
+  gc_low = tensor_bytes();
 }
 
 int flow_lua_push(lua_State *L, flow_tensor *t) {
@@ -196,7 +208,7 @@ int flow_lua_push(lua_State *L, flow_tensor *t) {
   b->t = t;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &mt_key);
   lua_setmetatable(L, -2);
-  if (t->storage && t->storage->refcount == 1) flow_lua_account(L, t->storage->nbytes);
+  flow_lua_account(L);
   return 1;
 }
 

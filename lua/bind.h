@@ -91,8 +91,9 @@ void flow_lua_register(lua_State *L, const luaL_Reg *funcs, const luaL_Reg *meth
 void flow_lua_push_methods(lua_State *L);
 void flow_lua_init_tables(lua_State *L);
 
-/* Lua's GC does not see tensor memory: tell it about large allocations. */
-void flow_lua_account(lua_State *L, size_t nbytes);
+/* Lua's GC does not see tensor memory: a full collection once the tensor allocator holds twice
+ * its low since the last one (flow_lua_push calls this for every tensor it hands to Lua). */
+void flow_lua_account(lua_State *L);
 
 /* Per-area openers, called by luaopen_flow in order. */
 void flow_lua_open_tensor(lua_State *L);
