@@ -227,6 +227,43 @@ describe("unary ops", function()
     assert.is_true(d[7] ~= d[7] and d[8] ~= d[8] and d[9] ~= d[9], "the gradient at inf, -inf and nan is nan")
   end)
 
+  -- float32 erf and softplus, and their gradients, are vectorised (kernels/cpu/unary.c), not libm's
+  it("float32 erf and softplus and their gradients: float64 on every 1e-3 of [-30, 30], torch's far out and at inf and nan", function()
+    local x32 = (flow.arange(-30000, 30001, {dtype = "float64"}) / 1000):float()
+    local function run(f, x)
+      local a = x:detach():requires_grad_(true)
+      local y = f(a)
+      y:sum():backward()
+      return y:double(), a.grad:double()
+    end
+    local softplus = flow.nn.functional.softplus
+    local y, g = run(flow.erf, x32)
+    local yd, gd = run(flow.erf, x32:double())
+    assert.is_true((y - yd):abs():max():item() < 2e-7 and (g - gd):abs():max():item() < 2e-7)
+    y, g = run(softplus, x32)
+    yd, gd = run(softplus, x32:double())
+    assert.is_true(((y - yd):abs() - yd:abs() * 3e-7):max():item() <= 0)
+    assert.is_true((g - gd):abs():max():item() < 2e-7)
+    -- torch 1.13, float32 (its subnormal softplus below -87, 6e-39 at -88, is 0 here)
+    local t = flow.tensor({-200, -30, -1e-30, 0, 1e-30, 20, 20.5, 100, 1 / 0, -1 / 0, 0 / 0}, {dtype = "float32"})
+    local e, de = run(flow.erf, t)
+    local s, ds = run(softplus, t)
+    e, de, s, ds = flat(e:totable()), flat(de:totable()), flat(s:totable()), flat(ds:totable())
+    local c = 2 / math.sqrt(math.pi)
+    local want = {
+      erf = {-1, -1, -c * 1e-30, 0, c * 1e-30, 1, 1, 1, 1, -1},
+      ["erf'"] = {0, 0, c, c, c, 0, 0, 0, 0, 0},
+      softplus = {0, 9.357623e-14, math.log(2), math.log(2), math.log(2), 20, 20.5, 100, 1 / 0, 0},
+      ["softplus'"] = {0, 9.357624e-14, 0.5, 0.5, 0.5, 1, 1, 1, 1, 0},
+    }
+    for name, got in pairs({erf = e, ["erf'"] = de, softplus = s, ["softplus'"] = ds}) do
+      for i, w in ipairs(want[name]) do
+        assert.is_true(got[i] == w or math.abs(got[i] - w) <= 1e-6 * math.abs(w), ("%s at point %d: %.9g, expected %.9g"):format(name, i, got[i], w))
+      end
+      assert.is_true(got[11] ~= got[11], name .. "(nan) is nan")
+    end
+  end)
+
   it("clamp takes either bound as nil", function()
     local t = flow.tensor({-3, -1, 0, 2, 5}, {dtype = "float64"})
     assert_close({-1, -1, 0, 2, 3}, t:clamp(-1, 3))
