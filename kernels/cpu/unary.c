@@ -29,22 +29,29 @@ static inline float bits_to_float(uint32_t u) { union { uint32_t u; float f; } v
 static inline uint32_t float_to_bits(float f) { union { uint32_t u; float f; } v = {.f = f}; return v.u; }
 
 /* exp(x) = 2^k * e^r with k = round(x / ln 2), |r| <= ln2 / 2 and e^r from the Cephes degree-6
- * polynomial (relative error ~1e-7). k comes from the float's mantissa after adding 1.5 * 2^23,
- * and 2^k is built as two halves so k = 128 does not overflow. */
-ELEMENT float exp_f32(float x) {
-  float xc = x > -87.33654f ? x : -87.33654f;
-  xc = xc < 88.72283f ? xc : 88.72283f;
-  float z = xc * 1.44269504088896341f + 12582912.0f;
-  int32_t k = (int32_t)(float_to_bits(z) - 0x4B400000u);
+ * polynomial (relative error ~1e-7): e^r, and k, which comes from the float's mantissa after
+ * adding 1.5 * 2^23. The callers build 2^k. */
+ELEMENT float exp_poly_f32(float x, int32_t *k) {
+  float z = x * 1.44269504088896341f + 12582912.0f;
+  *k = (int32_t)(float_to_bits(z) - 0x4B400000u);
   float n = z - 12582912.0f;
-  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+/* exp on the whole float range: x clamped, 2^k built as two halves so k = 128 does not overflow,
+ * and 0, inf and NaN selected. */
+ELEMENT float exp_f32(float x) {
+  float xc = x > -87.33654f ? x : -87.33654f;
+  xc = xc < 88.72283f ? xc : 88.72283f;
+  int32_t k;
+  float p = exp_poly_f32(xc, &k);
   int32_t h = k / 2;
   float y = p * bits_to_float((uint32_t)(h + 127) << 23) * bits_to_float((uint32_t)(k - h + 127) << 23);
   y = x < -87.33654f ? 0.0f : y;
@@ -100,17 +107,8 @@ ELEMENT float tanh_f32(float x) {
  * select their limits there), and NaN for z = +-inf. GELU with it ran 1.65x faster than with
  * exp_f32, whose selects GCC turned into a second, masked division per vector. */
 ELEMENT float exp_logistic_f32(float z) {
-  float t = z * 1.44269504088896341f + 12582912.0f;
-  float n = t - 12582912.0f;
-  float r = z - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t k = (int32_t)(float_to_bits(t) - 0x4B400000u);
+  int32_t k;
+  float p = exp_poly_f32(z, &k);
   k = k < -126 ? -126 : k;
   k = k > 127 ? 127 : k;
   return p * bits_to_float((uint32_t)(k + 127) << 23);
