@@ -264,6 +264,25 @@ describe("unary ops", function()
     end
   end)
 
+  it("float32 log1p and expm1 (vectorised, Kahan's corrections) keep 3e-7 relative accuracy, tiny arguments too", function()
+    local grid = (flow.arange(-20000, 20001, {dtype = "float64"}) / 1000):float()
+    local tiny = flow.pow(10, (flow.arange(-300, 1, {dtype = "float64"}) / 10)):float() -- 1e-30 .. 1
+    for _, c in ipairs({{"log1p", grid:abs() * 3 - 0.999}, {"expm1", grid}}) do
+      local f = flow[c[1]]
+      for _, x in ipairs({c[2], tiny, -tiny * 0.99}) do
+        local want = f(x:double())
+        local err = ((f(x):double() - want):abs() / (want:abs() + 1e-38)):max():item()
+        assert.is_true(err < 3e-7, ("%s: relative error %.3g"):format(c[1], err))
+      end
+    end
+    local t = flow.tensor({-1, 0, 100, 1 / 0, -1 / 0, 0 / 0, -2}, {dtype = "float32"})
+    local l, e = flat(flow.log1p(t):totable()), flat(flow.expm1(t):totable())
+    assert.are.same({-1 / 0, 0, flow.tensor(math.log(101), {dtype = "float32"}):item(), 1 / 0}, {l[1], l[2], l[3], l[4]})
+    assert.is_true(l[5] ~= l[5] and l[6] ~= l[6] and l[7] ~= l[7], "log1p of -inf, nan and -2 is nan")
+    assert.are.same({0, 1 / 0, 1 / 0, -1}, {e[2], e[3], e[4], e[5]})
+    assert.is_true(e[6] ~= e[6], "expm1(nan) is nan")
+  end)
+
   it("clamp takes either bound as nil", function()
     local t = flow.tensor({-3, -1, 0, 2, 5}, {dtype = "float64"})
     assert_close({-1, -1, 0, 2, 3}, t:clamp(-1, 3))
