@@ -1,5 +1,5 @@
 -- CPU kernel speed of one build against another: ms per call of the loops flowlua runs itself
--- (not oneDNN's), on 1024x1024 float32, one thread. Written for comparing -march choices
+-- (not oneDNN's), on 1024x1024 float32, one thread; name' is name's gradient kernel. Written for comparing -march choices
 -- (FLOW_ARCH) and run-time dispatch: with binaries as arguments it runs itself under each of
 -- them in turn, ROUNDS times, and prints every op's best time per build and the ratio to the
 -- first. Usage: flowlua scripts/bench/cpu_kernels.lua [BIN1 BIN2 ...]   (no argument: this one)
@@ -7,7 +7,8 @@ local flow = require "flow"
 
 local N, ROUNDS = 1024, 5
 local OPS = { "softmax", "log_softmax", "sum(-1)", "sum()", "mean(0)", "add", "mul", "exp", "gelu", "tanh",
-              "layer_norm", "cross_entropy", "adamw_", "attention" }
+              "layer_norm", "cross_entropy", "adamw_", "attention", "gelu_tanh", "gelu_tanh'", "silu", "silu'",
+              "sigmoid", "erf", "erf'", "softplus", "softplus'", "log1p", "expm1" }
 
 if arg and #arg > 0 then
   local best = {} -- best[b][op]
@@ -39,6 +40,7 @@ end
 
 local x = flow.randn(N, N)
 local y = flow.randn(N, N)
+local xa = x:abs()
 local w, bias = flow.ones(N), flow.zeros(N)
 local target = flow.randint(0, N, { N })
 local p, g, m, v = flow.randn(N, N), flow.randn(N, N), flow.zeros(N, N), flow.zeros(N, N)
@@ -58,14 +60,40 @@ local fns = {
   cross_entropy = function() return flow.cross_entropy(x, target) end,
   adamw_ = function() flow.adamw_(p, g, m, v, { lr = 1e-3, step = 1 }) end,
   attention = function() return flow.scaled_dot_product_attention(q, q, q, { causal = true }) end,
+  gelu_tanh = function() return flow.gelu(x, { approximate = "tanh" }) end,
+  silu = function() return flow.nn.functional.silu(x) end,
+  sigmoid = function() return x:sigmoid() end,
+  erf = function() return flow.erf(x) end,
+  softplus = function() return flow.nn.functional.softplus(x) end,
+  log1p = function() return flow.log1p(xa) end,
+  expm1 = function() return flow.expm1(x) end,
 }
-for _, op in ipairs(OPS) do
-  local f, best = fns[op], math.huge
+-- op' : the op's gradient kernel alone (forward + backward, less the forward measured above)
+local function with_grad(f)
+  return function()
+    local a = x:detach():requires_grad_(true)
+    f(a):backward(y)
+  end
+end
+local grads = {
+  ["gelu_tanh'"] = { "gelu_tanh", with_grad(function(a) return flow.gelu(a, { approximate = "tanh" }) end) },
+  ["silu'"] = { "silu", with_grad(flow.nn.functional.silu) },
+  ["erf'"] = { "erf", with_grad(flow.erf) },
+  ["softplus'"] = { "softplus", with_grad(flow.nn.functional.softplus) },
+}
+local function best_ms(f)
+  local best = math.huge
   for _ = 1, 3 do f() end
   for _ = 1, 7 do
     local t0 = flow.now()
     for _ = 1, 10 do f() end
     best = math.min(best, (flow.now() - t0) / 10)
   end
-  print(("%-18s %.4f"):format(op, best * 1000))
+  return best * 1000
+end
+local measured = {}
+for _, op in ipairs(OPS) do
+  local ms = grads[op] and best_ms(grads[op][2]) - measured[grads[op][1]] or best_ms(fns[op])
+  measured[op] = ms
+  print(("%-18s %.4f"):format(op, ms))
 end
