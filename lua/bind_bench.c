@@ -77,16 +77,23 @@ static int l_matmul_reference(lua_State *L) {
   return 0;
 }
 
-/* _bench.onednn() -> {threads =, primitives =, bf16 =}: the OpenMP threads oneDNN runs on here,
- * the primitives built so far, and whether bf16 autocast would run natively. */
+/* _bench.onednn() -> {threads =, primitives =, bf16 =, cut =, cut_nested =}: the OpenMP threads oneDNN runs on here,
+ * the primitives built so far, whether bf16 autocast would run natively, and the GEMMs cut into
+ * pieces so far, cut_nested of them inside a parallel region (none should be). */
 static int l_onednn(lua_State *L) {
-  lua_createtable(L, 0, 3);
+  lua_createtable(L, 0, 5);
   lua_pushinteger(L, flow_onednn_num_threads());
   lua_setfield(L, -2, "threads");
   lua_pushinteger(L, flow_onednn_primitives_built());
   lua_setfield(L, -2, "primitives");
   lua_pushboolean(L, flow_onednn_bf16_native());
   lua_setfield(L, -2, "bf16");
+  int64_t cut, nested;
+  flow_onednn_cut_counts(&cut, &nested);
+  lua_pushinteger(L, cut);
+  lua_setfield(L, -2, "cut");
+  lua_pushinteger(L, nested);
+  lua_setfield(L, -2, "cut_nested");
   return 1;
 }
 

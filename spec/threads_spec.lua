@@ -58,6 +58,24 @@ describe("CPU threads", function()
     assert.is_true(count > 30)
   end)
 
+  -- attention on a batch of one runs its "team" on the calling thread, outside any parallel
+  -- region: inside one, every GEMM's pieces opened a nested team of new threads, and on 1 thread a
+  -- fresh process cut them by OpenMP's default count (the cores) before FLOW_NUM_THREADS applied
+  it("cut no GEMM inside a parallel region, nor on 1 thread: attention on a batch of one", function()
+    local script = "local flow = require 'flow' local q = flow.randn(1, 8, 256, 64):requires_grad_(true) " ..
+      "for _ = 1, 3 do flow.scaled_dot_product_attention(q, q, q, { causal = true }):sum():backward() end " ..
+      "local o = flow._bench.onednn() print(o.threads, o.cut, o.cut_nested)"
+    for _, threads in ipairs { 1, 2 } do
+      local out, err, code = shell.run(("env -u OMP_NUM_THREADS FLOW_NUM_THREADS=%d %s -e %s"):format(threads,
+        shell.quote(bin), shell.quote(script)))
+      assert.equal(0, code, err)
+      local t, cut, nested = out:match("^(%d+)%s+(%d+)%s+(%d+)")
+      assert.equal(tostring(threads), t, out)
+      assert.equal("0", nested, out)
+      if threads == 1 then assert.equal("0", cut, out) else assert.is_true(tonumber(cut) > 0, out) end
+    end
+  end)
+
   it("cut big GEMMs into one piece per thread and match the reference loop", function()
     for _, threads in ipairs { 2, 4 } do
       local out, err, code = shell.run(("FLOW_NUM_THREADS=%d %s %s"):format(threads, shell.quote(bin),

@@ -166,20 +166,30 @@ typedef int (*group_fn)(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch
 /* The batch items in groups of G, each thread of a team of t taking its own share with its own n
  * elements of scratch (st and st16 hold t of them): fn per group. The first error of any thread
  * ends up on the calling thread. */
+/* Thread me of of's batch items, in groups of G, with its own part of the scratch. 0, or -1 with the
+ * error set. */
+static int team_part(int me, int of, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16,
+                     group_fn fn, void *ctx) {
+  size_t es = flow_dtype_size(st->dtype);
+  void *scratch = (char *)flow_tensor_data(st) + me * n * (int64_t)es;
+  uint16_t *scratch16 = st16 ? (uint16_t *)flow_tensor_data(st16) + me * n : NULL;
+  int r = 0;
+  for (int64_t b0 = d->B * me / of, end = d->B * (me + 1) / of; r == 0 && b0 < end; b0 += G)
+    r = fn(b0, end - b0 < G ? end - b0 : G, scratch, scratch16, ctx);
+  return r;
+}
+
+/* A team of one runs on this thread outside any parallel region: inside one (even an inactive
+ * `if (0)` one), each GEMM's pieces would open a nested team, and libgomp made new threads for
+ * each (a batch of one on 2 threads, or on 1 whose OpenMP default is 2, ran 3x slower). */
 static int run_team(int t, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16, group_fn fn,
                     void *ctx) {
+  if (t <= 1) return team_part(0, 1, d, G, n, st, st16, fn, ctx);
   bool failed = false;
   char msg[FLOW_ERROR_MAX] = "";
-  size_t es = flow_dtype_size(st->dtype);
-#pragma omp parallel num_threads(t) if (t > 1)
+#pragma omp parallel num_threads(t)
   {
-    int me = omp_get_thread_num(), of = omp_get_num_threads();
-    void *scratch = (char *)flow_tensor_data(st) + me * n * (int64_t)es;
-    uint16_t *scratch16 = st16 ? (uint16_t *)flow_tensor_data(st16) + me * n : NULL;
-    int r = 0;
-    for (int64_t b0 = d->B * me / of, end = d->B * (me + 1) / of; r == 0 && b0 < end; b0 += G)
-      r = fn(b0, end - b0 < G ? end - b0 : G, scratch, scratch16, ctx);
-    if (r != 0) {
+    if (team_part(omp_get_thread_num(), omp_get_num_threads(), d, G, n, st, st16, fn, ctx) != 0) {
 #pragma omp critical(flow_attention_error)
       if (!failed) {
         failed = true;

@@ -46,7 +46,8 @@ static int ready(const char *op) {
   if (!engine) return flow_error_set("%s: cannot create oneDNN's CPU engine", op);
   if (!thread_ready) {
     if (nthreads > 0) omp_set_num_threads(nthreads);
-    thread_ready = true;
+    /* inside a parallel region that only sets the region's own count: set it again outside */
+    thread_ready = omp_get_level() == 0;
   }
   return 0;
 }
@@ -234,6 +235,8 @@ static void part_free(void *v) {
 
 static void part_key_make(void) { pthread_key_create(&part_key, part_free); }
 
+static atomic_llong cut_calls, cut_nested_calls;   /* flow_onednn_cut_counts */
+
 /* *m, a memory object described by md: kept while *saved equals md, else made anew. */
 static dnnl_status_t rewrap(dnnl_memory_t *m, dnnl_memory_desc_t *saved, const dnnl_memory_desc_t *md) {
   if (*m && dnnl_memory_desc_equal(saved, md)) return dnnl_success;
@@ -296,6 +299,8 @@ int flow_onednn_run_parts(const char *op, const flow_onednn_key *key, flow_onedn
   entry *e = lookup_one_thread(op, key, build, ctx);
   int rc = e ? 0 : -1;
   if (rc == 0) {
+    atomic_fetch_add(&cut_calls, 1);
+    if (omp_get_level() > 0) atomic_fetch_add(&cut_nested_calls, 1);
     dnnl_status_t bad = dnnl_success;
 #pragma omp parallel for num_threads(parts) schedule(static, 1)
     for (int p = 0; p < parts; p++) {
@@ -363,6 +368,11 @@ int64_t flow_onednn_primitives_built(void) {
   int64_t n = built;
   pthread_mutex_unlock(&mu);
   return n;
+}
+
+void flow_onednn_cut_counts(int64_t *cut, int64_t *nested) {
+  *cut = atomic_load(&cut_calls);
+  *nested = atomic_load(&cut_nested_calls);
 }
 
 /* ---- GEMM operands -------------------------------------------------------------------------- */
@@ -661,7 +671,7 @@ bool flow_onednn_whole(bool on) {
  * piece to the next. 1, changing nothing, on one thread, inside a parallel region, for a GEMM under
  * 2^18 multiply-adds a thread, for a weight's gradient with M > N (below), or when nothing divides. */
 static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int64_t *step, bool half) {
-  int t = whole || omp_in_parallel() ? 1 : omp_get_max_threads(), n = c->ndim;
+  int t = whole || omp_in_parallel() ? 1 : flow_onednn_num_threads(), n = c->ndim;
   if (t < 2) return 1;
   int64_t M = c->dims[n - 2], N = c->dims[n - 1], K = a->dims[n - 1];
   if (flow_shape_numel(n - 2, c->dims) * M * N * K < (int64_t)t << 18) return 1;

@@ -65,6 +65,9 @@ int flow_onednn_reorder(const char *op, const flow_onednn_key *key, const dnnl_m
                         const dnnl_memory_desc_t *to, void *dst);
 /* Primitives built so far (a step that builds none leaves it unchanged). */
 int64_t flow_onednn_primitives_built(void);
+/* GEMMs cut into pieces so far (flow_onednn_run_parts), and how many of them inside a parallel
+ * region (each such one opened a nested team: libgomp started new threads for it). */
+void flow_onednn_cut_counts(int64_t *cut, int64_t *nested);
 
 /* ---- GEMM ----------------------------------------------------------------------------------- */
 
