@@ -39,6 +39,7 @@ static int send_record(flow_comm *c, int tag, int to, const record *r) {
   if (!done) { /* a send still under way (a stopped peer): let it finish with its own buffer */
     for (int q = 0; q < n; q++)
       if (im->sends[q] != MPI_REQUEST_NULL) MPI_Request_free(&im->sends[q]);
+    flow_comm_keep_unsent(im->out);
     im->out = malloc(sizeof *im->out);
     if (!im->out) return flow_error_set("handshake: out of memory");
   }

@@ -25,6 +25,10 @@ typedef struct flow_comm_mpi {
 
 static inline flow_comm_mpi *flow_comm_mpi_of(flow_comm *c) { return c->impl; }
 
+/* Keeps a send buffer that MPI may still read (its request freed, the send in flight) until
+ * MPI_Finalize, then frees it; false when out of memory (the buffer is then left as it is). */
+bool flow_comm_keep_unsent(void *buf);
+
 /* "[rank r] what failed: <MPI's message>" as the current error; returns -1. */
 int flow_comm_mpi_fail(const char *what, int rc);
 
