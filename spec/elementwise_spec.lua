@@ -283,6 +283,35 @@ describe("unary ops", function()
     assert.is_true(e[6] ~= e[6], "expm1(nan) is nan")
   end)
 
+  it("float32 sin and cos (Cephes' reduction, libm beyond 8192) and their gradients: float64 within 1.5e-7", function()
+    local function run(f, x)
+      local a = x:detach():requires_grad_(true)
+      local y = f(a)
+      y:sum():backward()
+      return y:double(), a.grad:double()
+    end
+    for _, r in ipairs({100, 8192, 1e6}) do -- the last past the reduction's range: libm's part
+      local x = (flow.arange(-50000, 50001, {dtype = "float64"}) / 50000 * r):float()
+      for _, name in ipairs({"sin", "cos"}) do
+        local y, g = run(flow[name], x)
+        local yd, gd = run(flow[name], x:double())
+        local e, eg = (y - yd):abs():max():item(), (g - gd):abs():max():item()
+        assert.is_true(e < 1.5e-7 and eg < 1.5e-7, ("%s on [-%g, %g]: %.3g, gradient %.3g"):format(name, r, r, e, eg))
+      end
+    end
+    -- a strided input (each element on its own), with some past 8192: the dense run's values
+    local m = (flow.randn({64, 48}) * 3000):float()
+    for _, name in ipairs({"sin", "cos"}) do
+      local mt = m:transpose(0, 1)
+      assert.are.equal(0, (flow[name](mt) - flow[name](mt:contiguous())):abs():max():item(), name)
+    end
+    local t = flow.tensor({-0.0, 0, 1 / 0, -1 / 0, 0 / 0}, {dtype = "float32"})
+    local sn, cs = flat(flow.sin(t):totable()), flat(flow.cos(t):totable())
+    assert.are.equal(-1 / 0, 1 / sn[1], "sin(-0) is -0")
+    assert.are.same({0, 1, 1}, {sn[2], cs[1], cs[2]})
+    for i = 3, 5 do assert.is_true(sn[i] ~= sn[i] and cs[i] ~= cs[i], "sin and cos of inf, -inf and nan are nan") end
+  end)
+
   it("clamp takes either bound as nil", function()
     local t = flow.tensor({-3, -1, 0, 2, 5}, {dtype = "float64"})
     assert_close({-1, -1, 0, 2, 3}, t:clamp(-1, 3))

@@ -247,6 +247,37 @@ ELEMENT float expm1_f32(float x) {
   return u == INFINITY ? u : y;
 }
 
+/* float32 sin and cos by Cephes' sinf and cosf: |x| reduced by multiples of pi/4 in three parts
+ * (exact below |x| = 8192), then sin's or cos's polynomial on [-pi/4, pi/4] by octant; within
+ * 2e-7 of the exact values. Larger |x|, inf and NaN are left to libm (trig_fix) by the loops. */
+#define TRIG_FAR 8192.0f
+ELEMENT float trig_octant_f32(float x, float *sn, float *cs) {
+  float a = x < 0 ? -x : x;
+  a = a <= TRIG_FAR ? a : 0.0f; /* redone by libm */
+  int32_t j = (int32_t)(a * 1.27323954473516f);
+  j += j & 1;
+  float y = (float)j;
+  float z = ((a - y * 0.78515625f) - y * 2.4187564849853515625e-4f) - y * 3.77489497744594108e-8f, zz = z * z;
+  *sn = ((-1.9515295891e-4f * zz + 8.3321608736e-3f) * zz - 1.6666654611e-1f) * zz * z + z;
+  *cs = ((2.443315711809948e-5f * zz - 1.388731625493765e-3f) * zz + 4.166664568298827e-2f) * zz * zz - 0.5f * zz + 1.0f;
+  return (float)(j & 7); /* 0, 2, 4 or 6 */
+}
+
+/* Octants 2 and 6 take the other polynomial; 4 and 6 flip sin's sign, 2 and 4 cos's (selects on
+ * single comparisons: GCC left a loop with || or != of comparisons unvectorised). */
+ELEMENT float sin_f32(float x) {
+  float sn, cs, o = trig_octant_f32(x, &sn, &cs), q = o >= 4.0f ? o - 4.0f : o;
+  float r = q == 2.0f ? cs : sn;
+  r = o >= 4.0f ? -r : r;
+  return float_to_bits(x) >> 31 ? -r : r; /* x's sign, -0 included */
+}
+
+ELEMENT float cos_f32(float x) {
+  float sn, cs, o = trig_octant_f32(x, &sn, &cs), q = o >= 4.0f ? o - 4.0f : o;
+  float r = q == 2.0f ? -sn : cs;
+  return o >= 4.0f ? -r : r;
+}
+
 /* softplus = log(1 + e^x), x itself above the threshold 20 (torch's defaults, beta = 1);
  * d/dx = sigmoid(x) (1 above the threshold). */
 ELEMENT double softplus_double(double x) { return x > 20 ? x : log1p(exp(x)); }
@@ -357,9 +388,7 @@ DEF_UNARY(gelu_tanh_f32v, float, gelu_tanh_f32)
 DEF_UNARY(gelu_tanh_f64v, double, gelu_tanh_f64)
 DEF_UNARY(silu_f32v, float, silu_f32)
 DEF_UNARY(silu_f64, double, SILUD)
-DEF_UNARY(sin_f32, float, sinf)
 DEF_UNARY(sin_f64, double, sin)
-DEF_UNARY(cos_f32, float, cosf)
 DEF_UNARY(cos_f64, double, cos)
 DEF_UNARY(erf_f32v, float, erf_f32)
 DEF_UNARY(erf_f64, double, erf)
@@ -388,6 +417,71 @@ DEF_UNARY(clamp_f64, double, CLAMPD)
 DEF_UNARY(clamp_i64, int64_t, CLAMPI)
 DEF_UNARY(clamp_i32, int32_t, CLAMPI)
 
+/* float32 sin and cos, forward (gradient: g cos x and -g sin x): the polynomials on the whole
+ * dense run, then libm on the elements beyond TRIG_FAR or not finite, if the run had any. */
+#define DEF_TRIG(fname, F, LIBM, SIGN)                                                           \
+  FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *st, int64_t n, void *ctx) {       \
+    (void)ctx;                                                                                   \
+    if (st[0] == 4 && st[1] == 4) {                                                              \
+      float *o = (float *)p[0];                                                                  \
+      const float *x = (const float *)p[1];                                                      \
+      int64_t m = n & ~(int64_t)31;                                                              \
+      int far = 0;                                                                               \
+      _Pragma("GCC ivdep") for (int64_t i = 0; i < m; i++) {                                     \
+        o[i] = SIGN F(x[i]);                                                                     \
+        far |= !(fabsf(x[i]) <= TRIG_FAR);                                                       \
+      }                                                                                          \
+      for (int64_t i = m; i < n; i++) {                                                          \
+        o[i] = SIGN F(x[i]);                                                                     \
+        far |= !(fabsf(x[i]) <= TRIG_FAR);                                                       \
+      }                                                                                          \
+      if (far)                                                                                   \
+        for (int64_t i = 0; i < n; i++)                                                          \
+          if (!(fabsf(x[i]) <= TRIG_FAR)) o[i] = SIGN LIBM(x[i]);                                \
+    } else {                                                                                     \
+      char *o = p[0];                                                                            \
+      const char *x = p[1];                                                                      \
+      for (int64_t i = 0; i < n; i++, o += st[0], x += st[1]) {                                  \
+        float v = *(const float *)x;                                                             \
+        *(float *)o = SIGN(fabsf(v) <= TRIG_FAR ? F(v) : LIBM(v));                               \
+      }                                                                                          \
+    }                                                                                            \
+  }
+DEF_TRIG(sin_f32v, sin_f32, sinf, +)
+DEF_TRIG(cos_f32v, cos_f32, cosf, +)
+
+/* gin = g * (SIGN F(s)) for the gradients, g dense or one value */
+#define DEF_TRIG_BACKWARD(fname, F, LIBM, SIGN)                                                  \
+  FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *st, int64_t n, void *ctx) {       \
+    (void)ctx;                                                                                   \
+    if (st[0] == 4 && st[1] == 4 && (st[2] == 4 || st[2] == 0)) {                                \
+      float *o = (float *)p[0];                                                                  \
+      const float *x = (const float *)p[1], *g = (const float *)p[2];                            \
+      int64_t m = n & ~(int64_t)31, gs = st[2] / 4;                                              \
+      int far = 0;                                                                               \
+      _Pragma("GCC ivdep") for (int64_t i = 0; i < m; i++) {                                     \
+        o[i] = g[i * gs] * (SIGN F(x[i]));                                                       \
+        far |= !(fabsf(x[i]) <= TRIG_FAR);                                                       \
+      }                                                                                          \
+      for (int64_t i = m; i < n; i++) {                                                          \
+        o[i] = g[i * gs] * (SIGN F(x[i]));                                                       \
+        far |= !(fabsf(x[i]) <= TRIG_FAR);                                                       \
+      }                                                                                          \
+      if (far)                                                                                   \
+        for (int64_t i = 0; i < n; i++)                                                          \
+          if (!(fabsf(x[i]) <= TRIG_FAR)) o[i] = g[i * gs] * (SIGN LIBM(x[i]));                  \
+    } else {                                                                                     \
+      char *o = p[0];                                                                            \
+      const char *x = p[1], *g = p[2];                                                           \
+      for (int64_t i = 0; i < n; i++, o += st[0], x += st[1], g += st[2]) {                      \
+        float v = *(const float *)x;                                                             \
+        *(float *)o = *(const float *)g * (SIGN(fabsf(v) <= TRIG_FAR ? F(v) : LIBM(v)));         \
+      }                                                                                          \
+    }                                                                                            \
+  }
+DEF_TRIG_BACKWARD(sin_bf32, cos_f32, cosf, +)
+DEF_TRIG_BACKWARD(cos_bf32, sin_f32, sinf, -)
+
 /* [code][f32 f64 i64 i32]; NULL: not defined for that dtype */
 static const flow_iter_fn forward[FLOW_NUNARY][4] = {
   [FLOW_UN_NEG] = {neg_f32, neg_f64, neg_i64, neg_i32},
@@ -403,8 +497,8 @@ static const flow_iter_fn forward[FLOW_NUNARY][4] = {
   [FLOW_UN_GELU_TANH] = {gelu_tanh_f32v, gelu_tanh_f64v},
   [FLOW_UN_CLAMP] = {clamp_f32, clamp_f64, clamp_i64, clamp_i32},
   [FLOW_UN_SILU] = {silu_f32v, silu_f64},
-  [FLOW_UN_SIN] = {sin_f32, sin_f64},
-  [FLOW_UN_COS] = {cos_f32, cos_f64},
+  [FLOW_UN_SIN] = {sin_f32v, sin_f64},
+  [FLOW_UN_COS] = {cos_f32v, cos_f64},
   [FLOW_UN_ERF] = {erf_f32v, erf_f64},
   [FLOW_UN_LOG1P] = {log1p_f32v, log1p_f64},
   [FLOW_UN_EXPM1] = {expm1_f32v, expm1_f64},
@@ -432,9 +526,7 @@ static const flow_iter_fn forward[FLOW_NUNARY][4] = {
 #define G_GELU_TANHD(x, g) ((g) * gelu_tanh_grad_double(x))
 #define G_SILUF(x, g) ((g) * silu_grad_f32(x))
 #define G_SILUD(x, g) ((g) * (1.0 + (x) * (1.0 - 1.0 / (1.0 + exp(-(x))))) / (1.0 + exp(-(x))))
-#define G_SINF(x, g) ((g) * cosf(x))
 #define G_SIND(x, g) ((g) * cos(x))
-#define G_COSF(x, g) (-(g) * sinf(x))
 #define G_COSD(x, g) (-(g) * sin(x))
 #define G_ERFF(x, g) ((g) * (float)M_2_SQRTPI * exp_f32(-(x) * (x)))   /* d erf = 2/sqrt(pi) e^-x^2 */
 #define G_ERFD(x, g) ((g) * M_2_SQRTPI * exp(-(x) * (x)))
@@ -461,9 +553,7 @@ DEF_BACKWARD(gelu_tanh_bf32, float, G_GELU_TANHF)
 DEF_BACKWARD(gelu_tanh_bf64, double, G_GELU_TANHD)
 DEF_BACKWARD(silu_bf32, float, G_SILUF)
 DEF_BACKWARD(silu_bf64, double, G_SILUD)
-DEF_BACKWARD(sin_bf32, float, G_SINF)
 DEF_BACKWARD(sin_bf64, double, G_SIND)
-DEF_BACKWARD(cos_bf32, float, G_COSF)
 DEF_BACKWARD(cos_bf64, double, G_COSD)
 DEF_BACKWARD(erf_bf32, float, G_ERFF)
 DEF_BACKWARD(erf_bf64, double, G_ERFD)

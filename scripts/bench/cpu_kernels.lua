@@ -8,7 +8,7 @@ local flow = require "flow"
 local N, ROUNDS = 1024, 5
 local OPS = { "softmax", "log_softmax", "sum(-1)", "sum()", "mean(0)", "add", "mul", "exp", "gelu", "tanh",
               "layer_norm", "cross_entropy", "adamw_", "attention", "gelu_tanh", "gelu_tanh'", "silu", "silu'",
-              "sigmoid", "erf", "erf'", "softplus", "softplus'", "log1p", "expm1" }
+              "sigmoid", "erf", "erf'", "softplus", "softplus'", "log1p", "expm1", "sin", "sin'", "cos" }
 
 if arg and #arg > 0 then
   local best = {} -- best[b][op]
@@ -67,6 +67,8 @@ local fns = {
   softplus = function() return flow.nn.functional.softplus(x) end,
   log1p = function() return flow.log1p(xa) end,
   expm1 = function() return flow.expm1(x) end,
+  sin = function() return flow.sin(x) end,
+  cos = function() return flow.cos(x) end,
 }
 -- op' : the op's gradient kernel alone (forward + backward, less the forward measured above)
 local function with_grad(f)
@@ -80,6 +82,7 @@ local grads = {
   ["silu'"] = { "silu", with_grad(flow.nn.functional.silu) },
   ["erf'"] = { "erf", with_grad(flow.erf) },
   ["softplus'"] = { "softplus", with_grad(flow.nn.functional.softplus) },
+  ["sin'"] = { "sin", with_grad(flow.sin) },
 }
 local function best_ms(f)
   local best = math.huge
