@@ -157,6 +157,14 @@ describe("where and masked_fill", function()
 end)
 
 describe("unary ops", function()
+  -- f(x) and the gradient of sum(f(x)) at x, both as float64
+  local function value_and_grad(f, x)
+    local a = x:detach():requires_grad_(true)
+    local y = f(a)
+    y:sum():backward()
+    return y:double(), a.grad:double()
+  end
+
   local xs = {}
   for k = 1, 77 do xs[k] = (k - 39) / 9 end -- 77: a dense vector part and a tail
   local pos = map(xs, function(x) return math.abs(x) + 0.01 end)
@@ -202,12 +210,7 @@ describe("unary ops", function()
   -- float32 silu and its gradient run on the vectorised exp of kernels/cpu/unary.c, not libm's expf
   it("float32 silu and its gradient: float64 on every 1e-3 of [-20, 20], torch's far out and at inf and nan", function()
     local x32 = (flow.arange(-20000, 20001, {dtype = "float64"}) / 1000):float()
-    local function silu(x)
-      local a = x:detach():requires_grad_(true)
-      local y = flow.nn.functional.silu(a)
-      y:sum():backward()
-      return y:double(), a.grad:double()
-    end
+    local function silu(x) return value_and_grad(flow.nn.functional.silu, x) end
     local y, g = silu(x32)
     local yd, gd = silu(x32:double())
     assert.is_true(((y - yd):abs() - yd:abs() * 2.5e-7):max():item() <= 1e-7)
@@ -230,12 +233,7 @@ describe("unary ops", function()
   -- float32 erf and softplus, and their gradients, are vectorised (kernels/cpu/unary.c), not libm's
   it("float32 erf and softplus and their gradients: float64 on every 1e-3 of [-30, 30], torch's far out and at inf and nan", function()
     local x32 = (flow.arange(-30000, 30001, {dtype = "float64"}) / 1000):float()
-    local function run(f, x)
-      local a = x:detach():requires_grad_(true)
-      local y = f(a)
-      y:sum():backward()
-      return y:double(), a.grad:double()
-    end
+    local run = value_and_grad
     local softplus = flow.nn.functional.softplus
     local y, g = run(flow.erf, x32)
     local yd, gd = run(flow.erf, x32:double())
@@ -284,12 +282,7 @@ describe("unary ops", function()
   end)
 
   it("float32 sin and cos (Cephes' reduction, libm beyond 8192) and their gradients: float64 within 1.5e-7", function()
-    local function run(f, x)
-      local a = x:detach():requires_grad_(true)
-      local y = f(a)
-      y:sum():backward()
-      return y:double(), a.grad:double()
-    end
+    local run = value_and_grad
     for _, r in ipairs({100, 8192, 1e6}) do -- the last past the reduction's range: libm's part
       local x = (flow.arange(-50000, 50001, {dtype = "float64"}) / 50000 * r):float()
       for _, name in ipairs({"sin", "cos"}) do
