@@ -163,9 +163,6 @@ static flow_tensor *twin_of(heads *m, const dims *d, int64_t rows, int64_t cols)
 /* One group of nb batch items from b0 on, with a thread's own score scratch (and its bf16 twin). */
 typedef int (*group_fn)(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx);
 
-/* The batch items in groups of G, each thread of a team of t taking its own share with its own n
- * elements of scratch (st and st16 hold t of them): fn per group. The first error of any thread
- * ends up on the calling thread. */
 /* Thread me of of's batch items, in groups of G, with its own part of the scratch. 0, or -1 with the
  * error set. */
 static int team_part(int me, int of, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16,
@@ -179,9 +176,12 @@ static int team_part(int me, int of, const dims *d, int64_t G, int64_t n, flow_t
   return r;
 }
 
-/* A team of one runs on this thread outside any parallel region: inside one (even an inactive
- * `if (0)` one), each GEMM's pieces would open a nested team, and libgomp made new threads for
- * each (a batch of one on 2 threads, or on 1 whose OpenMP default is 2, ran 3x slower). */
+/* The batch items in groups of G, each thread of a team of t taking its own share with its own n
+ * elements of scratch (st and st16 hold t of them): fn per group. The first error of any thread
+ * ends up on the calling thread. A team of one runs on this thread outside any parallel region:
+ * inside one (even an inactive `if (0)` one), each GEMM's pieces would open a nested team, and
+ * libgomp made new threads for each (a batch of one on 2 threads, or on 1 whose OpenMP default is
+ * 2, ran 3x slower). */
 static int run_team(int t, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16, group_fn fn,
                     void *ctx) {
   if (t <= 1) return team_part(0, 1, d, G, n, st, st16, fn, ctx);
