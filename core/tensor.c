@@ -67,6 +67,16 @@ void flow_mem_stats(flow_devtype d, int64_t *in_use, int64_t *peak) {
   *peak = __atomic_load_n(&mem_peak[d], __ATOMIC_RELAXED);
 }
 
+void flow_mem_stats_total(int64_t *in_use, int64_t *peak) {
+  *in_use = *peak = 0;
+  for (int d = 0; d < FLOW_NDEVTYPES; d++) {
+    int64_t u, p;
+    flow_mem_stats((flow_devtype)d, &u, &p);
+    *in_use += u;
+    *peak += p;
+  }
+}
+
 void flow_mem_reset_peak(flow_devtype d) {
   __atomic_store_n(&mem_peak[d], __atomic_load_n(&mem_in_use[d], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }

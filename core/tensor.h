@@ -109,6 +109,8 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes);
 /* Bytes held by live storages of a device type, and their high-water mark since the last reset
  * (what G:memory() and the benchmarks report as measured). */
 void flow_mem_stats(flow_devtype d, int64_t *in_use, int64_t *peak);
+/* The same summed over every device type. */
+void flow_mem_stats_total(int64_t *in_use, int64_t *peak);
 void flow_mem_reset_peak(flow_devtype d);
 void flow_storage_decref(flow_storage *s);
 

@@ -184,13 +184,9 @@ flow_tensor *flow_lua_to_tensor(lua_State *L, int idx, const flow_tensor *like, 
 static _Thread_local size_t gc_low = SIZE_MAX;
 
 static size_t tensor_bytes(void) {
-  int64_t total = 0;
-  for (int d = 0; d < FLOW_NDEVTYPES; d++) {
-    int64_t in_use, peak;
-    flow_mem_stats((flow_devtype)d, &in_use, &peak);
-    total += in_use;
-  }
-  return total > 0 ? (size_t)total : 0;
+  int64_t in_use, peak;
+  flow_mem_stats_total(&in_use, &peak);
+  return in_use > 0 ? (size_t)in_use : 0;
 }
 
 void flow_lua_account(lua_State *L) {

@@ -218,13 +218,8 @@ static int g_stats(lua_State *L) {
 
 /* Bytes held by live storages of the cpu (and the high-water mark), for eager-vs-graph measures. */
 static int l_memory(lua_State *L) {
-  int64_t use = 0, peak = 0;
-  for (int d = 0; d < FLOW_NDEVTYPES; d++) {
-    int64_t u, p;
-    flow_mem_stats((flow_devtype)d, &u, &p);
-    use += u;
-    peak += p;
-  }
+  int64_t use, peak;
+  flow_mem_stats_total(&use, &peak);
   if (lua_toboolean(L, 1))
     for (int d = 0; d < FLOW_NDEVTYPES; d++) flow_mem_reset_peak((flow_devtype)d);
   lua_pushinteger(L, use);
