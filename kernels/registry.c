@@ -60,17 +60,20 @@ static flow_copy_fn copies[FLOW_NDEVTYPES];
 
 void flow_kernel_set_copy(flow_devtype dev, flow_copy_fn fn) { copies[dev] = fn; }
 
-flow_tensor *flow_kernel_dense(flow_tensor *t) {
-  if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
-  flow_copy_fn copy = copies[t->device.type];
+int flow_kernel_copy(flow_tensor *out, const flow_tensor *x) {
+  flow_copy_fn copy = copies[x->device.type];
   if (!copy) {
     char name[32];
-    flow_device_name(t->device, name, sizeof name);
-    flow_error_set("no dense copy for device %s", name);
-    return NULL;
+    flow_device_name(x->device, name, sizeof name);
+    return flow_error_set("no dense copy for device %s", name);
   }
+  return copy(out, x);
+}
+
+flow_tensor *flow_kernel_dense(flow_tensor *t) {
+  if (flow_tensor_is_contiguous(t)) { flow_tensor_incref(t); return t; }
   flow_tensor *d = flow_tensor_new(t->dtype, t->device, t->ndim, t->shape);
-  if (d && copy(d, t) != 0) {
+  if (d && flow_kernel_copy(d, t) != 0) {
     flow_tensor_decref(d);
     d = NULL;
   }

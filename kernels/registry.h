@@ -28,6 +28,9 @@ int flow_kernel_names(flow_devtype dev, const char *const **names);
  * op layer to make a tensor dense (boxing, host staging). The device's kernels install it. */
 typedef int (*flow_copy_fn)(flow_tensor *out, const flow_tensor *x);
 void flow_kernel_set_copy(flow_devtype dev, flow_copy_fn fn);
+/* out = x converted to out's dtype, by the device's copy (same shape; on the CPU out may have any
+ * strides). 0, or -1 + error. */
+int flow_kernel_copy(flow_tensor *out, const flow_tensor *x);
 /* t as a dense tensor on its device: t itself (new reference) when contiguous, else a copy with
  * its shard's shape and no global metadata. NULL + error. */
 flow_tensor *flow_kernel_dense(flow_tensor *t);

@@ -50,13 +50,6 @@ int flow_check_float(const flow_op *op, const flow_meta *t, const char *what) {
   return 0;
 }
 
-int flow_check_computable(const flow_op *op, const flow_meta *t) {
-  if (t->device.type == FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16))
-    return flow_error_set("%s: %s tensors are storage-only on the CPU (cast to float32 first)", op->name,
-                          flow_dtype_name(t->dtype));
-  return 0;
-}
-
 static int check_inputs(const flow_op *op, flow_tensor *const *in, int nin) {
   if (op->nin >= 0 && nin != op->nin)
     return flow_error_set("%s: expected %d tensor inputs, got %d", op->name, op->nin, nin);
@@ -107,6 +100,59 @@ bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
   return op->kernel_at[dev] != NULL;
 }
 
+/* ---- float16 and bfloat16 on the CPU -----------------------------------------------------------
+ * The CPU kernels compute in float32 and float64 (oneDNN's bf16 GEMMs are reached through autocast,
+ * from float32 operands). An op given float16 or bfloat16 tensors on the CPU runs its float32 kernel
+ * on float32 copies of them, and each half output is rounded once from the float32 result: what
+ * PyTorch's CPU kernels do for these dtypes (float32 inside, one rounding at the end). Tensors the
+ * kernel writes (outputs, an in-place destination, written_in) are copied back after it. Views make
+ * no copies, and ops that only move elements (op->moves) take half tensors as they are. */
+
+static bool staged_dtype(const flow_tensor *t) {
+  return t && t->device.type == FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16);
+}
+
+/* t's float32 twin among the first n staged so far (from[i] -> to[i]), made (and filled from t when
+ * fill) if new; NULL + error. */
+static flow_tensor *twin(flow_tensor *t, bool fill, flow_tensor **from, flow_tensor **to, int *n) {
+  for (int i = 0; i < *n; i++)
+    if (from[i] == t) return to[i];
+  flow_tensor *f = flow_tensor_new(FLOW_F32, t->device, t->ndim, t->shape);
+  if (!f || (fill && flow_kernel_copy(f, t) != 0)) {
+    flow_tensor_decref(f);
+    return NULL;
+  }
+  from[*n] = t;
+  to[(*n)++] = f;
+  return f;
+}
+
+static int run_staged(const flow_op *op, flow_kernel_fn k, flow_tensor *const *in, int nin, const flow_attrs *a,
+                      flow_tensor **out) {
+  int nout = op->nout, n = 0, rc = 0;
+  flow_tensor *stack[24], **from = nin + nout <= 12 ? stack : malloc(2 * (size_t)(nin + nout) * sizeof *from);
+  if (!from) return flow_error_set("%s: out of memory", op->name);
+  flow_tensor **to = from + nin + nout, *sin[8], *sout[8];
+  flow_tensor **fin = nin <= 8 ? sin : malloc((size_t)nin * sizeof *fin), **fout = sout;   /* nout <= 8 */
+  if (!fin) rc = flow_error_set("%s: out of memory", op->name);
+  for (int i = 0; rc == 0 && i < nin; i++)
+    if (!(fin[i] = staged_dtype(in[i]) ? twin(in[i], true, from, to, &n) : in[i])) rc = -1;
+  for (int j = 0; rc == 0 && j < nout; j++)
+    if (!(fout[j] = staged_dtype(out[j]) ? twin(out[j], false, from, to, &n) : out[j])) rc = -1;
+  if (rc == 0) rc = k(fin, nin, fout, nout, a);
+  /* back into what the kernel wrote: the outputs (an in-place op's is input 0) and written_in */
+  for (int i = 0; i < n; i++) {
+    bool written = false;
+    for (int j = 0; j < nout; j++) written |= from[i] == out[j];
+    for (int j = 0; j < nin; j++) written |= from[i] == in[j] && flow_op_writes(op, j);
+    if (rc == 0 && written) rc = flow_kernel_copy(from[i], to[i]);
+    flow_tensor_decref(to[i]);
+  }
+  if (from != stack) free(from);
+  if (fin != sin) free(fin);
+  return rc;
+}
+
 int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const flow_attrs *a, flow_tensor **out) {
   flow_device dev = op->kind == FLOW_OP_SOURCE ? out[0]->device : in[0]->device;
   resolve_kernels();
@@ -116,7 +162,12 @@ int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const
     flow_device_name(dev, name, sizeof name);
     return flow_error_set("%s: no kernel for device %s", op->name, name);
   }
-  if (k(in, nin, out, op->nout, a) != 0) {
+  bool stage = false;
+  if (dev.type == FLOW_CPU && op->kind != FLOW_OP_VIEW && !op->moves) {
+    for (int i = 0; i < nin; i++) stage |= staged_dtype(in[i]);
+    for (int j = 0; j < op->nout; j++) stage |= staged_dtype(out[j]);
+  }
+  if ((stage ? run_staged(op, k, in, nin, a, out) : k(in, nin, out, op->nout, a)) != 0) {
     const char *m = flow_error_get(); /* "[rank r] ..." came from a global op, which names its op */
     if (strncmp(m, op->name, strlen(op->name)) != 0 && strncmp(m, "[rank ", 6) != 0) flow_error_prefix("%s", op->name);
     return -1;

@@ -15,7 +15,7 @@
 static int infer_binary_bool(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
   out->dtype = in[0].dtype;
   out->device = in[0].device;
   return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
@@ -49,7 +49,7 @@ static int infer_sub(const flow_op *op, const flow_meta *in, int nin, const flow
 static int infer_compare(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                          flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
   out->dtype = FLOW_BOOL;
   out->device = in[0].device;
   return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
@@ -393,7 +393,7 @@ static int grad_where(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(where) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(where) {.nin = 3, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                 .infer = infer_where, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, where, cpu_where)
 
@@ -412,7 +412,7 @@ flow_tensor *flow_where(flow_tensor *cond, flow_tensor *a, flow_tensor *b) {
 static int infer_masked_fill(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (check_mask(op, &in[1], "the mask") != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  if (check_mask(op, &in[1], "the mask") != 0) return -1;
   out->dtype = in[0].dtype;
   out->device = in[0].device;
   return flow_broadcast_shape(op->name, in[0].ndim, in[0].shape, in[1].ndim, in[1].shape,
@@ -430,7 +430,7 @@ static int grad_masked_fill(const flow_grad_ctx *c, flow_tensor **gin) {
   return give(gin, 0, flow_masked_fill(c->gout[0], c->in[1], 0), c);
 }
 
-FLOW_OP(masked_fill) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(masked_fill) {.nin = 2, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                       .infer = infer_masked_fill, .grad = grad_masked_fill, .save_in = 2,
                       .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, masked_fill, cpu_masked_fill)
@@ -449,22 +449,21 @@ flow_tensor *flow_masked_fill(flow_tensor *t, flow_tensor *mask, double value) {
 static int infer_unary_float(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                              flow_meta *out) {
   (void)nin; (void)a;
-  if (flow_check_computable(op, &in[0]) != 0 || flow_check_float(op, &in[0], "input") != 0) return -1;
+  if (flow_check_float(op, &in[0], "input") != 0) return -1;
   *out = in[0];
   return 0;
 }
 
-/* neg, abs, relu, clamp, sign, floor, ceil, round, trunc: also int64/int32. */
+/* neg, abs, relu, clamp, sign, floor, ceil, round, trunc: floating point, also int64/int32. */
 static int infer_unary_signed(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                               flow_meta *out) {
   (void)nin; (void)a;
   flow_dtype d = in[0].dtype;
-  if (flow_check_computable(op, &in[0]) != 0) return -1;
   if (d == FLOW_BOOL && op == &flow_op_neg)
     return flow_error_set("%s: negation, the `-` operator, on a bool tensor is not supported, as in torch; "
                           "to invert a mask use eq(mask, false)", op->name);
-  if (d != FLOW_F32 && d != FLOW_F64 && d != FLOW_I64 && d != FLOW_I32)
-    return flow_error_set("%s: expected a float32, float64, int64 or int32 tensor (got %s)", op->name,
+  if (!flow_dtype_is_float(d) && d != FLOW_I64 && d != FLOW_I32)
+    return flow_error_set("%s: expected a floating-point, int64 or int32 tensor (got %s)", op->name,
                           flow_dtype_name(d));
   *out = in[0];
   return 0;
@@ -598,7 +597,7 @@ static int infer_inplace(const flow_op *op, const flow_meta *in, int nin, const 
 
 static int infer_arith_(const flow_op *op, const flow_meta *in, int nin, const flow_attrs *a,
                         flow_meta *out) {
-  if (flow_check_same_dtype(op, in, 2) != 0 || flow_check_computable(op, &in[0]) != 0) return -1;
+  if (flow_check_same_dtype(op, in, 2) != 0) return -1;
   return infer_inplace(op, in, nin, a, out);
 }
 
@@ -636,15 +635,15 @@ FLOW_KERNEL_REGISTER(FLOW_CPU, add_, cpu_add_)
 FLOW_OP(mul_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
                .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, mul_, cpu_mul_)
-FLOW_OP(copy_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(copy_) {.nin = 2, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                 .kind = FLOW_OP_INPLACE, .infer = infer_inplace};
 FLOW_KERNEL_REGISTER(FLOW_CPU, copy_, cpu_copy_)
-FLOW_OP(fill_) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(fill_) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                 .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, fill_, cpu_fill_)
 /* zero_ is fill_ with 0, an op of its own because, unlike fill_, it is linear (a partial sum stays
  * one: what the SBP rules need to know) */
-FLOW_OP(zero_) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(zero_) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                 .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, zero_, cpu_fill_)
 
@@ -706,10 +705,10 @@ static int grad_cast(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(contiguous) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(contiguous) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                .infer = infer_copy, .grad = grad_copy};
 FLOW_KERNEL_REGISTER(FLOW_CPU, contiguous, cpu_copy)
-FLOW_OP(cast) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(cast) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                .infer = infer_cast, .grad = grad_cast};
 FLOW_KERNEL_REGISTER(FLOW_CPU, cast, cpu_copy)
 
@@ -753,7 +752,7 @@ static FLOW_KERNEL(cpu_full) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(full) {.nin = 0, .nout = 1, .kind = FLOW_OP_SOURCE, .infer = infer_full};
+FLOW_OP(full) {.nin = 0, .nout = 1, .moves = true, .kind = FLOW_OP_SOURCE, .infer = infer_full};
 FLOW_KERNEL_REGISTER(FLOW_CPU, full, cpu_full)
 
 flow_tensor *flow_full(int ndim, const int64_t *shape, double v, flow_dtype dtype, flow_device dev) {

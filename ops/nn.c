@@ -23,12 +23,11 @@ enum {
 extern flow_op flow_op_softmax_grad, flow_op_log_softmax_grad, flow_op_layer_norm_grad,
     flow_op_cross_entropy_grad, flow_op_scaled_dot_product_attention_grad;
 
-/* The fused kernels compute in float32 or float64, and on CUDA also in float16/bfloat16 (which stay
- * storage-only on the CPU). */
+/* The fused kernels compute in float32 or float64; float16/bfloat16 on CUDA, and through float32 on the
+ * CPU (dispatch.c). */
 static int check_real(const flow_op *op, const flow_meta *t, const char *what) {
-  if (t->dtype == FLOW_F32 || t->dtype == FLOW_F64) return 0;
-  if (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16) return flow_check_computable(op, t);
-  return flow_error_set("%s: %s must be float32 or float64 (got %s)", op->name, what, flow_dtype_name(t->dtype));
+  if (flow_dtype_is_float(t->dtype)) return 0;
+  return flow_error_set("%s: %s must be a floating-point tensor (got %s)", op->name, what, flow_dtype_name(t->dtype));
 }
 
 /* The dtype of the row statistics an op saves for its backward (layer_norm's mean and rstd, the lse

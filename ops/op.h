@@ -85,6 +85,8 @@ struct flow_op {
   flow_shard_fn shard;        /* NULL: shards take the logical attrs as they are */
   bool dense_shards;          /* global: kernels need dense shards (a viewable tensor's shard may not be) */
   bool random;                /* draws at (attrs.seed, attrs.rng_offset): a plan feeds fresh counters each run */
+  bool moves;                 /* its kernels only move elements (copies, casts, gathers) of any dtype: float16
+                               * and bfloat16 reach the CPU kernel as they are, not staged (dispatch.c) */
   struct flow_op *next;       /* registry list, set by flow_op_register */
   /* not part of the definition: the kernel table's entries for this op, looked up by dispatch.c.
    * A kernel finds its outputs allocated (contiguous, per inference), except a FLOW_OP_VIEW op's,
@@ -134,8 +136,6 @@ void flow_op_set_global_dispatch(flow_global_dispatch_fn fn);
 /* Same dtype/device checks used by many infer functions; name the op in the message. */
 int flow_check_same_dtype(const flow_op *op, const flow_meta *in, int nin);
 int flow_check_float(const flow_op *op, const flow_meta *t, const char *what);
-/* float16/bfloat16 are storage-only on the CPU (computed on CUDA): -1 + error for such a CPU tensor. */
-int flow_check_computable(const flow_op *op, const flow_meta *t);
 void flow_meta_from(flow_meta *m, const flow_tensor *t);
 
 #endif

@@ -35,7 +35,7 @@ local unary = {relu = flow.relu, gelu = F.gelu, silu = F.silu, sin = flow.sin, c
 local cases, order = {}, {}
 local function case(name, fn, grad) cases[name] = {fn = fn, grad = grad}; order[#order + 1] = name end
 local function raises(name, op, fn) cases[name] = {fn = fn, raises = op}; order[#order + 1] = name end
-for _, dt in ipairs({"float64", "float32"}) do
+for _, dt in ipairs({"float64", "float32", "bfloat16"}) do
   local names = {}
   for n in pairs(unary) do names[#names + 1] = n end
   table.sort(names)
@@ -351,7 +351,7 @@ describe("conformance with PyTorch", function()
         flat(outs[i]:totable(), values)
       end
       assert.are.equal(w.dtype, table.concat(dtypes, ","))
-      local tol = out.dtype == "float32" and 2e-6 or 1e-12
+      local tol = ({float32 = 2e-6, bfloat16 = 2 ^ -7})[out.dtype] or 1e-12
       local ok, why = same(values, w.values, tol)
       assert(ok, "values: " .. tostring(why))
       if c.grad then

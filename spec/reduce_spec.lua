@@ -238,7 +238,7 @@ describe("reduction errors", function()
     assert.matches("var: axis %-3 out of range", err_of(function() return t:var({0, -3}) end))
     assert.matches("max: axis 5 out of range", err_of(function() return t:max(5) end))
     assert.matches("argmin: axis must be an integer or nil %(got table%)", err_of(function() return t:argmin({0}) end))
-    assert.matches("mean: expected a float32 or float64 tensor %(got int64",
+    assert.matches("mean: expected a floating%-point tensor %(got int64",
       err_of(function() return flow.tensor({1, 2}):mean() end))
     assert.matches("max: cannot reduce an empty axis", err_of(function() return flow.zeros({2, 0}):max(1) end))
     assert.matches("sum: argument 1 must be a tensor %(got number%)", err_of(function() return flow.sum(3) end))
@@ -253,7 +253,6 @@ describe("reduction errors", function()
     assert.matches("topk: k = %-1 is out of range", err_of(function() return t:topk(-1, 0) end))
     assert.matches("topk: unknown option 'dim'", err_of(function() return t:topk(1, 0, {dim = 1}) end))
     assert.matches("topk: sorted must be a boolean %(got string%)", err_of(function() return t:topk(1, 0, true, "yes") end))
-    assert.matches("sort: float16 tensors are storage%-only", err_of(function() return t:half():sort() end))
   end)
 
   it("amax and amin name themselves, the axis and unknown options", function()

@@ -1,0 +1,121 @@
+-- float16 and bfloat16 on the CPU: an op computes in float32 on the half tensors' values and rounds
+-- each half output once (ops/dispatch.c), as PyTorch's CPU kernels do. So every result must equal,
+-- bit for bit, the float32 op on the same values cast to the half dtype; in-place ops, views and the
+-- optimizer's state write their results back; gradients come out in the half dtype. The values
+-- against PyTorch's own bfloat16 kernels are in conformance_spec.lua.
+local flow = require "flow"
+local F = flow.nn.functional
+
+local function flat(t, out)
+  out = out or {}
+  if type(t) == "table" then for _, v in ipairs(t) do flat(v, out) end else out[#out + 1] = t end
+  return out
+end
+
+-- a and b hold the same numbers (NaN equal to NaN), bit for bit as doubles
+local function same(a, b, what)
+  assert.are.equal(a.dtype, b.dtype, what .. ": dtype")
+  assert.are.same(a:shape(), b:shape(), what .. ": shape")
+  local x, y = flat(a:totable()), flat(b:totable())
+  for i = 1, #y do
+    if not (x[i] == y[i] or (x[i] ~= x[i] and y[i] ~= y[i])) then
+      error(("%s: element %d is %.9g, float32 rounded gives %.9g"):format(what, i, x[i], y[i]), 2)
+    end
+  end
+end
+
+local function randh(shape, dtype, seed)
+  flow.manual_seed(seed or 3)
+  return (flow.randn(shape) * 2):to(dtype)
+end
+
+for _, dt in ipairs({ "bfloat16", "float16" }) do
+  describe(dt .. " on the CPU", function()
+    local x, y = randh({ 5, 7 }, dt, 1), randh({ 5, 7 }, dt, 2)
+    local w = randh({ 7, 3 }, dt, 4)
+    -- each op on half tensors against the same op on their float32 values, rounded once
+    local ops = {
+      add = function(a, b) return a + b end,
+      -- a number is first rounded to the tensor's dtype, as torch 1.13 does
+      ["mul by a number"] = function(a) return a * (a.dtype == "float32" and flow.tensor(0.3):to(dt):item() or 0.3) end,
+      div = function(a, b) return a / b end,
+      exp = function(a) return flow.exp(a) end,
+      ["gelu tanh"] = function(a) return F.gelu(a, { approximate = "tanh" }) end,
+      ["where and gt"] = function(a, b) return flow.where(a:gt(b), a, b) end,
+      ["sum over axis 1"] = function(a) return a:sum(1) end,
+      mean = function(a) return a:mean() end,
+      ["var over axis 0"] = function(a) return a:var(0) end,
+      cumsum = function(a) return flow.cumsum(a, 1) end,
+      ["sort descending"] = function(a) return (flow.sort(a, 1, true)) end,
+      argmax = function(a) return a:argmax(1) end,
+      matmul = function(a) return flow.matmul(a, w:to(a.dtype)) end,
+      ["softmax of a transposed view"] = function(a) return flow.softmax(a:transpose(0, 1), -1) end,
+      layer_norm = function(a) return F.layer_norm(a, { 7 }) end,
+      cross_entropy = function(a) return F.cross_entropy(a, flow.tensor({ 0, 6, 3, 3, 1 })) end,
+    }
+    local names = {}
+    for n in pairs(ops) do names[#names + 1] = n end
+    table.sort(names)
+    for _, n in ipairs(names) do
+      it(n .. " equals float32 on the same values, rounded once", function()
+        local got = ops[n](x, y)
+        local ref = ops[n](x:float(), y:float())
+        if ref.dtype == "float32" then ref = ref:to(dt) end
+        same(got, ref, n)
+      end)
+    end
+
+    it("in place on a transposed view writes back into its base", function()
+      local base = x:clone()
+      local v = base:transpose(0, 1)
+      v:mul_(y:transpose(0, 1))
+      same(base, (x:float() * y:float()):to(dt), "mul_ through a view")
+      base:add_(1)
+      same(base, ((x:float() * y:float()):to(dt):float() + 1):to(dt), "add_")
+    end)
+
+    it("gradients come out in " .. dt .. ", one rounding per op", function()
+      local a = x:clone():requires_grad_(true)
+      local l = (flow.exp(a) * a):sum()
+      l:backward()
+      assert.are.equal(dt, a.grad.dtype)
+      -- mul gives exp(a) to a and a to exp(a); exp's gradient is that times its output: each rounded
+      local e = flow.exp(x:float()):to(dt):float()
+      same(a.grad, (e + (x:float() * e):to(dt):float()):to(dt), "grad of sum(exp(a) * a)")
+    end)
+
+    it("AdamW on a " .. dt .. " parameter keeps its moments (written back)", function()
+      local p = x:clone():requires_grad_(true)
+      local opt = flow.optim.AdamW({ p }, { lr = 0.1, weight_decay = 0 })
+      local pf = x:float():requires_grad_(true)
+      local optf = flow.optim.AdamW({ pf }, { lr = 0.1, weight_decay = 0 })
+      for _ = 1, 3 do
+        (p * y):sum():backward()
+        opt:step()
+        opt:zero_grad();
+        (pf * y:float()):sum():backward()
+        optf:step()
+        optf:zero_grad()
+      end
+      assert.are.equal(dt, p.dtype)
+      -- three steps of lr 0.1 along sign(y): the moments must have carried the gradient (a lost
+      -- write-back would leave them 0 and the step NaN or 0)
+      local got, want = flat(p:float():totable()), flat(pf:totable())
+      for i = 1, #want do
+        assert.is_true(math.abs(got[i] - want[i]) <= 0.02 * math.max(1, math.abs(want[i])),
+          ("element %d: %s AdamW %.6g, float32 %.6g"):format(i, dt, got[i], want[i]))
+      end
+    end)
+  end)
+end
+
+describe("half tensors on the CPU keep their errors", function()
+  it("dropout and conv2d still ask for float32 or float64 (their CUDA kernels pass other dtypes to the CPU's)", function()
+    local ok, err = pcall(F.dropout, randh({ 4 }, "bfloat16"), 0.5, true)
+    assert.is_false(ok)
+    assert.matches("dropout: input must be float32 or float64 %(got bfloat16%)", err)
+    ok, err = pcall(flow.conv2d, randh({ 1, 1, 3, 3 }, "bfloat16"), randh({ 1, 1, 2, 2 }, "bfloat16"))
+    assert.is_false(ok)
+    assert.matches("conv2d: input must be float32 or float64 %(got bfloat16%)", err)
+  end)
+end)
