@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -12,23 +13,46 @@
 /* ---- sums ------------------------------------------------------------------------------------- */
 
 int flow_comm_sum_check(const char *what, flow_dtype dt) {
-  if (dt == FLOW_F16 || dt == FLOW_BF16 || dt == FLOW_BOOL)
+  if (dt == FLOW_BOOL)
     return flow_error_set("%s: partial sums of %s tensors are not supported (cast to float32 first)",
                           what, flow_dtype_name(dt));
   return 0;
 }
 
 #define ADD_INTO(T) do { T *a_ = acc; const T *x_ = x; for (size_t i = 0; i < n; i++) a_[i] += x_[i]; } while (0)
+#define ADD_HALF(TO_F, FROM_F) do { uint16_t *a_ = acc; const uint16_t *x_ = x;             \
+    for (size_t i = 0; i < n; i++) a_[i] = FROM_F(TO_F(a_[i]) + TO_F(x_[i])); } while (0)
 void flow_comm_add_into(void *acc, const void *x, size_t n, flow_dtype dt) {
   switch (dt) {
   case FLOW_F32: ADD_INTO(float); break;
   case FLOW_F64: ADD_INTO(double); break;
   case FLOW_I64: ADD_INTO(int64_t); break;
   case FLOW_I32: ADD_INTO(int32_t); break;
+  case FLOW_BF16: ADD_HALF(flow_bf16_to_float, flow_float_to_bf16); break;
+  case FLOW_F16: ADD_HALF(flow_half_to_float, flow_float_to_half); break;
   default: ADD_INTO(uint8_t); break;
   }
 }
+#undef ADD_HALF
 #undef ADD_INTO
+
+int flow_comm_allreduce_by_parts(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt,
+                                 flow_comm_reduce_scatterv_fn reduce_scatterv, flow_comm_allgatherv_fn allgatherv) {
+  int n = c->size;
+  size_t es = flow_dtype_size(dt), *v = malloc(2 * (size_t)n * sizeof *v), off = 0;
+  if (!v) return flow_error_set("all-reduce: out of memory");
+  for (int q = 0; q < n; q++) {
+    v[q] = count / (size_t)n + ((size_t)q < count % (size_t)n);
+    v[n + q] = off;
+    off += v[q];
+  }
+  void *part = malloc(v[c->rank] * es + 1);
+  int rc = part ? reduce_scatterv(c, send, part, v, dt) : flow_error_set("all-reduce: out of memory");
+  if (rc == 0) rc = allgatherv(c, part, v[c->rank], recv, v, v + n, dt);
+  free(part);
+  free(v);
+  return rc;
+}
 
 /* ---- the handshake's verdict ------------------------------------------------------------------- */
 

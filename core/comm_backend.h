@@ -13,8 +13,18 @@
 
 /* An error for a sum (all-reduce, reduce-scatter) over a dtype that has none here; 0 if fine. */
 int flow_comm_sum_check(const char *what, flow_dtype dt);
-/* acc[i] += x[i] for n elements of dt */
+/* acc[i] += x[i] for n elements of dt (float16 and bfloat16: in float32, each sum rounded) */
 void flow_comm_add_into(void *acc, const void *x, size_t n, flow_dtype dt);
+
+/* An all-reduce made of a backend's reduce-scatter (count / size elements a rank, the first
+ * count % size ranks one more) and all-gather: each element is summed once, in rank order, by
+ * flow_comm_add_into, and every rank gets the same bits. */
+typedef int (*flow_comm_reduce_scatterv_fn)(flow_comm *c, const void *send, void *recv, const size_t *counts,
+                                            flow_dtype dt);
+typedef int (*flow_comm_allgatherv_fn)(flow_comm *c, const void *send, size_t count, void *recv,
+                                       const size_t *counts, const size_t *displs, flow_dtype dt);
+int flow_comm_allreduce_by_parts(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt,
+                                 flow_comm_reduce_scatterv_fn reduce_scatterv, flow_comm_allgatherv_fn allgatherv);
 
 /* Polling with back-off for waits on peers (comm.c): start, then pause between two polls; the
  * pause returns the seconds waited since the start. */

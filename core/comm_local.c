@@ -562,25 +562,9 @@ static int l_reduce_scatterv(flow_comm *c, const void *send, void *recv, const s
   return rc;
 }
 
-/* A reduce-scatter of count / n elements each (the first count % n ranks one more), then an
- * all-gather of the sums: each element is summed once, in rank order, and every rank gets the
- * same bits. */
 static int l_allreduce(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
   if (flow_comm_sum_check("all-reduce", dt)) return -1;
-  int n = c->size;
-  size_t es = flow_dtype_size(dt), *v = malloc(2 * (size_t)n * sizeof *v), off = 0;
-  if (!v) return flow_error_set("all-reduce: out of memory");
-  for (int q = 0; q < n; q++) {
-    v[q] = count / (size_t)n + ((size_t)q < count % (size_t)n);
-    v[n + q] = off;
-    off += v[q];
-  }
-  msg *part = msg_new(v[c->rank] * es);
-  int rc = part ? l_reduce_scatterv(c, send, part->data, v, dt) : flow_error_set("all-reduce: out of memory");
-  if (rc == 0) rc = l_allgatherv(c, part->data, v[c->rank], recv, v, v + n, dt);
-  drop(part);
-  free(v);
-  return rc;
+  return flow_comm_allreduce_by_parts(c, send, recv, count, dt, l_reduce_scatterv, l_allgatherv);
 }
 
 /* Rows of a strided block, packed back to back into dst (pack) or out of src (unpack). */
