@@ -109,6 +109,28 @@ for _, dt in ipairs({ "bfloat16", "float16" }) do
   end)
 end
 
+describe("a bfloat16 model on the CPU", function()
+  it("Module:to casts the floating-point parameters; nn.Graph gives eager's outputs", function()
+    local nn = flow.nn
+    flow.manual_seed(1)
+    local m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    local w = m[1].weight:detach():clone()
+    assert.are.equal(m, m:to("bfloat16"))
+    assert.are.equal("bfloat16", m[1].weight.dtype)
+    assert.is_true(m[1].weight.requires_grad)
+    same(m[1].weight, w:to("bfloat16"), "the cast weight")
+    local x = randh({ 6, 8 }, "bfloat16")
+    local eager = m(x)
+    local G = nn.Graph { model = m, build = function(self, v) return self.model(v) end }
+    same(G(x), eager, "the graph's output")
+    m:to({ dtype = "float32" })
+    assert.are.equal("float32", m[3].bias.dtype)
+    local ok, err = pcall(m.to, m, { dtype = "float32", devcie = "cpu" })
+    assert.is_false(ok)
+    assert.matches("Module:to: unknown option 'devcie'", err)
+  end)
+end)
+
 describe("half tensors on the CPU keep their errors", function()
   it("dropout and conv2d still ask for float32 or float64 (their CUDA kernels pass other dtypes to the CPU's)", function()
     local ok, err = pcall(F.dropout, randh({ 4 }, "bfloat16"), 0.5, true)

@@ -424,14 +424,23 @@ function Module:load_state_dict(sd, strict)
   return self
 end
 
--- Move every parameter to `device` ("cuda", "cuda:1", "cpu") as a leaf of its own (the optimizer
--- must be made after this), keeping tied tensors tied.
-function Module:to(device)
+-- Move or cast every parameter, each a leaf of its own (the optimizer must be made after this),
+-- keeping tied tensors tied: `target` is a device ("cuda", "cuda:1", "cpu"), a dtype ("bfloat16",
+-- flow.float64) or {device =, dtype =}; as torch's Module.to, a dtype casts floating-point
+-- parameters only.
+local FLOATS = { float32 = true, float64 = true, float16 = true, bfloat16 = true }
+function Module:to(target)
+  local opts = target
+  if type(target) ~= "table" then
+    local device = type(target) == "string" and (target == "cpu" or target:match("^cuda"))
+    opts = device and { device = target } or { dtype = target }
+  end
+  flow._check_opts("Module:to", opts, { "device", "dtype" })
   local moved = {}
   each_parameter(self, "", function(owner, k, _, t)
     local m = moved[t]
     if not m then
-      m = t:to({ device = device, requires_grad = t.requires_grad })
+      m = t:to({ device = opts.device, dtype = FLOATS[t.dtype] and opts.dtype or nil, requires_grad = t.requires_grad })
       moved[t] = m
     end
     rawset(owner, k, m)
