@@ -10,7 +10,9 @@ extern "C" {
 #endif
 
 /* What FLOW_KERNEL (core/tensor.h) defines: out[] are preallocated for compute ops, made by the
- * kernel for views. 0 or -1 + flow_error_set. */
+ * kernel for views. 0 or -1 + flow_error_set; or, from a CPU kernel given float16/bfloat16 operands
+ * that it has no path for, FLOW_KERNEL_F32: "run me on float32 copies" (ops/dispatch.c). */
+#define FLOW_KERNEL_F32 1
 typedef int (*flow_kernel_fn)(flow_tensor *const *in, int nin, flow_tensor **out, int nout,
                               const flow_attrs *a);
 

@@ -31,7 +31,7 @@ static int grad_to_device(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(to_device) {.nin = 1, .nout = 1, .moves = true,
+FLOW_OP(to_device) {.nin = 1, .nout = 1, .cpu_half = true,
                     .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                     .infer = infer_to_device,
                     .grad = grad_to_device};

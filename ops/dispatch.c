@@ -106,7 +106,10 @@ bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
  * on float32 copies of them, and each half output is rounded once from the float32 result: what
  * PyTorch's CPU kernels do for these dtypes (float32 inside, one rounding at the end). Tensors the
  * kernel writes (outputs, an in-place destination, written_in) are copied back after it. Views make
- * no copies, and ops that only move elements (op->moves) take half tensors as they are. */
+ * no copies, and ops whose CPU kernels take half tensors themselves (op->cpu_half: copies, gathers,
+ * the elementwise ops, which widen them in registers for their float32 loops, and matmul, on
+ * oneDNN's bf16 GEMM) get them as they are; such a kernel may still ask for the copies
+ * (FLOW_KERNEL_F32: a float16 matmul, or bf16 on a CPU without AVX512-BF16). */
 
 static bool staged_dtype(const flow_tensor *t) {
   return t && t->device.type == FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16);
@@ -163,11 +166,13 @@ int flow_op_run_kernel(const flow_op *op, flow_tensor *const *in, int nin, const
     return flow_error_set("%s: no kernel for device %s", op->name, name);
   }
   bool stage = false;
-  if (dev.type == FLOW_CPU && op->kind != FLOW_OP_VIEW && !op->moves) {
+  if (dev.type == FLOW_CPU && op->kind != FLOW_OP_VIEW && !op->cpu_half) {
     for (int i = 0; i < nin; i++) stage |= staged_dtype(in[i]);
     for (int j = 0; j < op->nout; j++) stage |= staged_dtype(out[j]);
   }
-  if ((stage ? run_staged(op, k, in, nin, a, out) : k(in, nin, out, op->nout, a)) != 0) {
+  int rc = stage ? run_staged(op, k, in, nin, a, out) : k(in, nin, out, op->nout, a);
+  if (rc == FLOW_KERNEL_F32 && dev.type == FLOW_CPU) rc = run_staged(op, k, in, nin, a, out);
+  if (rc != 0) {
     const char *m = flow_error_get(); /* "[rank r] ..." came from a global op, which names its op */
     if (strncmp(m, op->name, strlen(op->name)) != 0 && strncmp(m, "[rank ", 6) != 0) flow_error_prefix("%s", op->name);
     return -1;

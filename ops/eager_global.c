@@ -665,7 +665,7 @@ static int infer_to_global(const flow_op *op, const flow_meta *in, int nin, cons
   return infer_same(op, in, nin, a, out);
 }
 
-FLOW_OP(to_global) {.nin = 1, .nout = 1, .moves = true, .infer = infer_to_global,
+FLOW_OP(to_global) {.nin = 1, .nout = 1, .cpu_half = true, .infer = infer_to_global,
                     .grad = grad_to_global};
 FLOW_KERNEL_REGISTER(FLOW_CPU, to_global, kernel_local_to_global)
 FLOW_KERNEL_REGISTER(FLOW_CUDA, to_global, kernel_local_to_global)

@@ -201,32 +201,32 @@ static int grad_mod(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(add) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(add) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
               .infer = infer_binary_bool, .grad = grad_add};
 FLOW_KERNEL_REGISTER(FLOW_CPU, add, cpu_add)
-FLOW_OP(sub) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(sub) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
               .infer = infer_sub, .grad = grad_sub};
 FLOW_KERNEL_REGISTER(FLOW_CPU, sub, cpu_sub)
-FLOW_OP(mul) {.nin = 2, .nout = 1,
+FLOW_OP(mul) {.nin = 2, .nout = 1, .cpu_half = true,
               .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST | FLOW_SBP_P_SECOND),
               .infer = infer_binary_bool, .grad = grad_mul, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, mul, cpu_mul)
-FLOW_OP(div) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+FLOW_OP(div) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
               .infer = infer_binary, .grad = grad_div, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, div, cpu_div)
-FLOW_OP(pow) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary, .grad = grad_pow,
+FLOW_OP(pow) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary, .grad = grad_pow,
               .save_in = 3, .save_out = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, pow, cpu_pow)
-FLOW_OP(maximum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(maximum) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                   .infer = infer_binary_bool, .grad = grad_maxmin, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, maximum, cpu_maximum)
-FLOW_OP(minimum) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(minimum) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                   .infer = infer_binary_bool, .grad = grad_maxmin, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, minimum, cpu_minimum)
-FLOW_OP(remainder) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(remainder) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                     .infer = infer_binary, .grad = grad_mod, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, remainder, cpu_remainder)
-FLOW_OP(fmod) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(fmod) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                .infer = infer_binary, .grad = grad_mod, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, fmod, cpu_fmod)
 /* floor(a / b) and trunc(a / b) (div's rounding modes) are piecewise constant: zero gradients, as
@@ -240,28 +240,28 @@ static int grad_quotient(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
                        .grad = grad_quotient};
 FLOW_KERNEL_REGISTER(FLOW_CPU, floor_divide, cpu_floor_divide)
-FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
                        .grad = grad_quotient};
 FLOW_KERNEL_REGISTER(FLOW_CPU, trunc_divide, cpu_trunc_divide)
-FLOW_OP(eq) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(eq) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, eq, cpu_eq)
-FLOW_OP(ne) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(ne) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, ne, cpu_ne)
-FLOW_OP(lt) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(lt) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, lt, cpu_lt)
-FLOW_OP(le) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(le) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, le, cpu_le)
-FLOW_OP(gt) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(gt) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, gt, cpu_gt)
-FLOW_OP(ge) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(ge) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};
 FLOW_KERNEL_REGISTER(FLOW_CPU, ge, cpu_ge)
 
@@ -393,7 +393,7 @@ static int grad_where(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(where) {.nin = 3, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(where) {.nin = 3, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                 .infer = infer_where, .grad = grad_where, .save_in = 1, .nondiff_in = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, where, cpu_where)
 
@@ -430,7 +430,7 @@ static int grad_masked_fill(const flow_grad_ctx *c, flow_tensor **gin) {
   return give(gin, 0, flow_masked_fill(c->gout[0], c->in[1], 0), c);
 }
 
-FLOW_OP(masked_fill) {.nin = 2, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(masked_fill) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                       .infer = infer_masked_fill, .grad = grad_masked_fill, .save_in = 2,
                       .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, masked_fill, cpu_masked_fill)
@@ -517,8 +517,8 @@ static int grad_zero(const flow_grad_ctx *c, flow_tensor **gin) {
     return flow_cpu_unary(CODE, out[0], in[0], clamp_lo(a), clamp_hi(a));                     \
   }                                                                                           \
   FLOW_KERNEL_REGISTER(FLOW_CPU, id, cpu_##id)                                                \
-  FLOW_OP(id) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS), .infer = INFER, \
-               .grad = GRAD, .save_in = SAVE_IN, .save_out = SAVE_OUT};
+  FLOW_OP(id) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, SBP_FLAGS), \
+               .infer = INFER, .grad = GRAD, .save_in = SAVE_IN, .save_out = SAVE_OUT};
 
 /* The op `<id>_grad` and the rule grad_<id> that runs it. */
 #define UNARY_GRAD(id, CODE)                                                                  \
@@ -527,7 +527,7 @@ static int grad_zero(const flow_grad_ctx *c, flow_tensor **gin) {
     return flow_cpu_unary_backward(CODE, out[0], in[0], in[1], clamp_lo(a), clamp_hi(a));     \
   }                                                                                           \
   FLOW_KERNEL_REGISTER(FLOW_CPU, id##_grad, cpu_##id##_grad)                                  \
-  FLOW_OP(id##_grad) {.nin = 2, .nout = 1, .infer = infer_unary_grad,                         \
+  FLOW_OP(id##_grad) {.nin = 2, .nout = 1, .cpu_half = true, .infer = infer_unary_grad,      \
                       .sbp = FLOW_SBP_RULE(elementwise, 0)};                                  \
   static int grad_##id(const flow_grad_ctx *c, flow_tensor **gin) {                          \
     return grad_unary(c, gin, &flow_op_##id##_grad);                                          \
@@ -629,21 +629,21 @@ static FLOW_KERNEL(cpu_fill_) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(add_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(add_) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, add_, cpu_add_)
-FLOW_OP(mul_) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
+FLOW_OP(mul_) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
                .kind = FLOW_OP_INPLACE, .infer = infer_arith_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, mul_, cpu_mul_)
-FLOW_OP(copy_) {.nin = 2, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(copy_) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                 .kind = FLOW_OP_INPLACE, .infer = infer_inplace};
 FLOW_KERNEL_REGISTER(FLOW_CPU, copy_, cpu_copy_)
-FLOW_OP(fill_) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
+FLOW_OP(fill_) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                 .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, fill_, cpu_fill_)
 /* zero_ is fill_ with 0, an op of its own because, unlike fill_, it is linear (a partial sum stays
  * one: what the SBP rules need to know) */
-FLOW_OP(zero_) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(zero_) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                 .kind = FLOW_OP_INPLACE, .infer = infer_fill_};
 FLOW_KERNEL_REGISTER(FLOW_CPU, zero_, cpu_fill_)
 
@@ -705,10 +705,10 @@ static int grad_cast(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(contiguous) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(contiguous) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                .infer = infer_copy, .grad = grad_copy};
 FLOW_KERNEL_REGISTER(FLOW_CPU, contiguous, cpu_copy)
-FLOW_OP(cast) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
+FLOW_OP(cast) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_LINEAR),
                .infer = infer_cast, .grad = grad_cast};
 FLOW_KERNEL_REGISTER(FLOW_CPU, cast, cpu_copy)
 
@@ -752,7 +752,7 @@ static FLOW_KERNEL(cpu_full) {
   return flow_cpu_fill(out[0], a->scalar);
 }
 
-FLOW_OP(full) {.nin = 0, .nout = 1, .moves = true, .kind = FLOW_OP_SOURCE, .infer = infer_full};
+FLOW_OP(full) {.nin = 0, .nout = 1, .cpu_half = true, .kind = FLOW_OP_SOURCE, .infer = infer_full};
 FLOW_KERNEL_REGISTER(FLOW_CPU, full, cpu_full)
 
 flow_tensor *flow_full(int ndim, const int64_t *shape, double v, flow_dtype dtype, flow_device dev) {

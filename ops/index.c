@@ -71,7 +71,7 @@ static int grad_gather(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(gather) {.nin = 2, .nout = 1, .moves = true, .infer = infer_gather,
+FLOW_OP(gather) {.nin = 2, .nout = 1, .cpu_half = true, .infer = infer_gather,
                  .grad = grad_gather, .save_in = 2, .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, gather, cpu_gather)
 
@@ -186,7 +186,7 @@ static int grad_index_select(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(index_select) {.nin = 2, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(index_select, 0),
+FLOW_OP(index_select) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(index_select, 0),
                        .infer = infer_index_select, .grad = grad_index_select, .save_in = 2,
                        .nondiff_in = 2};
 FLOW_KERNEL_REGISTER(FLOW_CPU, index_select, cpu_index_select)
@@ -294,7 +294,7 @@ static void shard_embedding(const flow_op *op, const flow_shard_ctx *c, flow_att
   }
 }
 
-FLOW_OP(embedding) {.nin = 2, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(embedding, 0),
+FLOW_OP(embedding) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(embedding, 0),
                     .shard = shard_embedding, .infer = infer_embedding, .grad = grad_embedding, .save_in = 1,
                     .nondiff_in = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, embedding, cpu_embedding)

@@ -62,7 +62,7 @@ static int grad_matmul(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(matmul) {.nin = 2, .nout = 1, .sbp = FLOW_SBP_RULE(matmul, 0),
+FLOW_OP(matmul) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(matmul, 0),
                  .infer = infer_matmul, .grad = grad_matmul, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, matmul, cpu_matmul)
 
@@ -142,7 +142,7 @@ static int grad_linear(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(linear) {.nin = 3, .nout = 1, .sbp = FLOW_SBP_RULE(linear, 0),
+FLOW_OP(linear) {.nin = 3, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(linear, 0),
                  .infer = infer_linear, .grad = grad_linear, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, linear, cpu_linear)
 

@@ -85,8 +85,8 @@ struct flow_op {
   flow_shard_fn shard;        /* NULL: shards take the logical attrs as they are */
   bool dense_shards;          /* global: kernels need dense shards (a viewable tensor's shard may not be) */
   bool random;                /* draws at (attrs.seed, attrs.rng_offset): a plan feeds fresh counters each run */
-  bool moves;                 /* its kernels only move elements (copies, casts, gathers) of any dtype: float16
-                               * and bfloat16 reach the CPU kernel as they are, not staged (dispatch.c) */
+  bool cpu_half;              /* its CPU kernel takes float16 and bfloat16 as they are (it only moves elements,
+                               * or widens them in registers for its float32 loop: iter.h), unstaged (dispatch.c) */
   struct flow_op *next;       /* registry list, set by flow_op_register */
   /* not part of the definition: the kernel table's entries for this op, looked up by dispatch.c.
    * A kernel finds its outputs allocated (contiguous, per inference), except a FLOW_OP_VIEW op's,

@@ -312,7 +312,7 @@ static int grad_flip(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(flip) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(along_axes, 0),
+FLOW_OP(flip) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(along_axes, 0),
                .infer = infer_flip, .grad = grad_flip};
 FLOW_KERNEL_REGISTER(FLOW_CPU, flip, cpu_flip)
 
@@ -426,7 +426,7 @@ static int grad_narrow_backward(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(narrow_backward) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(along_axis, 0),
+FLOW_OP(narrow_backward) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(along_axis, 0),
                           .shard = shard_target_shape, .infer = infer_narrow_backward,
                           .grad = grad_narrow_backward};
 FLOW_KERNEL_REGISTER(FLOW_CPU, narrow_backward, cpu_narrow_backward)
@@ -557,7 +557,7 @@ static int grad_cat(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(cat) {.nin = -1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(along_axis, 0),
+FLOW_OP(cat) {.nin = -1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(along_axis, 0),
               .infer = infer_cat,
               .grad = grad_cat};
 FLOW_KERNEL_REGISTER(FLOW_CPU, cat, cpu_cat)
@@ -640,11 +640,11 @@ static int grad_tri(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(tril) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(triangle, 0),
+FLOW_OP(tril) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(triangle, 0),
                .infer = infer_tri,
                .grad = grad_tri};
 FLOW_KERNEL_REGISTER(FLOW_CPU, tril, cpu_tril)
-FLOW_OP(triu) {.nin = 1, .nout = 1, .moves = true, .sbp = FLOW_SBP_RULE(triangle, 0),
+FLOW_OP(triu) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(triangle, 0),
                .infer = infer_tri,
                .grad = grad_tri};
 FLOW_KERNEL_REGISTER(FLOW_CPU, triu, cpu_triu)

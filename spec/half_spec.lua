@@ -65,6 +65,25 @@ for _, dt in ipairs({ "bfloat16", "float16" }) do
       end)
     end
 
+    it("matmul (a long K, a transposed operand, batches) and linear with a bias: within one rounding", function()
+      local a, b = randh({ 2, 9, 300 }, dt, 5), randh({ 11, 300 }, dt, 6)
+      local bias = randh({ 11 }, dt, 7)
+      local cases = {
+        { flow.matmul(a, b:transpose(0, 1)), flow.matmul(a:float(), b:float():transpose(0, 1)) },
+        { F.linear(a, b, bias), F.linear(a:float(), b:float(), bias:float()) },
+      }
+      for i, c in ipairs(cases) do
+        assert.are.equal(dt, c[1].dtype)
+        -- float32 sums in another order can round the other way: one unit of the last place at most
+        local got, want = flat(c[1]:float():totable()), flat(c[2]:totable())
+        for j = 1, #want do
+          local ulp = 2 ^ (math.floor(math.log(math.abs(want[j]), 2)) - (dt == "bfloat16" and 7 or 10))
+          assert.is_true(math.abs(got[j] - want[j]) <= ulp,
+            ("case %d element %d: %.9g, float32 %.9g"):format(i, j, got[j], want[j]))
+        end
+      end
+    end)
+
     it("in place on a transposed view writes back into its base", function()
       local base = x:clone()
       local v = base:transpose(0, 1)
@@ -128,6 +147,22 @@ describe("a bfloat16 model on the CPU", function()
     local ok, err = pcall(m.to, m, { dtype = "float32", devcie = "cpu" })
     assert.is_false(ok)
     assert.matches("Module:to: unknown option 'devcie'", err)
+  end)
+end)
+
+describe("bfloat16 GEMMs on the CPU", function()
+  it("a float32 matmul under autocast and a bfloat16 one of the same shapes each get their own primitive", function()
+    local a, b = randh({ 16, 24 }, "bfloat16", 8), randh({ 24, 8 }, "bfloat16", 9)
+    local want = flow.matmul(a:float(), b:float())   -- bf16 values: exact products, float32 sums
+    local f32 = flow.autocast("bfloat16", function() return flow.matmul(a:float(), b:float()) end)
+    local h = flow.matmul(a, b)
+    assert.are.equal("float32", f32.dtype)
+    assert.are.equal("bfloat16", h.dtype)
+    local x, y, z = flat(want:totable()), flat(f32:totable()), flat(h:float():totable())
+    for i = 1, #x do
+      assert.is_true(math.abs(y[i] - x[i]) <= 1e-5 * math.max(1, math.abs(x[i])), "autocast element " .. i)
+      assert.is_true(math.abs(z[i] - x[i]) <= 2 ^ -7 * math.max(1, math.abs(x[i])), "bfloat16 element " .. i)
+    end
   end)
 end)
 

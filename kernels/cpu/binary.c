@@ -176,7 +176,8 @@ static void find_zero(char **p, const int64_t *s, int64_t n, void *ctx) {
 }
 
 int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y) {
-  int slot = dtype_slot(x->dtype);
+  bool half = x->dtype == FLOW_F16 || x->dtype == FLOW_BF16;   /* through the float32 loop (iter.h) */
+  int slot = half ? 0 : dtype_slot(x->dtype);
   if (slot < 0)
     return flow_error_set("no CPU kernel for dtype %s (cast to float32 first)", flow_dtype_name(x->dtype));
   if (code >= FLOW_BIN_REM && code <= FLOW_BIN_TRUNCDIV && slot >= 2) { /* integers: as torch, raise */
@@ -196,7 +197,9 @@ int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *
   /* pow and the division family call libm per element; the rest are a few instructions */
   int64_t grain = code == FLOW_BIN_POW || (code >= FLOW_BIN_REM && code <= FLOW_BIN_TRUNCDIV) ? FLOW_GRAIN_COSTLY
                                                                                             : FLOW_GRAIN_CHEAP;
-  flow_iter_run_parallel(&it, code == FLOW_BIN_ADD && x->dtype == FLOW_BOOL ? or_bool : table[code][slot], NULL,
-                         grain);
+  flow_iter_fn fn = code == FLOW_BIN_ADD && x->dtype == FLOW_BOOL ? or_bool : table[code][slot];
+  flow_iter_half h;
+  if (half && flow_iter_half_init(&h, ops, 3, fn, NULL)) flow_iter_run_parallel(&it, flow_iter_half_fn, &h, grain);
+  else flow_iter_run_parallel(&it, fn, NULL, grain);
   return 0;
 }

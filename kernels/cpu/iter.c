@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "onednn.h"
 
 /* The common case: every operand contiguous with the output's shape -> one flat loop. */
@@ -163,4 +164,80 @@ void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int
   }
   box_job job = {it, fn, ctx, axis};
   flow_cpu_parallel(t, it->shape[axis], axis == it->ndim - 1 ? 32 : 1, run_box, &job);
+}
+
+/* ---- float16 and bfloat16 through a float32 loop ------------------------------------------- */
+
+#define HALF_CHUNK 256
+
+static bool is_half(flow_dtype d) { return d == FLOW_F16 || d == FLOW_BF16; }
+
+bool flow_iter_half_init(flow_iter_half *h, flow_tensor *const *ops, int nops, flow_iter_fn fn, void *ctx) {
+  bool any = false;
+  *h = (flow_iter_half){fn, ctx, nops, {0}};
+  for (int k = 0; k < nops; k++) any |= is_half(h->dtype[k] = ops[k]->dtype);
+  return any;
+}
+
+/* n elements at src (stride bytes apart) into dst as float32 */
+/* (the dense bfloat16 loops run over a multiple of 32 first: -O2 vectorises only loops without a
+ * scalar epilogue) */
+FLOW_CPU_DISPATCH static void widen_bf16(uint32_t *o, const uint16_t *h, int64_t n) {
+  int64_t i = 0;   /* a bfloat16 is the float32 of its bits shifted up */
+  for (; i < (n & ~(int64_t)31); i++) o[i] = (uint32_t)h[i] << 16;
+  for (; i < n; i++) o[i] = (uint32_t)h[i] << 16;
+}
+
+#define RNE_BF16(x) ((x & 0x7fffffff) > 0x7f800000 ? (x >> 16) | 0x40 : (x + 0x7fff + ((x >> 16) & 1)) >> 16)
+FLOW_CPU_DISPATCH static void narrow_bf16(uint16_t *o, const uint32_t *x, int64_t n) {
+  int64_t i = 0;
+  for (; i < (n & ~(int64_t)31); i++) o[i] = (uint16_t)RNE_BF16(x[i]);
+  for (; i < n; i++) o[i] = (uint16_t)RNE_BF16(x[i]);
+}
+#undef RNE_BF16
+
+static void widen(float *dst, const char *src, int64_t stride, int64_t n, flow_dtype dt) {
+  if (dt == FLOW_BF16 && stride == 2) {
+    widen_bf16((uint32_t *)dst, (const uint16_t *)src, n);
+  } else if (dt == FLOW_BF16) {
+    for (int64_t i = 0; i < n; i++) dst[i] = flow_bf16_to_float(*(const uint16_t *)(src + i * stride));
+  } else {
+    for (int64_t i = 0; i < n; i++) dst[i] = flow_half_to_float(*(const uint16_t *)(src + i * stride));
+  }
+}
+
+/* n float32 values into dst (stride bytes apart), rounded to nearest even (flow_float_to_bf16's
+ * bits, NaN kept quiet; the dense bfloat16 loop is that, written so it vectorises) */
+static void narrow(char *dst, int64_t stride, const float *src, int64_t n, flow_dtype dt) {
+  if (dt == FLOW_BF16 && stride == 2) {
+    narrow_bf16((uint16_t *)dst, (const uint32_t *)src, n);
+  } else if (dt == FLOW_BF16) {
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = flow_float_to_bf16(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = flow_float_to_half(src[i]);
+  }
+}
+
+void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *vh) {
+  const flow_iter_half *h = vh;
+  float buf[FLOW_ITER_MAX_OPS][HALF_CHUNK];
+  char *q[FLOW_ITER_MAX_OPS];
+  int64_t qs[FLOW_ITER_MAX_OPS];
+  for (int64_t at = 0; at < n; at += HALF_CHUNK) {
+    int64_t m = n - at < HALF_CHUNK ? n - at : HALF_CHUNK;
+    for (int k = 0; k < h->nops; k++) {
+      char *pk = p[k] + at * s[k];
+      if (!is_half(h->dtype[k])) {
+        q[k] = pk;
+        qs[k] = s[k];
+        continue;
+      }
+      bool once = k > 0 && s[k] == 0;
+      q[k] = (char *)buf[k];
+      qs[k] = once ? 0 : (int64_t)sizeof(float);
+      if (k > 0) widen(buf[k], pk, s[k], once ? 1 : m, h->dtype[k]);
+    }
+    h->fn(q, qs, m, h->ctx);
+    if (is_half(h->dtype[0])) narrow(p[0] + at * s[0], s[0], buf[0], m, h->dtype[0]);
+  }
 }

@@ -32,6 +32,26 @@ void flow_iter_run(const flow_iter *it, flow_iter_fn fn, void *ctx);
  * operand 0. */
 void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int64_t grain);
 
+/* ---- float16 and bfloat16 through a float32 loop ------------------------------------------- */
+
+/* An elementwise kernel's float32 loop run on float16/bfloat16 operands: each run in chunks of
+ * 256 elements, the half inputs widened into float32 buffers on the stack (a broadcast one, stride
+ * 0, once) and a half output (operand 0) computed into one and rounded back, so the loop sees
+ * float32 with unit strides there. Each element gets the loop's float32 value on the widened
+ * inputs, rounded once: what ops/dispatch.c's staging gives, without its copies of whole tensors.
+ * Operands of other dtypes pass through as they are. */
+typedef struct flow_iter_half {
+  flow_iter_fn fn;
+  void *ctx;
+  int nops;
+  flow_dtype dtype[FLOW_ITER_MAX_OPS];
+} flow_iter_half;
+
+/* Sets h up for fn (with ctx) over ops; true when any of them is float16/bfloat16 (then run
+ * flow_iter_half_fn with h as its context), false when fn can run as it is. */
+bool flow_iter_half_init(flow_iter_half *h, flow_tensor *const *ops, int nops, flow_iter_fn fn, void *ctx);
+void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *h);
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 /* Our own kernels run on OpenMP with the thread count oneDNN uses (kernels/cpu/onednn.h:

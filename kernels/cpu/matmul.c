@@ -1,11 +1,12 @@
-/* Matmul: C[b] = op(A[b]) @ op(B[b]) for every (broadcast) batch index b. float32 runs on oneDNN's
- * matmul primitive, all batches in one call; float64 on OpenBLAS's dgemm (oneDNN has no f64 on the
+/* Matmul: C[b] = op(A[b]) @ op(B[b]) for every (broadcast) batch index b. float32 and bfloat16
+ * (where the CPU has AVX512-BF16) run on oneDNN's matmul primitive, all batches in one call; float64 on OpenBLAS's dgemm (oneDNN has no f64 on the
  * CPU), a batch at a time; int64/int32 on the plain loop. Operands whose last two axes are row- or column-major go straight to
  * GEMM; anything else is copied to contiguous first. A plain loop serves as the tests' reference and the integer
  * product. */
 #include <cblas.h>
 #include <string.h>
 
+#include "../registry.h"
 #include "cpu.h"
 #include "onednn.h"
 
@@ -76,10 +77,12 @@ static flow_onednn_mat logical(const operand *o, const flow_tensor *out, bool tr
   return m;
 }
 
+/* float32, or bf16 operands and output (bias float32) */
 static int matmul_f32(flow_tensor *out, const operand *A, const operand *B, bool ta, bool tb,
                       const flow_tensor *bias) {
   flow_onednn_mat a = logical(A, out, ta), b = logical(B, out, tb);
-  flow_onednn_mat c = {.ndim = out->ndim, .data = flow_tensor_data(out)};
+  a.bf16 = b.bf16 = A->t->dtype == FLOW_BF16;
+  flow_onednn_mat c = {.ndim = out->ndim, .data = flow_tensor_data(out), .bf16 = out->dtype == FLOW_BF16};
   for (int d = 0; d < out->ndim; d++) {
     c.dims[d] = out->shape[d];
     c.strides[d] = out->stride[d];
@@ -92,19 +95,30 @@ static int matmul_f32(flow_tensor *out, const operand *A, const operand *B, bool
  * instead of GEMM's zero fill plus a separate add; oneDNN takes the bias as an input. */
 static int matmul(flow_tensor *out, const flow_tensor *a, const flow_tensor *b, bool ta, bool tb,
                   const flow_tensor *bias) {
-  if (a->dtype != FLOW_F32 && a->dtype != FLOW_F64) return flow_cpu_matmul_reference(out, a, b, ta, tb); /* integers */
+  /* bf16 on oneDNN's bf16 GEMM where the CPU has one; other half cases on float32 copies */
+  int64_t K = ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
+  if (a->dtype == FLOW_F16 || (a->dtype == FLOW_BF16 && (!flow_onednn_bf16_native() || K == 0)))
+    return FLOW_KERNEL_F32;
+  if (a->dtype != FLOW_F32 && a->dtype != FLOW_F64 && a->dtype != FLOW_BF16)
+    return flow_cpu_matmul_reference(out, a, b, ta, tb); /* integers */
   operand A, B;
   if (prepare(&A, a) != 0) return -1;
   if (prepare(&B, b) != 0) { flow_tensor_decref(A.tmp); return -1; }
-  if (a->dtype == FLOW_F32) {
-    int rc = matmul_f32(out, &A, &B, ta, tb, bias);
+  if (a->dtype != FLOW_F64) {
+    flow_tensor *wide = NULL;   /* a bf16 bias, in the float32 oneDNN adds */
+    int rc = 0;
+    if (bias && bias->dtype == FLOW_BF16) {
+      if (!(wide = flow_tensor_new(FLOW_F32, bias->device, 1, bias->shape))) rc = -1;
+      else flow_cpu_copy(wide, bias);
+    }
+    if (rc == 0) rc = matmul_f32(out, &A, &B, ta, tb, wide ? wide : bias);
+    flow_tensor_decref(wide);
     flow_tensor_decref(A.tmp);
     flow_tensor_decref(B.tmp);
     return rc;
   }
   int n = out->ndim;
   int64_t M = out->shape[n - 2], N = out->shape[n - 1];
-  int64_t K = ta ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
   int64_t batches = flow_shape_numel(n - 2, out->shape);
   CBLAS_TRANSPOSE opA = (A.trans != ta) ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE opB = (B.trans != tb) ? CblasTrans : CblasNoTrans;

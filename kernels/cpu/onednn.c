@@ -617,7 +617,7 @@ static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, co
     bstrides[d] = d == n - 1 ? 1 : bdims[n - 1];
   }
   dnnl_status_t st;
-  if ((st = md_of(&a, g->a, g->in)) || (st = md_of(&b, g->b, g->in)) || (st = md_of(&c, g->c, dnnl_f32)) ||
+  if ((st = md_of(&a, g->a, g->in)) || (st = md_of(&b, g->b, g->in)) || (st = md_of(&c, g->c, g->c->bf16 ? dnnl_bf16 : dnnl_f32)) ||
       (st = dnnl_memory_desc_init_by_strides(&bias, n, bdims, dnnl_f32, bstrides)))
     return st;
   dnnl_matmul_desc_t desc;
@@ -675,7 +675,7 @@ static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int
   if (t < 2) return 1;
   int64_t M = c->dims[n - 2], N = c->dims[n - 1], K = a->dims[n - 1];
   if (flow_shape_numel(n - 2, c->dims) * M * N * K < (int64_t)t << 18) return 1;
-  int64_t e = half ? 2 : 4;   /* bytes of an element of a and b (c is float32) */
+  int64_t e = half ? 2 : 4, ec = c->bf16 ? 2 : 4;   /* bytes of an element of a and b, and of c */
   bool cut_m = M % t == 0 && M / t >= 32, cut_n = N % t == 0 && N / t >= 32;
   /* a weight's gradient dY^T X with M > N: cut along M, each piece of the transposed A is strided
    * and ran on a slower kernel (0.84x oneDNN's own cutting for 1024 x 1024 x 256), and cut along K
@@ -685,7 +685,7 @@ static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int
     int64_t len = c->dims[0] / t;
     step[0] = a->dims[0] == 1 ? 0 : len * a->strides[0] * e;
     step[1] = b->dims[0] == 1 ? 0 : len * b->strides[0] * e;
-    step[2] = len * c->strides[0] * 4;
+    step[2] = len * c->strides[0] * ec;
     step[3] = 0;
     if (a->dims[0] != 1) a->dims[0] = len;
     if (b->dims[0] != 1) b->dims[0] = len;
@@ -694,14 +694,14 @@ static int split(flow_onednn_mat *a, flow_onednn_mat *b, flow_onednn_mat *c, int
     int64_t len = M / t;
     step[0] = len * a->strides[n - 2] * e;
     step[1] = 0;
-    step[2] = len * c->strides[n - 2] * 4;
+    step[2] = len * c->strides[n - 2] * ec;
     step[3] = 0;
     a->dims[n - 2] = c->dims[n - 2] = len;
   } else if (cut_n) {
     int64_t len = N / t;
     step[0] = 0;
     step[1] = len * b->strides[n - 1] * e;
-    step[2] = len * c->strides[n - 1] * 4;
+    step[2] = len * c->strides[n - 1] * ec;
     step[3] = len * 4;
     b->dims[n - 1] = c->dims[n - 1] = len;
   } else return 1;
@@ -716,6 +716,7 @@ static void gemm_key(flow_onednn_key *key, const gemm_desc *g) {
   key_mat(key, g->b);
   key_mat(key, g->c);
   flow_onednn_key_add(key, g->in == dnnl_bf16);
+  flow_onednn_key_add(key, g->c->bf16);
   flow_onednn_key_add(key, g->bias);
   union { float f; uint32_t u; } al = {g->alpha}, be = {g->beta};
   flow_onednn_key_add(key, al.u);

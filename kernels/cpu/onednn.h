@@ -86,10 +86,11 @@ typedef struct flow_onednn_mat {
 } flow_onednn_mat;
 
 /* C[b] = alpha A[b] B[b] + bias + beta C[b] for every batch index b of C: A [.., M, K], B [.., K, N],
- * C [.., M, N] float32 with the broadcast batch shape (A, B and C share ndim; C's data is written),
- * bias [N] dense float32 or NULL. Under bf16 autocast, or when A or B is bf16 already, both are
- * rounded to bf16 (through the bf16 cache) and the products accumulate in float32. `op` names the
- * caller in errors. */
+ * C [.., M, N] float32 (or bf16, rounded once from the float32 sums, when c->bf16) with the
+ * broadcast batch shape (A, B and C share ndim; C's data is written), bias [N] dense float32 or
+ * NULL. Under bf16 autocast, or when A or B is bf16 already, both are rounded to bf16 (through the
+ * bf16 cache) and the products accumulate in float32. `op` names the caller in errors. A bf16 C
+ * needs K > 0. */
 int flow_onednn_gemm(const char *op, const flow_onednn_mat *a, const flow_onednn_mat *b, const flow_onednn_mat *c,
                      const float *bias, float alpha, float beta);
 

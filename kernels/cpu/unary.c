@@ -616,29 +616,34 @@ static void make_bounds(bounds *b, double lo, double hi) {
   b->hi_i = to_i64(floor(hi));
 }
 
+/* fn over ops, float16/bfloat16 through its float32 loop (iter.h) */
+static void run(flow_iter_fn fn, flow_tensor *const *ops, int nops, bounds *b, flow_unary_code code) {
+  flow_iter it;
+  flow_iter_half h;
+  flow_iter_init(&it, ops, nops);
+  if (flow_iter_half_init(&h, ops, nops, fn, b)) flow_iter_run_parallel(&it, flow_iter_half_fn, &h, grain(code));
+  else flow_iter_run_parallel(&it, fn, b, grain(code));
+}
+
+static bool is_half(flow_dtype d) { return d == FLOW_F16 || d == FLOW_BF16; }
+
 int flow_cpu_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x, double lo, double hi) {
-  int slot = dtype_slot(x->dtype);
+  int slot = is_half(x->dtype) ? 0 : dtype_slot(x->dtype);
   flow_iter_fn fn = slot >= 0 ? forward[code][slot] : NULL;
   if (!fn) return flow_error_set("no CPU kernel for dtype %s", flow_dtype_name(x->dtype));
   bounds b;
   make_bounds(&b, lo, hi);
-  flow_iter it;
-  flow_tensor *ops[2] = {out, (flow_tensor *)x};
-  flow_iter_init(&it, ops, 2);
-  flow_iter_run_parallel(&it, fn, &b, grain(code));
+  run(fn, (flow_tensor *[]){out, (flow_tensor *)x}, 2, &b, code);
   return 0;
 }
 
 int flow_cpu_unary_backward(flow_unary_code code, flow_tensor *gin, const flow_tensor *s,
                             const flow_tensor *g, double lo, double hi) {
-  int slot = dtype_slot(g->dtype);
+  int slot = is_half(g->dtype) ? 0 : dtype_slot(g->dtype);
   flow_iter_fn fn = slot == 0 || slot == 1 ? backward[code][slot] : NULL;
   if (!fn) return flow_error_set("no CPU gradient kernel for dtype %s", flow_dtype_name(g->dtype));
   bounds b;
   make_bounds(&b, lo, hi);
-  flow_iter it;
-  flow_tensor *ops[3] = {gin, (flow_tensor *)s, (flow_tensor *)g};
-  flow_iter_init(&it, ops, 3);
-  flow_iter_run_parallel(&it, fn, &b, grain(code));
+  run(fn, (flow_tensor *[]){gin, (flow_tensor *)s, (flow_tensor *)g}, 3, &b, code);
   return 0;
 }
