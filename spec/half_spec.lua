@@ -150,6 +150,29 @@ describe("a bfloat16 model on the CPU", function()
   end)
 end)
 
+describe("float32 <-> half conversions", function()
+  -- ties (1 + half a unit: to even), float16's subnormals and overflow, bfloat16's 2^-133, -0, inf:
+  -- 35 values, so the 8- and 32-wide vector loops and their tails all run
+  local v = { 1 + 2 ^ -8, 1 + 3 * 2 ^ -8, 1 + 2 ^ -11, 1 + 3 * 2 ^ -11, 2 ^ -20, 3 * 2 ^ -25, 2 ^ -25, 65519, 65520,
+              70000, -65504, 2 ^ -133, 3 * 2 ^ -134, -0.0, math.huge, -math.huge, 0.1, -0.3, 1e-30, 3.4e38 }
+  for i = #v + 1, 35 do v[i] = (i - 20) * 0.7391 end
+  for _, dt in ipairs({ "bfloat16", "float16" }) do
+    it("to " .. dt .. " and back: the vector loops round as one element at a time", function()
+      local x = flow.tensor(v)
+      local one = {}   -- flow.tensor stores each number on its own (flow_dtype_store)
+      for i, n in ipairs(v) do one[i] = flow.tensor({ n }, { dtype = dt }):float():item() end
+      local got = flat(x:to(dt):float():totable())
+      for i = 1, #v do
+        assert.is_true(got[i] == one[i] and (got[i] ~= 0 or 1 / got[i] == 1 / one[i]),
+          ("%s of %.9g: %.9g, one at a time %.9g"):format(dt, v[i], got[i], one[i]))
+      end
+      -- and a strided view (the element-at-a-time loops) matches the dense one
+      local y = flow.tensor({ v, v }):transpose(0, 1):to(dt)
+      same(y:transpose(0, 1):contiguous():narrow(0, 0, 1):reshape({ #v }), x:to(dt), "strided " .. dt)
+    end)
+  end
+end)
+
 describe("bfloat16 GEMMs on the CPU", function()
   it("a float32 matmul under autocast and a bfloat16 one of the same shapes each get their own primitive", function()
     local a, b = randh({ 16, 24 }, "bfloat16", 8), randh({ 24, 8 }, "bfloat16", 9)

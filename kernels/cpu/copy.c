@@ -21,16 +21,24 @@ DEF_MOVE(move8, uint64_t)
 
 typedef struct { flow_dtype from, to; } cast_ctx;
 
-static void cast_f32_to_bf16(char **p, const int64_t *s, int64_t n, void *ctx) {
-  (void)ctx;
-  for (int64_t i = 0; i < n; i++)
-    *(uint16_t *)(p[0] + i * s[0]) = flow_float_to_bf16(*(const float *)(p[1] + i * s[1]));
+/* float32 <-> float16/bfloat16 (ctx: the half dtype): the vector loops of iter.c where the float32
+ * side is dense */
+static void cast_to_half(char **p, const int64_t *s, int64_t n, void *ctx) {
+  flow_dtype dt = *(const flow_dtype *)ctx;
+  if (s[1] == 4) { flow_cpu_narrow_half(p[0], s[0], (const float *)p[1], n, dt); return; }
+  for (int64_t i = 0; i < n; i++) {
+    float x = *(const float *)(p[1] + i * s[1]);
+    *(uint16_t *)(p[0] + i * s[0]) = dt == FLOW_BF16 ? flow_float_to_bf16(x) : flow_float_to_half(x);
+  }
 }
 
-static void cast_bf16_to_f32(char **p, const int64_t *s, int64_t n, void *ctx) {
-  (void)ctx;
-  for (int64_t i = 0; i < n; i++)
-    *(float *)(p[0] + i * s[0]) = flow_bf16_to_float(*(const uint16_t *)(p[1] + i * s[1]));
+static void cast_from_half(char **p, const int64_t *s, int64_t n, void *ctx) {
+  flow_dtype dt = *(const flow_dtype *)ctx;
+  if (s[0] == 4) { flow_cpu_widen_half((float *)p[0], p[1], s[1], n, dt); return; }
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h = *(const uint16_t *)(p[1] + i * s[1]);
+    *(float *)(p[0] + i * s[0]) = dt == FLOW_BF16 ? flow_bf16_to_float(h) : flow_half_to_float(h);
+  }
 }
 
 /* General conversion through double: exact for every pair except int64 beyond 2^53. */
@@ -53,10 +61,10 @@ int flow_cpu_copy(flow_tensor *out, const flow_tensor *x) {
   if (out->dtype == x->dtype || (out->dtype == FLOW_BOOL && x->dtype == FLOW_U8)) {
     static const flow_iter_fn by_size[9] = {[1] = move1, [2] = move2, [4] = move4, [8] = move8};
     flow_iter_run_parallel(&it, by_size[flow_dtype_size(x->dtype)], NULL, FLOW_GRAIN_CHEAP);
-  } else if (x->dtype == FLOW_F32 && out->dtype == FLOW_BF16) {
-    flow_iter_run_parallel(&it, cast_f32_to_bf16, NULL, FLOW_GRAIN_CHEAP);
-  } else if (x->dtype == FLOW_BF16 && out->dtype == FLOW_F32) {
-    flow_iter_run_parallel(&it, cast_bf16_to_f32, NULL, FLOW_GRAIN_CHEAP);
+  } else if (x->dtype == FLOW_F32 && (out->dtype == FLOW_BF16 || out->dtype == FLOW_F16)) {
+    flow_iter_run_parallel(&it, cast_to_half, &out->dtype, FLOW_GRAIN_CHEAP);
+  } else if ((x->dtype == FLOW_BF16 || x->dtype == FLOW_F16) && out->dtype == FLOW_F32) {
+    flow_iter_run_parallel(&it, cast_from_half, (void *)&x->dtype, FLOW_GRAIN_CHEAP);
   } else {
     cast_ctx c = {x->dtype, out->dtype};
     flow_iter_run_parallel(&it, cast_any, &c, FLOW_GRAIN_CHEAP);

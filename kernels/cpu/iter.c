@@ -2,6 +2,7 @@
  * oneDNN (see iter.h). */
 #include "iter.h"
 
+#include <immintrin.h>
 #include <omp.h>
 #include <string.h>
 
@@ -196,26 +197,41 @@ FLOW_CPU_DISPATCH static void narrow_bf16(uint16_t *o, const uint32_t *x, int64_
 }
 #undef RNE_BF16
 
-static void widen(float *dst, const char *src, int64_t stride, int64_t n, flow_dtype dt) {
-  if (dt == FLOW_BF16 && stride == 2) {
-    widen_bf16((uint32_t *)dst, (const uint16_t *)src, n);
-  } else if (dt == FLOW_BF16) {
-    for (int64_t i = 0; i < n; i++) dst[i] = flow_bf16_to_float(*(const uint16_t *)(src + i * stride));
-  } else {
-    for (int64_t i = 0; i < n; i++) dst[i] = flow_half_to_float(*(const uint16_t *)(src + i * stride));
-  }
+/* float16 on F16C's conversions (every x86-64-v3 CPU; rounding to nearest even, as
+ * flow_float_to_half) where the CPU has them, else one element at a time */
+__attribute__((target("avx,f16c"))) static void widen_f16c(float *o, const uint16_t *h, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+  for (; i < n; i++) o[i] = flow_half_to_float(h[i]);
 }
 
-/* n float32 values into dst (stride bytes apart), rounded to nearest even (flow_float_to_bf16's
- * bits, NaN kept quiet; the dense bfloat16 loop is that, written so it vectorises) */
-static void narrow(char *dst, int64_t stride, const float *src, int64_t n, flow_dtype dt) {
-  if (dt == FLOW_BF16 && stride == 2) {
-    narrow_bf16((uint16_t *)dst, (const uint32_t *)src, n);
-  } else if (dt == FLOW_BF16) {
-    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = flow_float_to_bf16(src[i]);
-  } else {
-    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = flow_float_to_half(src[i]);
-  }
+__attribute__((target("avx,f16c"))) static void narrow_f16c(uint16_t *o, const float *x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; i++) o[i] = flow_float_to_half(x[i]);
+}
+
+static bool f16c(void) { return __builtin_cpu_supports("f16c"); }
+
+void flow_cpu_widen_half(float *dst, const void *src, int64_t stride, int64_t n, flow_dtype dt) {
+  const char *p = src;
+  if (stride == 2 && dt == FLOW_BF16) widen_bf16((uint32_t *)dst, src, n);
+  else if (stride == 2 && f16c()) widen_f16c(dst, src, n);
+  else if (dt == FLOW_BF16)
+    for (int64_t i = 0; i < n; i++) dst[i] = flow_bf16_to_float(*(const uint16_t *)(p + i * stride));
+  else
+    for (int64_t i = 0; i < n; i++) dst[i] = flow_half_to_float(*(const uint16_t *)(p + i * stride));
+}
+
+void flow_cpu_narrow_half(void *dst, int64_t stride, const float *src, int64_t n, flow_dtype dt) {
+  char *p = dst;
+  if (stride == 2 && dt == FLOW_BF16) narrow_bf16(dst, (const uint32_t *)src, n);
+  else if (stride == 2 && f16c()) narrow_f16c(dst, src, n);
+  else if (dt == FLOW_BF16)
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(p + i * stride) = flow_float_to_bf16(src[i]);
+  else
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(p + i * stride) = flow_float_to_half(src[i]);
 }
 
 void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *vh) {
@@ -235,9 +251,9 @@ void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *vh) {
       bool once = k > 0 && s[k] == 0;
       q[k] = (char *)buf[k];
       qs[k] = once ? 0 : (int64_t)sizeof(float);
-      if (k > 0) widen(buf[k], pk, s[k], once ? 1 : m, h->dtype[k]);
+      if (k > 0) flow_cpu_widen_half(buf[k], pk, s[k], once ? 1 : m, h->dtype[k]);
     }
     h->fn(q, qs, m, h->ctx);
-    if (is_half(h->dtype[0])) narrow(p[0] + at * s[0], s[0], buf[0], m, h->dtype[0]);
+    if (is_half(h->dtype[0])) flow_cpu_narrow_half(p[0] + at * s[0], s[0], buf[0], m, h->dtype[0]);
   }
 }

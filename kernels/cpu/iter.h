@@ -52,6 +52,12 @@ typedef struct flow_iter_half {
 bool flow_iter_half_init(flow_iter_half *h, flow_tensor *const *ops, int nops, flow_iter_fn fn, void *ctx);
 void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *h);
 
+/* n float16/bfloat16 (dt) elements at src, stride bytes apart, into dense float32 at dst; and n dense
+ * float32 into dst, rounded to nearest even (flow_float_to_bf16's and flow_float_to_half's bits,
+ * NaN aside), stride bytes apart. Vector loops for dense halves. */
+void flow_cpu_widen_half(float *dst, const void *src, int64_t stride, int64_t n, flow_dtype dt);
+void flow_cpu_narrow_half(void *dst, int64_t stride, const float *src, int64_t n, flow_dtype dt);
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 /* Our own kernels run on OpenMP with the thread count oneDNN uses (kernels/cpu/onednn.h:
