@@ -101,11 +101,11 @@ bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
 }
 
 /* ---- float16 and bfloat16 on the CPU -----------------------------------------------------------
- * The CPU kernels compute in float32 and float64 (oneDNN's bf16 GEMMs are reached through autocast,
- * from float32 operands). An op given float16 or bfloat16 tensors on the CPU runs its float32 kernel
- * on float32 copies of them, and each half output is rounded once from the float32 result: what
- * PyTorch's CPU kernels do for these dtypes (float32 inside, one rounding at the end). Tensors the
- * kernel writes (outputs, an in-place destination, written_in) are copied back after it. Views make
+ * The CPU kernels compute in float32 and float64, and GEMMs also in bf16. An op given float16 or
+ * bfloat16 tensors on the CPU runs its float32 kernel on float32 copies of them, and each half
+ * output is rounded once from the float32 result: what PyTorch's CPU kernels do for these dtypes
+ * (float32 inside, one rounding at the end). Tensors the kernel writes (outputs, an in-place
+ * destination, written_in) are copied back after it. Views make
  * no copies, and ops whose CPU kernels take half tensors themselves (op->cpu_half: copies, gathers,
  * the elementwise ops, which widen them in registers for their float32 loops, and matmul, on
  * oneDNN's bf16 GEMM) get them as they are; such a kernel may still ask for the copies

@@ -180,9 +180,8 @@ bool flow_iter_half_init(flow_iter_half *h, flow_tensor *const *ops, int nops, f
   return any;
 }
 
-/* n elements at src (stride bytes apart) into dst as float32 */
-/* (the dense bfloat16 loops run over a multiple of 32 first: -O2 vectorises only loops without a
- * scalar epilogue) */
+/* The dense bfloat16 loops run over a multiple of 32 first: -O2 vectorises only loops without a
+ * scalar epilogue. */
 FLOW_CPU_DISPATCH static void widen_bf16(uint32_t *o, const uint16_t *h, int64_t n) {
   int64_t i = 0;   /* a bfloat16 is the float32 of its bits shifted up */
   for (; i < (n & ~(int64_t)31); i++) o[i] = (uint32_t)h[i] << 16;
