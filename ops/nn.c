@@ -445,12 +445,12 @@ static int grad_attention(const flow_grad_ctx *c, flow_tensor **gin) {
   return rc;
 }
 
-FLOW_OP(scaled_dot_product_attention) {.nin = 3, .nout = 2,
+FLOW_OP(scaled_dot_product_attention) {.nin = 3, .nout = 2, .cpu_half = true,
                                        .sbp = FLOW_SBP_RULE(attention, 0),
                                        .infer = infer_attention,
                                        .grad = grad_attention, .save_in = 7, .save_out = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, scaled_dot_product_attention, cpu_attention)
-FLOW_OP(scaled_dot_product_attention_grad) {.nin = 7, .nout = 3,
+FLOW_OP(scaled_dot_product_attention_grad) {.nin = 7, .nout = 3, .cpu_half = true,
                                             .sbp = FLOW_SBP_RULE(attention, 0),
                                             .infer = infer_attention_grad};
 FLOW_KERNEL_REGISTER(FLOW_CPU, scaled_dot_product_attention_grad, cpu_attention_grad)

@@ -189,6 +189,44 @@ describe("bfloat16 GEMMs on the CPU", function()
   end)
 end)
 
+describe("attention on half tensors", function()
+  -- q, k, v as a GPT makes them: strided views of one [B, T, 3, H, D] projection
+  local function check(dt, causal, tol)
+    local qkv = randh({ 2, 70, 3, 4, 16 }, dt, 11)
+    local x, f = {}, {}
+    for i = 1, 3 do
+      local view = qkv:select(2, i - 1):transpose(1, 2)
+      x[i] = view:detach():requires_grad_(true)
+      f[i] = view:float():detach():requires_grad_(true)
+    end
+    local o = F.scaled_dot_product_attention(x[1], x[2], x[3], { causal = causal })
+    local of = F.scaled_dot_product_attention(f[1], f[2], f[3], { causal = causal })
+    local g = randh(o:shape(), dt, 12)
+    o:backward(g)
+    of:backward(g:float())
+    assert.are.equal(dt, o.dtype)
+    -- within tol of each tensor's scale: bf16 rounds P before P V, as under autocast, and each
+    -- output once; float16 runs on float32 copies and rounds once
+    local function near(a, b, what)
+      assert.are.equal(dt, a.dtype, what)
+      local u, w = flat(a:float():totable()), flat(b:totable())
+      local scale = 0
+      for i = 1, #w do scale = math.max(scale, math.abs(w[i])) end
+      for i = 1, #w do
+        assert.is_true(math.abs(u[i] - w[i]) <= tol * scale,
+          ("%s element %d: %.6g, float32 %.6g (scale %.3g)"):format(what, i, u[i], w[i], scale))
+      end
+    end
+    near(o, of, "o")
+    for i, n in ipairs({ "dq", "dk", "dv" }) do near(x[i].grad, f[i].grad, n) end
+  end
+  for _, causal in ipairs({ true, false }) do
+    local c = causal and "causal" or "not causal"
+    it("bfloat16, " .. c .. ": the operands are their own GEMM twins", function() check("bfloat16", causal, 2 ^ -6) end)
+    it("float16, " .. c .. ": on float32 copies", function() check("float16", causal, 2 ^ -9) end)
+  end
+end)
+
 describe("half tensors on the CPU keep their errors", function()
   it("dropout and conv2d still ask for float32 or float64 (their CUDA kernels pass other dtypes to the CPU's)", function()
     local ok, err = pcall(F.dropout, randh({ 4 }, "bfloat16"), 0.5, true)

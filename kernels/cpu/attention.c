@@ -15,6 +15,7 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "../registry.h"
 #include "cpu.h"
 #include "iter.h"
 #include "nn.h"
@@ -30,7 +31,8 @@
  * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. storage is the tensor's,
  * for the bf16 cache (NULL for scratch and temporaries). Scratch made under bf16 autocast (float32
  * only) has a twin bf, the same matrices rounded to bf16 and laid out by bsb, bsh, bld, which the
- * GEMMs read; else bf is NULL. */
+ * GEMMs read; else bf is NULL. A bfloat16 operand is its own twin (own_twin): data is bf too, read
+ * by the GEMMs alone. */
 typedef struct heads {
   char *data;
   int64_t sb, sh, ld;
@@ -227,27 +229,62 @@ static int backward_group(int64_t b0, int64_t nb, void *scratch, uint16_t *scrat
   return attention_backward_f64(g, scratch, NULL, nb, &j->d, j->scale, j->causal);
 }
 
+/* bfloat16 q, k, v (and o, dout in the backward): each is its own bf16 twin (a dense copy when a
+ * view), read by the GEMMs as it is, no rounding; the row loops, which read o and dout, get float32
+ * copies of those; the outputs are computed in float32 and rounded once at the end. */
+static flow_tensor *own_twin(heads *m, const flow_tensor *t) {
+  flow_tensor *d = flow_kernel_dense((flow_tensor *)t);
+  if (!d) return NULL;
+  int64_t H = t->shape[1], rows = t->shape[2], cols = t->shape[3];
+  uint16_t *p = flow_tensor_data(d);
+  *m = (heads){(char *)p, H * rows * cols, rows * cols, cols, 2, NULL, p, H * rows * cols, rows * cols, cols};
+  return d;
+}
+
+/* A float32 tensor shaped like t: a bf16 call's float32 output, filled from t when fill. */
+static flow_tensor *wide_like(const flow_tensor *t, bool fill) {
+  flow_tensor *w = flow_tensor_new(FLOW_F32, t->device, t->ndim, t->shape);
+  if (w && fill && flow_cpu_copy(w, t) != 0) {
+    flow_tensor_decref(w);
+    return NULL;
+  }
+  return w;
+}
+
+/* float16 has no path here, nor bf16 without AVX512-BF16: float32 copies (FLOW_KERNEL_F32) */
+static bool needs_f32(const flow_tensor *q) {
+  return q->dtype == FLOW_F16 || (q->dtype == FLOW_BF16 && !flow_onednn_bf16_native());
+}
+
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                const flow_tensor *v, double scale, bool causal) {
+  if (needs_f32(q)) return FLOW_KERNEL_F32;
+  bool own = q->dtype == FLOW_BF16;                       /* bf16 operands, their own twins */
+  flow_dtype real = own ? FLOW_F32 : q->dtype;
   heads m[3] = {{0}};
-  flow_tensor *tmp[3] = {NULL}, *twin[3] = {NULL};
+  flow_tensor *tmp[3] = {NULL}, *twin[3] = {NULL}, *o32 = own ? wide_like(o, false) : NULL;
   const flow_tensor *in[3] = {q, k, v};
   dims d = dims_of(q, v);
-  size_t es = flow_dtype_size(q->dtype);
-  bool half = q->dtype == FLOW_F32 && flow_onednn_bf16();
-  int t = team_of(&d, q->dtype);
+  size_t es = flow_dtype_size(real);
+  bool half = own || (q->dtype == FLOW_F32 && flow_onednn_bf16());
+  int t = team_of(&d, real);
   int64_t G = group_of(&d, 1, es), n = G * d.H * BLOCK * d.Tk;
-  flow_tensor *st = scratch_new(q->dtype, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
-  int rc = st && (st16 || !half) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
-  for (int i = 0; rc == 0 && half && i < 3; i++)
+  flow_tensor *st = scratch_new(real, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
+  int rc = st && (st16 || !half) && (o32 || !own) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < 3; i++) {
+    if (own) rc = (twin[i] = own_twin(&m[i], in[i])) ? 0 : -1;
+    else rc = heads_of(&m[i], in[i], &tmp[i]);
+  }
+  for (int i = 0; rc == 0 && half && !own && i < 3; i++)
     if (!(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
-  attention_job job = {{dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, es),
+  attention_job job = {{dense_heads(flow_tensor_data(own ? o32 : o), NULL, d.H, d.Tq, d.Dv, es),
                         dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es), m[0], m[1], m[2]},
-                       d, scale, causal, q->dtype == FLOW_F32};
+                       d, scale, causal, real == FLOW_F32};
   if (rc == 0) rc = run_team(t, &d, G, n, st, st16, forward_group, &job);
+  if (rc == 0 && own) rc = flow_cpu_copy(o, o32);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
+  flow_tensor_decref(o32);
   for (int i = 0; i < 3; i++) {
     flow_tensor_decref(tmp[i]);
     flow_tensor_decref(twin[i]);
@@ -259,33 +296,57 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal) {
+  if (needs_f32(q)) return FLOW_KERNEL_F32;
+  bool own = q->dtype == FLOW_BF16;
+  flow_dtype real = own ? FLOW_F32 : q->dtype;
   heads m[5] = {{0}};
-  flow_tensor *tmp[7] = {NULL}, *twin[5] = {NULL};
+  flow_tensor *tmp[7] = {NULL}, *twin[5] = {NULL}, *wide[5] = {NULL};   /* wide: o, dout in float32; dq, dk, dv */
+  flow_tensor *const outs[3] = {dq, dk, dv};
   const flow_tensor *in[5] = {q, k, v, o, dout};
   dims d = dims_of(q, v);
-  size_t es = flow_dtype_size(q->dtype);
-  bool half = q->dtype == FLOW_F32 && flow_onednn_bf16();
-  int t = team_of(&d, q->dtype);
+  size_t es = flow_dtype_size(real);
+  bool half = own || (q->dtype == FLOW_F32 && flow_onednn_bf16());
+  int t = team_of(&d, real);
   int64_t G = group_of(&d, 2, es), n = 2 * G * d.H * BLOCK * d.Tk;
-  flow_tensor *st = scratch_new(q->dtype, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
+  flow_tensor *st = scratch_new(real, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
   int rc = st && (st16 || !half) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < 5; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
-  /* o only feeds the row loops (D = dO . O), never a GEMM: no twin */
-  for (int i = 0; rc == 0 && half && i < 5; i++)
+  for (int i = 0; rc == 0 && own && i < 2; i++)   /* the row loops read o and dout in float32 */
+    if (!(wide[i] = wide_like(in[3 + i], true))) rc = -1;
+  for (int i = 0; rc == 0 && own && i < 3; i++)
+    if (!(wide[2 + i] = wide_like(outs[i], false))) rc = -1;
+  for (int i = 0; rc == 0 && i < 5; i++) {
+    if (own && i != 3) {   /* o only feeds the row loops (D = dO . O), never a GEMM: no twin */
+      if (!(twin[i] = own_twin(&m[i], in[i]))) rc = -1;
+      if (rc == 0 && i == 4) {   /* dout: the GEMMs read its twin, the row loops its float32 copy */
+        heads w;
+        rc = heads_of(&w, wide[1], &tmp[4]);
+        w.bf = m[4].bf, w.bsb = m[4].bsb, w.bsh = m[4].bsh, w.bld = m[4].bld;
+        m[4] = w;
+      }
+    } else {
+      rc = heads_of(&m[i], own ? wide[0] : in[i], &tmp[i]);
+    }
+  }
+  for (int i = 0; rc == 0 && half && !own && i < 5; i++)
     if (i != 3 && !(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
-  attention_job job = {{dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, es),
-                        dense_heads(flow_tensor_data(dk), NULL, d.H, d.Tk, d.D, es),
-                        dense_heads(flow_tensor_data(dv), NULL, d.H, d.Tk, d.Dv, es), m[0], m[1], m[2], m[3],
-                        dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
+  flow_tensor *dst[3] = {own ? wide[2] : dq, own ? wide[3] : dk, own ? wide[4] : dv};
+  attention_job job = {{dense_heads(rc == 0 ? flow_tensor_data(dst[0]) : NULL, NULL, d.H, d.Tq, d.D, es),
+                        dense_heads(rc == 0 ? flow_tensor_data(dst[1]) : NULL, NULL, d.H, d.Tk, d.D, es),
+                        dense_heads(rc == 0 ? flow_tensor_data(dst[2]) : NULL, NULL, d.H, d.Tk, d.Dv, es), m[0], m[1],
+                        m[2], m[3], dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
                         dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es)},
-                       d, scale, causal, q->dtype == FLOW_F32};
+                       d, scale, causal, real == FLOW_F32};
   if (rc == 0) rc = run_team(t, &d, G, n, st, st16, backward_group, &job);
+  for (int i = 0; rc == 0 && own && i < 3; i++) rc = flow_cpu_copy(outs[i], wide[2 + i]);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
-  for (int i = 0; i < 5; i++) flow_tensor_decref(twin[i]);
+  for (int i = 0; i < 5; i++) {
+    flow_tensor_decref(twin[i]);
+    flow_tensor_decref(wide[i]);
+  }
   return rc;
 }
 
