@@ -136,10 +136,10 @@ static int grad_var(const flow_grad_ctx *c, flow_tensor **gin) {
   return gin[0] ? 0 : -1;
 }
 
-FLOW_OP(sum) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, FLOW_SBP_LINEAR),
+FLOW_OP(sum) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(reduce, FLOW_SBP_LINEAR),
               .infer = infer_sum, .grad = grad_sum};
 FLOW_KERNEL_REGISTER(FLOW_CPU, sum, cpu_sum)
-FLOW_OP(mean) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),
+FLOW_OP(mean) {.nin = 1, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(reduce, 0),
                .infer = infer_float_reduce, .grad = grad_mean};
 FLOW_KERNEL_REGISTER(FLOW_CPU, mean, cpu_mean)
 FLOW_OP(var) {.nin = 1, .nout = 1, .sbp = FLOW_SBP_RULE(reduce, 0),

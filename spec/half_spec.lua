@@ -33,6 +33,7 @@ for _, dt in ipairs({ "bfloat16", "float16" }) do
   describe(dt .. " on the CPU", function()
     local x, y = randh({ 5, 7 }, dt, 1), randh({ 5, 7 }, dt, 2)
     local w = randh({ 7, 3 }, dt, 4)
+    local big = randh({ 300, 512 }, dt, 13)
     -- each op on half tensors against the same op on their float32 values, rounded once
     local ops = {
       add = function(a, b) return a + b end,
@@ -43,6 +44,9 @@ for _, dt in ipairs({ "bfloat16", "float16" }) do
       ["gelu tanh"] = function(a) return F.gelu(a, { approximate = "tanh" }) end,
       ["where and gt"] = function(a, b) return flow.where(a:gt(b), a, b) end,
       ["sum over axis 1"] = function(a) return a:sum(1) end,
+      -- past the sizes where a sum over leading axes goes in row blocks and a total in blocks
+      ["sum over the leading axes of [300, 512]"] = function(a) return (a.dtype == "float32" and big:float() or big):sum(0) end,
+      ["sum of all of [300, 512]"] = function(a) return (a.dtype == "float32" and big:float() or big):sum() end,
       mean = function(a) return a:mean() end,
       ["var over axis 0"] = function(a) return a:var(0) end,
       cumsum = function(a) return flow.cumsum(a, 1) end,

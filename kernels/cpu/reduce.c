@@ -10,9 +10,9 @@
 #include "cpu.h"
 #include "iter.h"
 
-/* acc (type TO) += x (type TI). Reducing along the inner loop (acc stride 0) uses eight partial
- * sums, which vectorise and keep the rounding error of long float sums small. */
-#define DEF_SUM(fname, TI, TO)                                                          \
+/* acc (type TO) += LOAD(x) (x of type TI). Reducing along the inner loop (acc stride 0) uses eight
+ * partial sums, which vectorise and keep the rounding error of long float sums small. */
+#define DEF_SUM(fname, TI, TO, LOAD)                                                    \
   FLOW_CPU_DISPATCH static void fname(char **p, const int64_t *s, int64_t n, void *ctx) { \
     (void)ctx;                                                                          \
     int64_t i = 0;                                                                      \
@@ -22,28 +22,41 @@
         const TI *x = (const TI *)p[1];                                                 \
         TO part[8] = {0};                                                               \
         for (; i + 8 <= n; i += 8)                                                      \
-          for (int j = 0; j < 8; j++) part[j] += (TO)x[i + j];                          \
+          for (int j = 0; j < 8; j++) part[j] += LOAD(x[i + j]);                        \
         acc = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])); \
       }                                                                                 \
-      for (const char *x = p[1] + i * s[1]; i < n; i++, x += s[1]) acc += (TO) * (const TI *)x; \
+      for (const char *x = p[1] + i * s[1]; i < n; i++, x += s[1]) acc += LOAD(*(const TI *)x); \
       *(TO *)p[0] += acc;                                                               \
     } else if (s[0] == sizeof(TO) && s[1] == sizeof(TI)) {                             \
       TO *o = (TO *)p[0];                                                               \
       const TI *x = (const TI *)p[1];                                                   \
       int64_t m = n & ~(int64_t)31;                                                     \
-      _Pragma("GCC ivdep") for (i = 0; i < m; i++) o[i] += (TO)x[i];                    \
-      for (i = m; i < n; i++) o[i] += (TO)x[i];                                         \
+      _Pragma("GCC ivdep") for (i = 0; i < m; i++) o[i] += LOAD(x[i]);                  \
+      for (i = m; i < n; i++) o[i] += LOAD(x[i]);                                       \
     } else {                                                                            \
       char *o = p[0];                                                                   \
       const char *x = p[1];                                                             \
-      for (; i < n; i++, o += s[0], x += s[1]) *(TO *)o += (TO) * (const TI *)x;        \
+      for (; i < n; i++, o += s[0], x += s[1]) *(TO *)o += LOAD(*(const TI *)x);        \
     }                                                                                   \
   }
-DEF_SUM(sum_f32, float, double)
-DEF_SUM(sum_f64, double, double)
-DEF_SUM(sum_i64, int64_t, int64_t)
-DEF_SUM(sum_i32, int32_t, int64_t)
-DEF_SUM(sum_u8, uint8_t, int64_t)
+/* float16 and bfloat16 add up in double as their float32 values would (what a float32 copy gives) */
+static inline float bf16_value(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+#define AS_DOUBLE(v) ((double)(v))
+#define AS_INT64(v) ((int64_t)(v))
+#define BF16_DOUBLE(v) ((double)bf16_value(v))
+#define F16_DOUBLE(v) ((double)flow_half_to_float(v))
+DEF_SUM(sum_f32, float, double, AS_DOUBLE)
+DEF_SUM(sum_f64, double, double, AS_DOUBLE)
+DEF_SUM(sum_bf16, uint16_t, double, BF16_DOUBLE)
+DEF_SUM(sum_f16, uint16_t, double, F16_DOUBLE)
+DEF_SUM(sum_i64, int64_t, int64_t, AS_INT64)
+DEF_SUM(sum_i32, int32_t, int64_t, AS_INT64)
+DEF_SUM(sum_u8, uint8_t, int64_t, AS_INT64)
 
 /* sq += (x - mean)^2, in double; along the inner loop (sq and mean fixed) in a register */
 #define DEF_SQDEV(fname, T)                                                             \
@@ -221,6 +234,7 @@ static void scale_f64(flow_tensor *t, double scale) {
  * that is out's own dtype the sum goes straight into out. */
 static int sum_scaled(flow_tensor *out, const flow_tensor *in, const bool *mask, double scale) {
   static const flow_iter_fn fns[FLOW_NDTYPES] = {[FLOW_F32] = sum_f32, [FLOW_F64] = sum_f64,
+                                                  [FLOW_BF16] = sum_bf16, [FLOW_F16] = sum_f16,
                                                   [FLOW_I64] = sum_i64, [FLOW_I32] = sum_i32,
                                                   [FLOW_U8] = sum_u8, [FLOW_BOOL] = sum_u8};
   if (!fns[in->dtype]) return flow_error_set("no CPU sum for dtype %s", flow_dtype_name(in->dtype));
