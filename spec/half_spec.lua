@@ -231,6 +231,35 @@ describe("attention on half tensors", function()
   end
 end)
 
+describe("bfloat16 on a CPU without AVX512-BF16 (FLOW_NO_BF16=1)", function()
+  it("matmul, linear and attention run on float32 copies: float32's values, rounded once", function()
+    local bin = os.getenv("FLOW_BIN")
+    if not bin then return pending("FLOW_BIN is not set") end
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local flow = require "flow"
+local F = flow.nn.functional
+flow.manual_seed(5)
+local a, b = flow.randn({ 3, 40, 33 }):to("bfloat16"), flow.randn({ 33, 17 }):to("bfloat16")
+local c, q = flow.randn({ 17 }):to("bfloat16"), flow.randn({ 2, 3, 20, 8 }):to("bfloat16")
+local function same(x, y)
+  return x.dtype == "bfloat16" and (x:float() - y:float()):abs():max():item() == 0 and "same" or "differ"
+end
+print(same(flow.matmul(a, b), flow.matmul(a:float(), b:float()):to("bfloat16")),
+      same(F.linear(a, b:transpose(0, 1), c), F.linear(a:float(), b:float():transpose(0, 1), c:float()):to("bfloat16")),
+      same(F.scaled_dot_product_attention(q, q, q, { causal = true }),
+           F.scaled_dot_product_attention(q:float(), q:float(), q:float(), { causal = true }):to("bfloat16")))
+]])
+    f:close()
+    local p = io.popen("FLOW_NO_BF16=1 " .. bin .. " " .. script .. " 2>&1")
+    local out = p:read("a")
+    p:close()
+    os.remove(script)
+    assert.matches("same\tsame\tsame", out)
+  end)
+end)
+
 describe("half tensors on the CPU keep their errors", function()
   it("dropout and conv2d still ask for float32 or float64 (their CUDA kernels pass other dtypes to the CPU's)", function()
     local ok, err = pcall(F.dropout, randh({ 4 }, "bfloat16"), 0.5, true)
