@@ -188,6 +188,8 @@ FLOW_CPU_DISPATCH static void widen_bf16(uint32_t *o, const uint16_t *h, int64_t
   for (; i < n; i++) o[i] = (uint32_t)h[i] << 16;
 }
 
+/* (not VCVTNE2PS2BF16, which the GEMMs' rounding uses: it takes float32 subnormals as 0, and a cast
+ * keeps them, as torch's) */
 #define RNE_BF16(x) ((x & 0x7fffffff) > 0x7f800000 ? (x >> 16) | 0x40 : (x + 0x7fff + ((x >> 16) & 1)) >> 16)
 FLOW_CPU_DISPATCH static void narrow_bf16(uint16_t *o, const uint32_t *x, int64_t n) {
   int64_t i = 0;
