@@ -224,6 +224,20 @@ describe("attention on half tensors", function()
     near(o, of, "o")
     for i, n in ipairs({ "dq", "dk", "dv" }) do near(x[i].grad, f[i].grad, n) end
   end
+  it("bfloat16 inside autocast (twins from the bf16 cache) gives the same bits, and sees an in-place write", function()
+    local qkv = randh({ 2, 70, 3, 4, 16 }, "bfloat16", 14)
+    local function views(t) return t:select(2, 0):transpose(1, 2), t:select(2, 1):transpose(1, 2), t:select(2, 2):transpose(1, 2) end
+    local q, k, v = views(qkv)
+    local plain = F.scaled_dot_product_attention(q, k, v, { causal = true })
+    local cached, after = flow.autocast("bfloat16", function()
+      local first = F.scaled_dot_product_attention(q, k, v, { causal = true })
+      qkv:mul_(2)   -- a new version of the storage: its cached twin must not serve again
+      return first, F.scaled_dot_product_attention(q, k, v, { causal = true })
+    end)
+    same(cached, plain, "attention inside autocast")
+    local q2, k2, v2 = views(qkv)
+    same(after, F.scaled_dot_product_attention(q2, k2, v2, { causal = true }), "after the in-place write")
+  end)
   for _, causal in ipairs({ true, false }) do
     local c = causal and "causal" or "not causal"
     it("bfloat16, " .. c .. ": the operands are their own GEMM twins", function() check("bfloat16", causal, 2 ^ -6) end)

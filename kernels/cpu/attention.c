@@ -15,6 +15,7 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "../../core/autocast.h"
 #include "../registry.h"
 #include "cpu.h"
 #include "iter.h"
@@ -24,6 +25,8 @@
 /* Query rows per block: the scratch is heads x BLOCK x Tk, and a causal block needs keys up to its
  * last row. */
 #define BLOCK 64
+/* The largest head size a bfloat16 call takes (its backward widens rows of dO and O on the stack) */
+#define MAX_HALF_D 512
 /* Bytes of score scratch per batched call at most: batch items are grouped to fit. */
 #define SCRATCH_BYTES ((int64_t)8 << 20)
 
@@ -92,8 +95,9 @@ static flow_onednn_mat heads_mat(const heads *m, int64_t nb, int64_t H, int64_t 
 static int heads_gemm_f32(int64_t nb, int64_t H, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                           const heads *A, const heads *B, float beta, const heads *C) {
   heads out = *C;
-  out.bf = NULL;   /* C is written in float32; its twin, if any, is filled after */
+  out.bf = NULL;   /* C is written in float32 (bf16 when it holds bf16); its twin, if any, is filled after */
   flow_onednn_mat a = heads_mat(A, nb, H, M, K, ta), b = heads_mat(B, nb, H, K, N, tb), c = heads_mat(&out, nb, H, M, N, false);
+  c.bf16 = out.es == 2;
   return flow_onednn_gemm("scaled_dot_product_attention", &a, &b, &c, NULL, alpha, beta);
 }
 
@@ -156,6 +160,10 @@ static int team_of(const dims *d, flow_dtype dt) {
  * the caller's autocast region). The tensor returned holds the twin. */
 static flow_tensor *twin_of(heads *m, const dims *d, int64_t rows, int64_t cols) {
   flow_onednn_mat mat = heads_mat(m, d->B, d->H, rows, cols, false), out;
+  /* a bfloat16 operand's twin is a dense copy of it, cached only inside an autocast region (the
+   * cache's copies are valid within one: a plan's registers change between steps unversioned) */
+  mat.bf16 = m->es == 2;
+  if (mat.bf16 && flow_autocast_dtype() == FLOW_F32) mat.storage = NULL;
   flow_tensor *h = flow_onednn_to_bf16("scaled_dot_product_attention", &mat, &out);
   if (h) *m = (heads){m->data, m->sb, m->sh, m->ld, m->es, m->storage, (uint16_t *)out.data, out.strides[0],
                       out.strides[1], out.strides[2]};
@@ -229,40 +237,26 @@ static int backward_group(int64_t b0, int64_t nb, void *scratch, uint16_t *scrat
   return attention_backward_f64(g, scratch, NULL, nb, &j->d, j->scale, j->causal);
 }
 
-/* bfloat16 q, k, v (and o, dout in the backward): each is its own bf16 twin (a dense copy when a
- * view), read by the GEMMs as it is, no rounding; the row loops, which read o and dout, get float32
- * copies of those; the outputs are computed in float32 and rounded once at the end. */
-static flow_tensor *own_twin(heads *m, const flow_tensor *t) {
-  flow_tensor *d = flow_kernel_dense((flow_tensor *)t);
-  if (!d) return NULL;
-  int64_t H = t->shape[1], rows = t->shape[2], cols = t->shape[3];
-  uint16_t *p = flow_tensor_data(d);
-  *m = (heads){(char *)p, H * rows * cols, rows * cols, cols, 2, NULL, p, H * rows * cols, rows * cols, cols};
-  return d;
-}
+/* bfloat16 q, k, v (and o, dout in the backward): the GEMMs read their bf16 twins, dense copies
+ * (cached inside an autocast region, so the backward finds the forward's), and the row loops widen
+ * the rows of o and dout they read; o and dq are written in bf16 by their GEMMs, dk and dv summed
+ * over query blocks in float32 and rounded once at the end. */
+static flow_tensor *wide_like(const flow_tensor *t) { return flow_tensor_new(FLOW_F32, t->device, t->ndim, t->shape); }
 
-/* A float32 tensor shaped like t: a bf16 call's float32 output, filled from t when fill. */
-static flow_tensor *wide_like(const flow_tensor *t, bool fill) {
-  flow_tensor *w = flow_tensor_new(FLOW_F32, t->device, t->ndim, t->shape);
-  if (w && fill && flow_cpu_copy(w, t) != 0) {
-    flow_tensor_decref(w);
-    return NULL;
-  }
-  return w;
-}
-
-/* float16 has no path here, nor bf16 without AVX512-BF16: float32 copies (FLOW_KERNEL_F32) */
-static bool needs_f32(const flow_tensor *q) {
-  return q->dtype == FLOW_F16 || (q->dtype == FLOW_BF16 && !flow_onednn_bf16_native());
+/* float16 has no path here, nor bf16 without AVX512-BF16 or with heads over MAX_HALF_D: float32
+ * copies (FLOW_KERNEL_F32) */
+static bool needs_f32(const flow_tensor *q, const flow_tensor *v) {
+  return q->dtype == FLOW_F16 ||
+         (q->dtype == FLOW_BF16 && (!flow_onednn_bf16_native() || v->shape[3] > MAX_HALF_D || q->shape[3] > MAX_HALF_D));
 }
 
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                const flow_tensor *v, double scale, bool causal) {
-  if (needs_f32(q)) return FLOW_KERNEL_F32;
-  bool own = q->dtype == FLOW_BF16;                       /* bf16 operands, their own twins */
+  if (needs_f32(q, v)) return FLOW_KERNEL_F32;
+  bool own = q->dtype == FLOW_BF16;                       /* bf16 operands */
   flow_dtype real = own ? FLOW_F32 : q->dtype;
   heads m[3] = {{0}};
-  flow_tensor *tmp[3] = {NULL}, *twin[3] = {NULL}, *o32 = own ? wide_like(o, false) : NULL;
+  flow_tensor *tmp[3] = {NULL}, *twin[3] = {NULL};
   const flow_tensor *in[3] = {q, k, v};
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(real);
@@ -270,21 +264,16 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   int t = team_of(&d, real);
   int64_t G = group_of(&d, 1, es), n = G * d.H * BLOCK * d.Tk;
   flow_tensor *st = scratch_new(real, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
-  int rc = st && (st16 || !half) && (o32 || !own) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < 3; i++) {
-    if (own) rc = (twin[i] = own_twin(&m[i], in[i])) ? 0 : -1;
-    else rc = heads_of(&m[i], in[i], &tmp[i]);
-  }
-  for (int i = 0; rc == 0 && half && !own && i < 3; i++)
+  int rc = st && (st16 || !half) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
+  for (int i = 0; rc == 0 && half && i < 3; i++)
     if (!(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
-  attention_job job = {{dense_heads(flow_tensor_data(own ? o32 : o), NULL, d.H, d.Tq, d.Dv, es),
+  attention_job job = {{dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, flow_dtype_size(o->dtype)),
                         dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es), m[0], m[1], m[2]},
                        d, scale, causal, real == FLOW_F32};
   if (rc == 0) rc = run_team(t, &d, G, n, st, st16, forward_group, &job);
-  if (rc == 0 && own) rc = flow_cpu_copy(o, o32);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
-  flow_tensor_decref(o32);
   for (int i = 0; i < 3; i++) {
     flow_tensor_decref(tmp[i]);
     flow_tensor_decref(twin[i]);
@@ -296,12 +285,12 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal) {
-  if (needs_f32(q)) return FLOW_KERNEL_F32;
+  if (needs_f32(q, v)) return FLOW_KERNEL_F32;
   bool own = q->dtype == FLOW_BF16;
   flow_dtype real = own ? FLOW_F32 : q->dtype;
   heads m[5] = {{0}};
-  flow_tensor *tmp[7] = {NULL}, *twin[5] = {NULL}, *wide[5] = {NULL};   /* wide: o, dout in float32; dq, dk, dv */
-  flow_tensor *const outs[3] = {dq, dk, dv};
+  flow_tensor *tmp[7] = {NULL}, *twin[5] = {NULL};
+  flow_tensor *dk32 = own ? wide_like(dk) : NULL, *dv32 = own ? wide_like(dv) : NULL;   /* summed over blocks */
   const flow_tensor *in[5] = {q, k, v, o, dout};
   dims d = dims_of(q, v);
   size_t es = flow_dtype_size(real);
@@ -309,44 +298,29 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   int t = team_of(&d, real);
   int64_t G = group_of(&d, 2, es), n = 2 * G * d.H * BLOCK * d.Tk;
   flow_tensor *st = scratch_new(real, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
-  int rc = st && (st16 || !half) ? 0 : -1;
-  for (int i = 0; rc == 0 && own && i < 2; i++)   /* the row loops read o and dout in float32 */
-    if (!(wide[i] = wide_like(in[3 + i], true))) rc = -1;
-  for (int i = 0; rc == 0 && own && i < 3; i++)
-    if (!(wide[2 + i] = wide_like(outs[i], false))) rc = -1;
-  for (int i = 0; rc == 0 && i < 5; i++) {
-    if (own && i != 3) {   /* o only feeds the row loops (D = dO . O), never a GEMM: no twin */
-      if (!(twin[i] = own_twin(&m[i], in[i]))) rc = -1;
-      if (rc == 0 && i == 4) {   /* dout: the GEMMs read its twin, the row loops its float32 copy */
-        heads w;
-        rc = heads_of(&w, wide[1], &tmp[4]);
-        w.bf = m[4].bf, w.bsb = m[4].bsb, w.bsh = m[4].bsh, w.bld = m[4].bld;
-        m[4] = w;
-      }
-    } else {
-      rc = heads_of(&m[i], own ? wide[0] : in[i], &tmp[i]);
-    }
-  }
-  for (int i = 0; rc == 0 && half && !own && i < 5; i++)
+  int rc = st && (st16 || !half) && (!own || (dk32 && dv32)) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < 5; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
+  /* o only feeds the row loops (D = dO . O), never a GEMM: no twin */
+  for (int i = 0; rc == 0 && half && i < 5; i++)
     if (i != 3 && !(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
-  flow_tensor *dst[3] = {own ? wide[2] : dq, own ? wide[3] : dk, own ? wide[4] : dv};
-  attention_job job = {{dense_heads(rc == 0 ? flow_tensor_data(dst[0]) : NULL, NULL, d.H, d.Tq, d.D, es),
-                        dense_heads(rc == 0 ? flow_tensor_data(dst[1]) : NULL, NULL, d.H, d.Tk, d.D, es),
-                        dense_heads(rc == 0 ? flow_tensor_data(dst[2]) : NULL, NULL, d.H, d.Tk, d.Dv, es), m[0], m[1],
+  const flow_tensor *kout = own ? dk32 : dk, *vout = own ? dv32 : dv;
+  attention_job job = {{dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, flow_dtype_size(dq->dtype)),
+                        dense_heads(rc == 0 ? flow_tensor_data(kout) : NULL, NULL, d.H, d.Tk, d.D, es),
+                        dense_heads(rc == 0 ? flow_tensor_data(vout) : NULL, NULL, d.H, d.Tk, d.Dv, es), m[0], m[1],
                         m[2], m[3], dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
                         dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es)},
                        d, scale, causal, real == FLOW_F32};
   if (rc == 0) rc = run_team(t, &d, G, n, st, st16, backward_group, &job);
-  for (int i = 0; rc == 0 && own && i < 3; i++) rc = flow_cpu_copy(outs[i], wide[2 + i]);
+  if (rc == 0 && own) rc = flow_cpu_copy(dk, dk32);
+  if (rc == 0 && own) rc = flow_cpu_copy(dv, dv32);
   flow_tensor_decref(st);
   flow_tensor_decref(st16);
+  flow_tensor_decref(dk32);
+  flow_tensor_decref(dv32);
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
-  for (int i = 0; i < 5; i++) {
-    flow_tensor_decref(twin[i]);
-    flow_tensor_decref(wide[i]);
-  }
+  for (int i = 0; i < 5; i++) flow_tensor_decref(twin[i]);
   return rc;
 }
 
@@ -355,6 +329,14 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
 /* Row i of head (b, h) of m. */
 static real *GEN(row)(const heads *m, int64_t b, int64_t h, int64_t i) {
   return (real *)m->data + b * m->sb + h * m->sh + i * m->ld;
+}
+
+/* The same row of n elements to read: m's own when m holds reals, else (a bfloat16 operand's,
+ * float32 calls only) widened into buf */
+static const real *GEN(row_in)(const heads *m, int64_t b, int64_t h, int64_t i, real *buf, int64_t n) {
+  if (m->es == sizeof(real)) return GEN(row)(m, b, h, i);
+  flow_cpu_widen_half((float *)buf, m->data + (b * m->sb + h * m->sh + i * m->ld) * 2, 2, n, FLOW_BF16);
+  return buf;
 }
 
 /* The per-row work of the blocks below, on the CPU's widest vectors (FLOW_CPU_DISPATCH: the loops
@@ -464,9 +446,9 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
-          real *dp = GEN(row)(&dP, b, h, i);
-          GEN(ds_row)(dp, GEN(row)(&P, b, h, i), GEN(row)(&db, b, h, i), GEN(row)(o, b, h, r0 + i), d->Dv, nk,
-                      *GEN(row)(dlse, b, h, r0 + i));
+          real *dp = GEN(row)(&dP, b, h, i), gbuf[MAX_HALF_D], obuf[MAX_HALF_D];
+          GEN(ds_row)(dp, GEN(row)(&P, b, h, i), GEN(row_in)(&db, b, h, i, gbuf, d->Dv),
+                      GEN(row_in)(o, b, h, r0 + i, obuf, d->Dv), d->Dv, nk, *GEN(row)(dlse, b, h, r0 + i));
           GEN(keep_bf16)(&dP, b, h, i, dp, nk);
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;

@@ -423,7 +423,7 @@ void flow_onednn_round_bf16(uint16_t *dst, const float *src, int64_t n) { round_
 /* Lines [l0, l1) of round_mat's walk: line l starts at src + the offset of its index over dims[0 .. n-2]
  * (strides in elements), each next offset stepped from the last (no division per line: a [B, H, T, D]
  * head view of a qkv projection is B H T lines of only D elements). */
-static void round_lines(uint16_t *dst, const float *src, const int64_t *dims, const int64_t *strides, int n,
+static void round_lines(uint16_t *dst, const void *src, bool bf16, const int64_t *dims, const int64_t *strides, int n,
                         int64_t len, int64_t step, int64_t l0, int64_t l1) {
   int64_t idx[DNNL_MAX_NDIMS] = {0}, off = 0, rest = l0;
   for (int d = n - 2; d >= 0; d--) {
@@ -431,11 +431,16 @@ static void round_lines(uint16_t *dst, const float *src, const int64_t *dims, co
     rest /= dims[d];
     off += idx[d] * strides[d];
   }
+  const float *f = src;
+  const uint16_t *h = src;
   for (int64_t l = l0; l < l1; l++) {
     uint16_t *o = dst + l * len;
-    if (step == 1) round_line(o, src + off, len);
+    if (bf16 && step == 1) memcpy(o, h + off, (size_t)len * 2);
+    else if (bf16)
+      for (int64_t j = 0; j < len; j++) o[j] = h[off + j * step];
+    else if (step == 1) round_line(o, f + off, len);
     else
-      for (int64_t j = 0; j < len; j++) o[j] = flow_float_to_bf16(src[off + j * step]);
+      for (int64_t j = 0; j < len; j++) o[j] = flow_float_to_bf16(f[off + j * step]);
     for (int d = n - 2; d >= 0; d--) {
       off += strides[d];
       if (++idx[d] < dims[d]) break;
@@ -445,8 +450,9 @@ static void round_lines(uint16_t *dst, const float *src, const int64_t *dims, co
   }
 }
 
-/* dst (dense, row-major over m's dims) = bf16(m), m float32 with any strides: axes that continue the
- * one inside them are merged so each line rounded is as long as the layout allows. */
+/* dst (dense, row-major over m's dims) = bf16(m), m float32 (or bf16 already: a copy) with any
+ * strides: axes that continue the one inside them are merged so each line rounded is as long as
+ * the layout allows. */
 static void round_mat(uint16_t *dst, const flow_onednn_mat *m) {
   int64_t dims[DNNL_MAX_NDIMS] = {1}, strides[DNNL_MAX_NDIMS] = {1};
   int n = 0;
@@ -465,7 +471,7 @@ static void round_mat(uint16_t *dst, const flow_onednn_mat *m) {
 #pragma omp parallel if (lines * len >= ((int64_t)1 << 18))
   {
     int64_t t = omp_get_num_threads(), i = omp_get_thread_num();
-    round_lines(dst, m->data, dims, strides, n, len, step, lines * i / t, lines * (i + 1) / t);
+    round_lines(dst, m->data, m->bf16, dims, strides, n, len, step, lines * i / t, lines * (i + 1) / t);
   }
 }
 

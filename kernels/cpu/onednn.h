@@ -94,7 +94,8 @@ typedef struct flow_onednn_mat {
 int flow_onednn_gemm(const char *op, const flow_onednn_mat *a, const flow_onednn_mat *b, const flow_onednn_mat *c,
                      const float *bias, float alpha, float beta);
 
-/* A bf16 copy of the float32 m (rounded to nearest even, as oneDNN's reorder rounds): dense in m's
+/* A bf16 copy of the float32 m (rounded to nearest even, as oneDNN's reorder rounds; m bf16 already:
+ * copied as it is): dense in m's
  * orientation, described by *out (out->bf16 set), held by the tensor returned, which the caller
  * releases (flow_tensor_decref) after its last read. When m names its storage the copy comes
  * from, or goes into, the bf16 cache: the same values in the same autocast region of this thread
