@@ -150,7 +150,7 @@ static int m_allgatherv(flow_comm *c, const void *send, size_t count, void *recv
 /* float16 and bfloat16 have no MPI_SUM: our own sum, through a reduce-scatter and an all-gather */
 static int m_allreduce(flow_comm *c, const void *send, void *recv, size_t count, flow_dtype dt) {
   if (flow_comm_sum_check("all-reduce", dt)) return -1;
-  if (dt == FLOW_F16 || dt == FLOW_BF16)
+  if (flow_dtype_is_half(dt))
     return flow_comm_allreduce_by_parts(c, send, recv, count, dt, m_reduce_scatterv, m_allgatherv);
   if (count > INT_MAX) return flow_error_set("all-reduce: %zu elements is too large for MPI", count);
   CHECK("all-reduce", MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type(dt),

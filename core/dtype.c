@@ -64,13 +64,6 @@ uint16_t flow_float_to_half(float f) {
   return sign | (uint16_t)half;
 }
 
-float flow_bf16_to_float(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
 uint16_t flow_float_to_bf16(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);

@@ -112,7 +112,7 @@ bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
  * (FLOW_KERNEL_F32: a float16 matmul, or bf16 on a CPU without AVX512-BF16). */
 
 static bool staged_dtype(const flow_tensor *t) {
-  return t && t->device.type == FLOW_CPU && (t->dtype == FLOW_F16 || t->dtype == FLOW_BF16);
+  return t && t->device.type == FLOW_CPU && flow_dtype_is_half(t->dtype);
 }
 
 /* t's float32 twin among the first n staged so far (from[i] -> to[i]), made (and filled from t when

@@ -34,7 +34,7 @@ static int check_real(const flow_op *op, const flow_meta *t, const char *what) {
  * of cross_entropy and attention): float32 for float16/bfloat16 inputs, as the CUDA kernels compute
  * them, since rounding them to 8 or 11 bits would skew every gradient of the row. */
 static flow_dtype stat_dtype(const flow_meta *x) {
-  return x->dtype == FLOW_F16 || x->dtype == FLOW_BF16 ? FLOW_F32 : x->dtype;
+  return flow_dtype_is_half(x->dtype) ? FLOW_F32 : x->dtype;
 }
 
 static int check_same_dtype(const flow_op *op, const flow_meta *t, const flow_meta *like, const char *what) {
@@ -320,7 +320,7 @@ FLOW_KERNEL_REGISTER(FLOW_CPU, cross_entropy_grad, cpu_cross_entropy_grad)
  * logical values. Half-precision losses divide in float32: a count above 256 is not exact in
  * bfloat16 (nor above 2048 in float16). */
 static flow_tensor *global_mean(flow_tensor *sum, flow_tensor *target, int64_t ignore_index) {
-  bool half = sum->dtype == FLOW_BF16 || sum->dtype == FLOW_F16;
+  bool half = flow_dtype_is_half(sum->dtype);
   flow_dtype acc = half ? FLOW_F32 : sum->dtype;
   flow_tensor *skip = flow_scalar_tensor((double)ignore_index, target->dtype, target->device);
   flow_tensor *valid = skip ? flow_ne(target, skip) : NULL;

@@ -176,7 +176,7 @@ static void find_zero(char **p, const int64_t *s, int64_t n, void *ctx) {
 }
 
 int flow_cpu_binary(flow_binary_code code, flow_tensor *out, const flow_tensor *x, const flow_tensor *y) {
-  bool half = x->dtype == FLOW_F16 || x->dtype == FLOW_BF16;   /* through the float32 loop (iter.h) */
+  bool half = flow_dtype_is_half(x->dtype);   /* through the float32 loop (iter.h) */
   int slot = half ? 0 : dtype_slot(x->dtype);
   if (slot < 0)
     return flow_error_set("no CPU kernel for dtype %s (cast to float32 first)", flow_dtype_name(x->dtype));

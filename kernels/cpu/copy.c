@@ -61,9 +61,9 @@ int flow_cpu_copy(flow_tensor *out, const flow_tensor *x) {
   if (out->dtype == x->dtype || (out->dtype == FLOW_BOOL && x->dtype == FLOW_U8)) {
     static const flow_iter_fn by_size[9] = {[1] = move1, [2] = move2, [4] = move4, [8] = move8};
     flow_iter_run_parallel(&it, by_size[flow_dtype_size(x->dtype)], NULL, FLOW_GRAIN_CHEAP);
-  } else if (x->dtype == FLOW_F32 && (out->dtype == FLOW_BF16 || out->dtype == FLOW_F16)) {
+  } else if (x->dtype == FLOW_F32 && flow_dtype_is_half(out->dtype)) {
     flow_iter_run_parallel(&it, cast_to_half, &out->dtype, FLOW_GRAIN_CHEAP);
-  } else if ((x->dtype == FLOW_BF16 || x->dtype == FLOW_F16) && out->dtype == FLOW_F32) {
+  } else if (flow_dtype_is_half(x->dtype) && out->dtype == FLOW_F32) {
     flow_iter_run_parallel(&it, cast_from_half, (void *)&x->dtype, FLOW_GRAIN_CHEAP);
   } else {
     cast_ctx c = {x->dtype, out->dtype};

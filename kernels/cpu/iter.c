@@ -171,12 +171,10 @@ void flow_iter_run_parallel(const flow_iter *it, flow_iter_fn fn, void *ctx, int
 
 #define HALF_CHUNK 256
 
-static bool is_half(flow_dtype d) { return d == FLOW_F16 || d == FLOW_BF16; }
-
 bool flow_iter_half_init(flow_iter_half *h, flow_tensor *const *ops, int nops, flow_iter_fn fn, void *ctx) {
   bool any = false;
   *h = (flow_iter_half){fn, ctx, nops, {0}};
-  for (int k = 0; k < nops; k++) any |= is_half(h->dtype[k] = ops[k]->dtype);
+  for (int k = 0; k < nops; k++) any |= flow_dtype_is_half(h->dtype[k] = ops[k]->dtype);
   return any;
 }
 
@@ -244,7 +242,7 @@ void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *vh) {
     int64_t m = n - at < HALF_CHUNK ? n - at : HALF_CHUNK;
     for (int k = 0; k < h->nops; k++) {
       char *pk = p[k] + at * s[k];
-      if (!is_half(h->dtype[k])) {
+      if (!flow_dtype_is_half(h->dtype[k])) {
         q[k] = pk;
         qs[k] = s[k];
         continue;
@@ -255,6 +253,6 @@ void flow_iter_half_fn(char **p, const int64_t *s, int64_t n, void *vh) {
       if (k > 0) flow_cpu_widen_half(buf[k], pk, s[k], once ? 1 : m, h->dtype[k]);
     }
     h->fn(q, qs, m, h->ctx);
-    if (is_half(h->dtype[0])) flow_cpu_narrow_half(p[0] + at * s[0], s[0], buf[0], m, h->dtype[0]);
+    if (flow_dtype_is_half(h->dtype[0])) flow_cpu_narrow_half(p[0] + at * s[0], s[0], buf[0], m, h->dtype[0]);
   }
 }

@@ -42,15 +42,9 @@
   }
 /* bfloat16 adds up in double as its float32 values would (what a float32 copy gives); float16, whose
  * widening is no shift, goes through float32 copies (FLOW_KERNEL_F32, F16C's vector conversion) */
-static inline float bf16_value(uint16_t h) {
-  uint32_t b = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
 #define AS_DOUBLE(v) ((double)(v))
 #define AS_INT64(v) ((int64_t)(v))
-#define BF16_DOUBLE(v) ((double)bf16_value(v))
+#define BF16_DOUBLE(v) ((double)flow_bf16_to_float(v))
 DEF_SUM(sum_f32, float, double, AS_DOUBLE)
 DEF_SUM(sum_f64, double, double, AS_DOUBLE)
 DEF_SUM(sum_bf16, uint16_t, double, BF16_DOUBLE)

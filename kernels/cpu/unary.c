@@ -625,10 +625,8 @@ static void run(flow_iter_fn fn, flow_tensor *const *ops, int nops, bounds *b, f
   else flow_iter_run_parallel(&it, fn, b, grain(code));
 }
 
-static bool is_half(flow_dtype d) { return d == FLOW_F16 || d == FLOW_BF16; }
-
 int flow_cpu_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x, double lo, double hi) {
-  int slot = is_half(x->dtype) ? 0 : dtype_slot(x->dtype);
+  int slot = flow_dtype_is_half(x->dtype) ? 0 : dtype_slot(x->dtype);
   flow_iter_fn fn = slot >= 0 ? forward[code][slot] : NULL;
   if (!fn) return flow_error_set("no CPU kernel for dtype %s", flow_dtype_name(x->dtype));
   bounds b;
@@ -639,7 +637,7 @@ int flow_cpu_unary(flow_unary_code code, flow_tensor *out, const flow_tensor *x,
 
 int flow_cpu_unary_backward(flow_unary_code code, flow_tensor *gin, const flow_tensor *s,
                             const flow_tensor *g, double lo, double hi) {
-  int slot = is_half(g->dtype) ? 0 : dtype_slot(g->dtype);
+  int slot = flow_dtype_is_half(g->dtype) ? 0 : dtype_slot(g->dtype);
   flow_iter_fn fn = slot == 0 || slot == 1 ? backward[code][slot] : NULL;
   if (!fn) return flow_error_set("no CPU gradient kernel for dtype %s", flow_dtype_name(g->dtype));
   bounds b;
