@@ -436,6 +436,13 @@ function Module:to(target)
     opts = device and { device = target } or { dtype = target }
   end
   flow._check_opts("Module:to", opts, { "device", "dtype" })
+  if opts.dtype ~= nil then -- its canonical name, through an empty tensor (which names what it accepts)
+    local ok, probe = pcall(flow.zeros, { 0 }, { dtype = opts.dtype })
+    if not ok then error("Module:to: " .. tostring(probe):gsub("^.-zeros: ", ""), 2) end
+    if not FLOATS[probe.dtype] then
+      error(("Module:to: expected a floating-point dtype, as torch's Module.to (got %s)"):format(probe.dtype), 2)
+    end
+  end
   local moved = {}
   each_parameter(self, "", function(owner, k, _, t)
     local m = moved[t]
