@@ -105,11 +105,11 @@ bool flow_op_has_kernel(const flow_op *op, flow_devtype dev) {
  * bfloat16 tensors on the CPU runs its float32 kernel on float32 copies of them, and each half
  * output is rounded once from the float32 result: what PyTorch's CPU kernels do for these dtypes
  * (float32 inside, one rounding at the end). Tensors the kernel writes (outputs, an in-place
- * destination, written_in) are copied back after it. Views make
- * no copies, and ops whose CPU kernels take half tensors themselves (op->cpu_half: copies, gathers,
- * the elementwise ops, which widen them in registers for their float32 loops, and matmul, on
- * oneDNN's bf16 GEMM) get them as they are; such a kernel may still ask for the copies
- * (FLOW_KERNEL_F32: a float16 matmul, or bf16 on a CPU without AVX512-BF16). */
+ * destination, written_in) are copied back after it. Views make no copies, and ops whose CPU
+ * kernels take half tensors themselves (op->cpu_half: copies, gathers, the elementwise ops, which
+ * widen them in registers for their float32 loops, sums, and matmul and attention, on oneDNN's
+ * bf16 GEMM) get them as they are; such a kernel may still ask for the copies (FLOW_KERNEL_F32: a
+ * float16 matmul, or bf16 on a CPU without AVX512-BF16). */
 
 static bool staged_dtype(const flow_tensor *t) {
   return t && t->device.type == FLOW_CPU && flow_dtype_is_half(t->dtype);

@@ -214,8 +214,8 @@ FLOW_KERNEL_REGISTER(FLOW_CPU, mul, cpu_mul)
 FLOW_OP(div) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, FLOW_SBP_P_FIRST),
               .infer = infer_binary, .grad = grad_div, .save_in = 3};
 FLOW_KERNEL_REGISTER(FLOW_CPU, div, cpu_div)
-FLOW_OP(pow) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary, .grad = grad_pow,
-              .save_in = 3, .save_out = 1};
+FLOW_OP(pow) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
+              .grad = grad_pow, .save_in = 3, .save_out = 1};
 FLOW_KERNEL_REGISTER(FLOW_CPU, pow, cpu_pow)
 FLOW_OP(maximum) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
                   .infer = infer_binary_bool, .grad = grad_maxmin, .save_in = 3};
@@ -240,11 +240,11 @@ static int grad_quotient(const flow_grad_ctx *c, flow_tensor **gin) {
   return 0;
 }
 
-FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
-                       .grad = grad_quotient};
+FLOW_OP(floor_divide) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                       .infer = infer_binary, .grad = grad_quotient};
 FLOW_KERNEL_REGISTER(FLOW_CPU, floor_divide, cpu_floor_divide)
-FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0), .infer = infer_binary,
-                       .grad = grad_quotient};
+FLOW_OP(trunc_divide) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
+                       .infer = infer_binary, .grad = grad_quotient};
 FLOW_KERNEL_REGISTER(FLOW_CPU, trunc_divide, cpu_trunc_divide)
 FLOW_OP(eq) {.nin = 2, .nout = 1, .cpu_half = true, .sbp = FLOW_SBP_RULE(elementwise, 0),
              .infer = infer_compare};

@@ -34,6 +34,7 @@ for _, dt in ipairs({ "bfloat16", "float16" }) do
     local x, y = randh({ 5, 7 }, dt, 1), randh({ 5, 7 }, dt, 2)
     local w = randh({ 7, 3 }, dt, 4)
     local big = randh({ 300, 512 }, dt, 13)
+    local big32 = big:float()
     -- each op on half tensors against the same op on their float32 values, rounded once
     local ops = {
       add = function(a, b) return a + b end,
@@ -45,8 +46,8 @@ for _, dt in ipairs({ "bfloat16", "float16" }) do
       ["where and gt"] = function(a, b) return flow.where(a:gt(b), a, b) end,
       ["sum over axis 1"] = function(a) return a:sum(1) end,
       -- past the sizes where a sum over leading axes goes in row blocks and a total in blocks
-      ["sum over the leading axes of [300, 512]"] = function(a) return (a.dtype == "float32" and big:float() or big):sum(0) end,
-      ["sum of all of [300, 512]"] = function(a) return (a.dtype == "float32" and big:float() or big):sum() end,
+      ["sum over the leading axes of [300, 512]"] = function(a) return (a.dtype == "float32" and big32 or big):sum(0) end,
+      ["sum of all of [300, 512]"] = function(a) return (a.dtype == "float32" and big32 or big):sum() end,
       mean = function(a) return a:mean() end,
       ["var over axis 0"] = function(a) return a:var(0) end,
       cumsum = function(a) return flow.cumsum(a, 1) end,
@@ -233,7 +234,8 @@ describe("attention on half tensors", function()
   end
   it("bfloat16 inside autocast (twins from the bf16 cache) gives the same bits, and sees an in-place write", function()
     local qkv = randh({ 2, 70, 3, 4, 16 }, "bfloat16", 14)
-    local function views(t) return t:select(2, 0):transpose(1, 2), t:select(2, 1):transpose(1, 2), t:select(2, 2):transpose(1, 2) end
+    local function head(t, i) return t:select(2, i):transpose(1, 2) end
+    local function views(t) return head(t, 0), head(t, 1), head(t, 2) end
     local q, k, v = views(qkv)
     local plain = F.scaled_dot_product_attention(q, k, v, { causal = true })
     local cached, after = flow.autocast("bfloat16", function()

@@ -246,8 +246,8 @@ static flow_tensor *wide_like(const flow_tensor *t) { return flow_tensor_new(FLO
 /* float16 has no path here, nor bf16 without AVX512-BF16 or with heads over MAX_HALF_D: float32
  * copies (FLOW_KERNEL_F32) */
 static bool needs_f32(const flow_tensor *q, const flow_tensor *v) {
-  return q->dtype == FLOW_F16 ||
-         (q->dtype == FLOW_BF16 && (!flow_onednn_bf16_native() || v->shape[3] > MAX_HALF_D || q->shape[3] > MAX_HALF_D));
+  bool big = v->shape[3] > MAX_HALF_D || q->shape[3] > MAX_HALF_D;
+  return q->dtype == FLOW_F16 || (q->dtype == FLOW_BF16 && (!flow_onednn_bf16_native() || big));
 }
 
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,

@@ -207,7 +207,8 @@ __attribute__((target("avx,f16c"))) static void widen_f16c(float *o, const uint1
 __attribute__((target("avx,f16c"))) static void narrow_f16c(uint16_t *o, const float *x, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128((__m128i *)(o + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; i < n; i++) o[i] = flow_float_to_half(x[i]);
 }
 

@@ -1,7 +1,8 @@
 /* Matmul: C[b] = op(A[b]) @ op(B[b]) for every (broadcast) batch index b. float32 and bfloat16
- * (where the CPU has AVX512-BF16) run on oneDNN's matmul primitive, all batches in one call; float64 on OpenBLAS's dgemm (oneDNN has no f64 on the
- * CPU), a batch at a time; int64/int32 on the plain loop. Operands whose last two axes are row- or column-major go straight to
- * GEMM; anything else is copied to contiguous first. A plain loop serves as the tests' reference and the integer
+ * (where the CPU has AVX512-BF16) run on oneDNN's matmul primitive, all batches in one call;
+ * float64 on OpenBLAS's dgemm (oneDNN has no f64 on the CPU), a batch at a time; int64/int32 on the
+ * plain loop. Operands whose last two axes are row- or column-major go straight to GEMM; anything
+ * else is copied to contiguous first. A plain loop serves as the tests' reference and the integer
  * product. */
 #include <cblas.h>
 #include <string.h>

@@ -623,7 +623,8 @@ static dnnl_status_t build_gemm(dnnl_primitive_desc_t *pd, dnnl_engine_t eng, co
     bstrides[d] = d == n - 1 ? 1 : bdims[n - 1];
   }
   dnnl_status_t st;
-  if ((st = md_of(&a, g->a, g->in)) || (st = md_of(&b, g->b, g->in)) || (st = md_of(&c, g->c, g->c->bf16 ? dnnl_bf16 : dnnl_f32)) ||
+  if ((st = md_of(&a, g->a, g->in)) || (st = md_of(&b, g->b, g->in)) ||
+      (st = md_of(&c, g->c, g->c->bf16 ? dnnl_bf16 : dnnl_f32)) ||
       (st = dnnl_memory_desc_init_by_strides(&bias, n, bdims, dnnl_f32, bstrides)))
     return st;
   dnnl_matmul_desc_t desc;
