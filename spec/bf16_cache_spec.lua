@@ -1,6 +1,7 @@
 -- Under bf16 autocast the CPU rounds each GEMM operand to bf16 once per autocast region and keeps
 -- the copy for the GEMMs after it that read the same values (a weight in forward and backward, an
--- activation again for its weight's gradient, attention's q, k, v). The copy must never outlive
+-- activation again for its weight's gradient). Attention rounds q, k, v per head itself
+-- (attention_bf16_spec); its cases here hold it to the same rules. The copy must never outlive
 -- the values: an in-place op or an optimizer step bumps the storage's version, and a new autocast
 -- region starts afresh. "Uncached" below means the same GEMM on a clone (a new storage, so a
 -- fresh rounding) or in a region of its own: the bits must be equal, not just close.

@@ -2,10 +2,10 @@
  * rows at a time, for many (batch, head) pairs at once: the scores live only in a [heads, rows, Tk]
  * scratch, the [T, T] mask is never built (causal rows just stop at the diagonal), and the backward
  * recomputes the probabilities from q, k and the saved log-sum-exp. Each product is one batched
- * GEMM over the heads of a group of batch items (on oneDNN for float32, bf16 under autocast): a
- * step makes a few large calls instead of one small GEMM per head and block. Under bf16 autocast
- * the blocks of q, k, v and dO go through oneDNN's bf16 cache (the backward finds the forward's
- * copies), and the probabilities are rounded row by row as they are made, not once per GEMM.
+ * GEMM over the heads of a group of batch items (on oneDNN for float32): a step makes a few large
+ * calls instead of one small GEMM per head and block. bfloat16 tensors, and float32 ones under bf16
+ * autocast, run attention_bf16.c's kernels on AVX512-BF16 (without it, bfloat16 tensors run here on
+ * float32 copies, and autocast runs float32).
  * The kernels after `#else` are written once against `real`; this file includes itself once per
  * dtype (Torch7's THGenerate pattern). */
 #ifndef real
@@ -15,7 +15,6 @@
 #include <string.h>
 #include <tgmath.h>
 
-#include "../../core/autocast.h"
 #include "../registry.h"
 #include "cpu.h"
 #include "iter.h"
@@ -25,24 +24,15 @@
 /* Query rows per block: the scratch is heads x BLOCK x Tk, and a causal block needs keys up to its
  * last row. */
 #define BLOCK 64
-/* The largest head size a bfloat16 call takes (its backward widens rows of dO and O on the stack) */
-#define MAX_HALF_D 512
 /* Bytes of score scratch per batched call at most: batch items are grouped to fit. */
 #define SCRATCH_BYTES ((int64_t)8 << 20)
 
 /* The [rows, cols] matrices of every (b, h) of a [B, H, rows, cols] operand: row-major with leading
- * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. storage is the tensor's,
- * for the bf16 cache (NULL for scratch and temporaries). Scratch made under bf16 autocast (float32
- * only) has a twin bf, the same matrices rounded to bf16 and laid out by bsb, bsh, bld, which the
- * GEMMs read; else bf is NULL. A bfloat16 operand is its own twin (own_twin): data is bf too, read
- * by the GEMMs alone. */
+ * dimension ld, head (b, h) starting at data + (b * sb + h * sh) elements. */
 typedef struct heads {
   char *data;
   int64_t sb, sh, ld;
   size_t es;
-  flow_storage *storage;
-  uint16_t *bf;
-  int64_t bsb, bsh, bld;
 } heads;
 
 /* The view of tensor t, or of a dense copy (*tmp) when its last axis is not unit-stride. */
@@ -55,49 +45,31 @@ static int heads_of(heads *m, const flow_tensor *t, flow_tensor **tmp) {
     t = *tmp;
   }
   int64_t ld = rows == 1 ? (cols > 1 ? cols : 1) : t->stride[2];
-  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype),
-               *tmp ? NULL : t->storage};
+  *m = (heads){flow_tensor_data(t), t->stride[0], t->stride[1], ld < 1 ? 1 : ld, flow_dtype_size(t->dtype)};
   return 0;
 }
 
-/* A dense [B, H, rows, cols] buffer as heads, with a dense bf16 twin bf (or NULL). */
-static heads dense_heads(void *data, uint16_t *bf, int64_t H, int64_t rows, int64_t cols, size_t es) {
-  return (heads){data, H * rows * cols, rows * cols, cols, es, NULL, bf, H * rows * cols, rows * cols, cols};
+/* A dense [B, H, rows, cols] buffer as heads. */
+static heads dense_heads(void *data, int64_t H, int64_t rows, int64_t cols, size_t es) {
+  return (heads){data, H * rows * cols, rows * cols, cols, es};
 }
 
 /* The same heads from batch item b0 and row r0 on. */
 static heads heads_at(heads m, int64_t b0, int64_t r0) {
   m.data += (b0 * m.sb + r0 * m.ld) * (int64_t)m.es;
-  if (m.bf) m.bf += b0 * m.bsb + r0 * m.bld;
   return m;
 }
 
-/* Row i of head (b, h) of m, just written in float32, into m's bf16 twin when it has one (float64
- * heads never do). */
-static void keep_bf16_f32(const heads *m, int64_t b, int64_t h, int64_t i, const float *row, int64_t n) {
-  if (m->bf) flow_onednn_round_bf16(m->bf + b * m->bsb + h * m->bsh + i * m->bld, row, n);
-}
-static void keep_bf16_f64(const heads *m, int64_t b, int64_t h, int64_t i, const double *row, int64_t n) {
-  (void)m; (void)b; (void)h; (void)i; (void)row; (void)n;
-}
-
-/* The [rows, cols] operand op(m) of a batched GEMM over nb items and H heads, transposed when t:
- * the bf16 twin when m has one. */
+/* The [rows, cols] operand op(m) of a batched GEMM over nb items and H heads, transposed when t. */
 static flow_onednn_mat heads_mat(const heads *m, int64_t nb, int64_t H, int64_t rows, int64_t cols, bool t) {
-  bool half = m->bf != NULL;
-  int64_t ld = half ? m->bld : m->ld;
-  return (flow_onednn_mat){4, {nb, H, rows, cols}, {half ? m->bsb : m->sb, half ? m->bsh : m->sh, t ? 1 : ld, t ? ld : 1},
-                           half ? (const void *)m->bf : m->data, half, half ? NULL : m->storage};
+  return (flow_onednn_mat){4, {nb, H, rows, cols}, {m->sb, m->sh, t ? 1 : m->ld, t ? m->ld : 1}, m->data};
 }
 
 /* C[b, h] = alpha op(A[b, h]) op(B[b, h]) + beta C[b, h] for b < nb, h < H: C [M, N], op(A) [M, K],
  * op(B) [K, N], op transposing when ta / tb. float32: one batched oneDNN matmul. */
 static int heads_gemm_f32(int64_t nb, int64_t H, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                           const heads *A, const heads *B, float beta, const heads *C) {
-  heads out = *C;
-  out.bf = NULL;   /* C is written in float32 (bf16 when it holds bf16); its twin, if any, is filled after */
-  flow_onednn_mat a = heads_mat(A, nb, H, M, K, ta), b = heads_mat(B, nb, H, K, N, tb), c = heads_mat(&out, nb, H, M, N, false);
-  c.bf16 = out.es == 2;
+  flow_onednn_mat a = heads_mat(A, nb, H, M, K, ta), b = heads_mat(B, nb, H, K, N, tb), c = heads_mat(C, nb, H, M, N, false);
   return flow_onednn_gemm("scaled_dot_product_attention", &a, &b, &c, NULL, alpha, beta);
 }
 
@@ -155,51 +127,33 @@ static int team_of(const dims *d, flow_dtype dt) {
   return t < d->B ? t : (int)d->B;
 }
 
-/* Under bf16 autocast, m's bf16 twin: the whole [B, H, rows, cols] operand rounded once (through the
- * bf16 cache, so the backward finds the forward's), before the team starts (its threads are outside
- * the caller's autocast region). The tensor returned holds the twin. */
-static flow_tensor *twin_of(heads *m, const dims *d, int64_t rows, int64_t cols) {
-  flow_onednn_mat mat = heads_mat(m, d->B, d->H, rows, cols, false), out;
-  /* a bfloat16 operand's twin is a dense copy of it, cached only inside an autocast region (the
-   * cache's copies are valid within one: a plan's registers change between steps unversioned) */
-  mat.bf16 = m->es == 2;
-  if (mat.bf16 && flow_autocast_dtype() == FLOW_F32) mat.storage = NULL;
-  flow_tensor *h = flow_onednn_to_bf16("scaled_dot_product_attention", &mat, &out);
-  if (h) *m = (heads){m->data, m->sb, m->sh, m->ld, m->es, m->storage, (uint16_t *)out.data, out.strides[0],
-                      out.strides[1], out.strides[2]};
-  return h;
-}
-
-/* One group of nb batch items from b0 on, with a thread's own score scratch (and its bf16 twin). */
-typedef int (*group_fn)(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx);
+/* One group of nb batch items from b0 on, with a thread's own score scratch. */
+typedef int (*group_fn)(int64_t b0, int64_t nb, void *scratch, void *ctx);
 
 /* Thread me of of's batch items, in groups of G, with its own part of the scratch. 0, or -1 with the
  * error set. */
-static int team_part(int me, int of, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16,
-                     group_fn fn, void *ctx) {
+static int team_part(int me, int of, const dims *d, int64_t G, int64_t n, flow_tensor *st, group_fn fn, void *ctx) {
   size_t es = flow_dtype_size(st->dtype);
   void *scratch = (char *)flow_tensor_data(st) + me * n * (int64_t)es;
-  uint16_t *scratch16 = st16 ? (uint16_t *)flow_tensor_data(st16) + me * n : NULL;
   int r = 0;
   for (int64_t b0 = d->B * me / of, end = d->B * (me + 1) / of; r == 0 && b0 < end; b0 += G)
-    r = fn(b0, end - b0 < G ? end - b0 : G, scratch, scratch16, ctx);
+    r = fn(b0, end - b0 < G ? end - b0 : G, scratch, ctx);
   return r;
 }
 
 /* The batch items in groups of G, each thread of a team of t taking its own share with its own n
- * elements of scratch (st and st16 hold t of them): fn per group. The first error of any thread
+ * elements of scratch (st holds t of them): fn per group. The first error of any thread
  * ends up on the calling thread. A team of one runs on this thread outside any parallel region:
  * inside one (even an inactive `if (0)` one), each GEMM's pieces would open a nested team, and
  * libgomp made new threads for each (a batch of one on 2 threads, or on 1 whose OpenMP default is
  * 2, ran 3x slower). */
-static int run_team(int t, const dims *d, int64_t G, int64_t n, flow_tensor *st, flow_tensor *st16, group_fn fn,
-                    void *ctx) {
-  if (t <= 1) return team_part(0, 1, d, G, n, st, st16, fn, ctx);
+static int run_team(int t, const dims *d, int64_t G, int64_t n, flow_tensor *st, group_fn fn, void *ctx) {
+  if (t <= 1) return team_part(0, 1, d, G, n, st, fn, ctx);
   bool failed = false;
   char msg[FLOW_ERROR_MAX] = "";
 #pragma omp parallel num_threads(t)
   {
-    if (team_part(omp_get_thread_num(), omp_get_num_threads(), d, G, n, st, st16, fn, ctx) != 0) {
+    if (team_part(omp_get_thread_num(), omp_get_num_threads(), d, G, n, st, fn, ctx) != 0) {
 #pragma omp critical(flow_attention_error)
       if (!failed) {
         failed = true;
@@ -219,65 +173,53 @@ typedef struct attention_job {
   bool causal, f32;
 } attention_job;
 
-static int forward_group(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx) {
+static int forward_group(int64_t b0, int64_t nb, void *scratch, void *ctx) {
   const attention_job *j = ctx;
   heads g[5];
   for (int i = 0; i < 5; i++) g[i] = heads_at(j->g[i], b0, 0);
   if (j->f32)
-    return attention_forward_f32(&g[0], &g[1], &g[2], &g[3], &g[4], scratch, scratch16, nb, &j->d, (float)j->scale,
-                                 j->causal);
-  return attention_forward_f64(&g[0], &g[1], &g[2], &g[3], &g[4], scratch, NULL, nb, &j->d, j->scale, j->causal);
+    return attention_forward_f32(&g[0], &g[1], &g[2], &g[3], &g[4], scratch, nb, &j->d, (float)j->scale, j->causal);
+  return attention_forward_f64(&g[0], &g[1], &g[2], &g[3], &g[4], scratch, nb, &j->d, j->scale, j->causal);
 }
 
-static int backward_group(int64_t b0, int64_t nb, void *scratch, uint16_t *scratch16, void *ctx) {
+static int backward_group(int64_t b0, int64_t nb, void *scratch, void *ctx) {
   const attention_job *j = ctx;
   heads g[10];
   for (int i = 0; i < 10; i++) g[i] = heads_at(j->g[i], b0, 0);
-  if (j->f32) return attention_backward_f32(g, scratch, scratch16, nb, &j->d, (float)j->scale, j->causal);
-  return attention_backward_f64(g, scratch, NULL, nb, &j->d, j->scale, j->causal);
+  if (j->f32) return attention_backward_f32(g, scratch, nb, &j->d, (float)j->scale, j->causal);
+  return attention_backward_f64(g, scratch, nb, &j->d, j->scale, j->causal);
 }
 
-/* bfloat16 q, k, v (and o, dout in the backward): the GEMMs read their bf16 twins, dense copies
- * (cached inside an autocast region, so the backward finds the forward's), and the row loops widen
- * the rows of o and dout they read; o and dq are written in bf16 by their GEMMs, dk and dv summed
- * over query blocks in float32 and rounded once at the end. */
-static flow_tensor *wide_like(const flow_tensor *t) { return flow_tensor_new(FLOW_F32, t->device, t->ndim, t->shape); }
-
-/* float16 has no path here, nor bf16 without AVX512-BF16 or with heads over MAX_HALF_D: float32
- * copies (FLOW_KERNEL_F32) */
-static bool needs_f32(const flow_tensor *q, const flow_tensor *v) {
-  bool big = v->shape[3] > MAX_HALF_D || q->shape[3] > MAX_HALF_D;
-  return q->dtype == FLOW_F16 || (q->dtype == FLOW_BF16 && (!flow_onednn_bf16_native() || big));
+/* Where a call runs: bfloat16 tensors, and float32 ones under bf16 autocast, on AVX512-BF16 in
+ * attention_bf16.c; float16, and bfloat16 without AVX512-BF16, on float32 copies (FLOW_KERNEL_F32);
+ * the rest here. */
+enum { HERE = 0, IN_BF16 = -2 };
+static int route_of(const flow_tensor *q) {
+  if (q->dtype == FLOW_F16 || (q->dtype == FLOW_BF16 && !flow_onednn_bf16_native())) return FLOW_KERNEL_F32;
+  return q->dtype == FLOW_BF16 || (q->dtype == FLOW_F32 && flow_onednn_bf16()) ? IN_BF16 : HERE;
 }
 
 int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                const flow_tensor *v, double scale, bool causal) {
-  if (needs_f32(q, v)) return FLOW_KERNEL_F32;
-  bool own = q->dtype == FLOW_BF16;                       /* bf16 operands */
-  flow_dtype real = own ? FLOW_F32 : q->dtype;
+  int route = route_of(q);
+  if (route == FLOW_KERNEL_F32) return route;
+  if (route == IN_BF16) return flow_cpu_attention_forward_bf16(o, lse, q, k, v, scale, causal);
   heads m[3] = {{0}};
-  flow_tensor *tmp[3] = {NULL}, *twin[3] = {NULL};
+  flow_tensor *tmp[3] = {NULL};
   const flow_tensor *in[3] = {q, k, v};
   dims d = dims_of(q, v);
-  size_t es = flow_dtype_size(real);
-  bool half = own || (q->dtype == FLOW_F32 && flow_onednn_bf16());
-  int t = team_of(&d, real);
+  size_t es = flow_dtype_size(q->dtype);
+  int t = team_of(&d, q->dtype);
   int64_t G = group_of(&d, 1, es), n = G * d.H * BLOCK * d.Tk;
-  flow_tensor *st = scratch_new(real, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
-  int rc = st && (st16 || !half) ? 0 : -1;
+  flow_tensor *st = scratch_new(q->dtype, t * n);
+  int rc = st ? 0 : -1;
   for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
-  for (int i = 0; rc == 0 && half && i < 3; i++)
-    if (!(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
-  attention_job job = {{dense_heads(flow_tensor_data(o), NULL, d.H, d.Tq, d.Dv, flow_dtype_size(o->dtype)),
-                        dense_heads(flow_tensor_data(lse), NULL, d.H, d.Tq, 1, es), m[0], m[1], m[2]},
-                       d, scale, causal, real == FLOW_F32};
-  if (rc == 0) rc = run_team(t, &d, G, n, st, st16, forward_group, &job);
+  attention_job job = {{dense_heads(flow_tensor_data(o), d.H, d.Tq, d.Dv, es), dense_heads(flow_tensor_data(lse), d.H, d.Tq, 1, es),
+                        m[0], m[1], m[2]},
+                       d, scale, causal, q->dtype == FLOW_F32};
+  if (rc == 0) rc = run_team(t, &d, G, n, st, forward_group, &job);
   flow_tensor_decref(st);
-  flow_tensor_decref(st16);
-  for (int i = 0; i < 3; i++) {
-    flow_tensor_decref(tmp[i]);
-    flow_tensor_decref(twin[i]);
-  }
+  for (int i = 0; i < 3; i++) flow_tensor_decref(tmp[i]);
   return rc;
 }
 
@@ -285,42 +227,28 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal) {
-  if (needs_f32(q, v)) return FLOW_KERNEL_F32;
-  bool own = q->dtype == FLOW_BF16;
-  flow_dtype real = own ? FLOW_F32 : q->dtype;
+  int route = route_of(q);
+  if (route == FLOW_KERNEL_F32) return route;
+  if (route == IN_BF16) return flow_cpu_attention_backward_bf16(dq, dk, dv, q, k, v, o, lse, dout, dlse, scale, causal);
   heads m[5] = {{0}};
-  flow_tensor *tmp[7] = {NULL}, *twin[5] = {NULL};
-  flow_tensor *dk32 = own ? wide_like(dk) : NULL, *dv32 = own ? wide_like(dv) : NULL;   /* summed over blocks */
+  flow_tensor *tmp[7] = {NULL};
   const flow_tensor *in[5] = {q, k, v, o, dout};
   dims d = dims_of(q, v);
-  size_t es = flow_dtype_size(real);
-  bool half = own || (q->dtype == FLOW_F32 && flow_onednn_bf16());
-  int t = team_of(&d, real);
+  size_t es = flow_dtype_size(q->dtype);
+  int t = team_of(&d, q->dtype);
   int64_t G = group_of(&d, 2, es), n = 2 * G * d.H * BLOCK * d.Tk;
-  flow_tensor *st = scratch_new(real, t * n), *st16 = half && st ? scratch_new(FLOW_BF16, t * n) : NULL;
-  int rc = st && (st16 || !half) && (!own || (dk32 && dv32)) ? 0 : -1;
+  flow_tensor *st = scratch_new(q->dtype, t * n);
+  int rc = st ? 0 : -1;
   for (int i = 0; rc == 0 && i < 5; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
-  /* o only feeds the row loops (D = dO . O), never a GEMM: no twin */
-  for (int i = 0; rc == 0 && half && i < 5; i++)
-    if (i != 3 && !(twin[i] = twin_of(&m[i], &d, in[i]->shape[2], in[i]->shape[3]))) rc = -1;
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
-  const flow_tensor *kout = own ? dk32 : dk, *vout = own ? dv32 : dv;
-  attention_job job = {{dense_heads(flow_tensor_data(dq), NULL, d.H, d.Tq, d.D, flow_dtype_size(dq->dtype)),
-                        dense_heads(rc == 0 ? flow_tensor_data(kout) : NULL, NULL, d.H, d.Tk, d.D, es),
-                        dense_heads(rc == 0 ? flow_tensor_data(vout) : NULL, NULL, d.H, d.Tk, d.Dv, es), m[0], m[1],
-                        m[2], m[3], dense_heads((void *)lp, NULL, d.H, d.Tq, 1, es), m[4],
-                        dense_heads((void *)dlp, NULL, d.H, d.Tq, 1, es)},
-                       d, scale, causal, real == FLOW_F32};
-  if (rc == 0) rc = run_team(t, &d, G, n, st, st16, backward_group, &job);
-  if (rc == 0 && own) rc = flow_cpu_copy(dk, dk32);
-  if (rc == 0 && own) rc = flow_cpu_copy(dv, dv32);
+  attention_job job = {{dense_heads(flow_tensor_data(dq), d.H, d.Tq, d.D, es), dense_heads(flow_tensor_data(dk), d.H, d.Tk, d.D, es),
+                        dense_heads(flow_tensor_data(dv), d.H, d.Tk, d.Dv, es), m[0], m[1], m[2], m[3],
+                        dense_heads((void *)lp, d.H, d.Tq, 1, es), m[4], dense_heads((void *)dlp, d.H, d.Tq, 1, es)},
+                       d, scale, causal, q->dtype == FLOW_F32};
+  if (rc == 0) rc = run_team(t, &d, G, n, st, backward_group, &job);
   flow_tensor_decref(st);
-  flow_tensor_decref(st16);
-  flow_tensor_decref(dk32);
-  flow_tensor_decref(dv32);
   for (int i = 0; i < 7; i++) flow_tensor_decref(tmp[i]);
-  for (int i = 0; i < 5; i++) flow_tensor_decref(twin[i]);
   return rc;
 }
 
@@ -329,14 +257,6 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
 /* Row i of head (b, h) of m. */
 static real *GEN(row)(const heads *m, int64_t b, int64_t h, int64_t i) {
   return (real *)m->data + b * m->sb + h * m->sh + i * m->ld;
-}
-
-/* The same row of n elements to read: m's own when m holds reals, else (a bfloat16 operand's,
- * float32 calls only) widened into buf */
-static const real *GEN(row_in)(const heads *m, int64_t b, int64_t h, int64_t i, real *buf, int64_t n) {
-  if (m->es == sizeof(real)) return GEN(row)(m, b, h, i);
-  flow_cpu_widen_half((float *)buf, m->data + (b * m->sb + h * m->sh + i * m->ld) * 2, 2, n, FLOW_BF16);
-  return buf;
 }
 
 /* The per-row work of the blocks below, on the CPU's widest vectors (FLOW_CPU_DISPATCH: the loops
@@ -377,14 +297,13 @@ FLOW_CPU_DISPATCH static void GEN(ds_row)(real *dp, const real *p, const real *g
 /* nb batch items of every head: for each block of query rows,
  *   S = scale * Q K^T,  row i sees keys j < lim(i) (lim = i + 1 when causal, else Tk),
  *   lse_i = log sum_j exp S_ij,  P = exp(S - lse) (0 beyond lim),  O = P V.
- * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch, S16 its bf16 twin (or NULL) that the P V
- * GEMM reads. Tk >= 1 and D >= 1 (the op checks), so every row sees at least one key. */
+ * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch. Tk >= 1 and D >= 1 (the op checks), so every row sees at least one key. */
 static int GEN(attention_forward)(const heads *o, const heads *lse, const heads *q, const heads *k, const heads *v,
-                                  real *S, uint16_t *S16, int64_t nb, const dims *d, real scale, bool causal) {
+                                  real *S, int64_t nb, const dims *d, real scale, bool causal) {
   int64_t H = d->H;
   for (int64_t r0 = 0; r0 < d->Tq; r0 += BLOCK) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, d->Tk, causal);
-    heads hs = dense_heads(S, S16, H, br, nk, sizeof(real)), qb = heads_at(*q, 0, r0);
+    heads hs = dense_heads(S, H, br, nk, sizeof(real)), qb = heads_at(*q, 0, r0);
     if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &hs)) return -1;
     int t = flow_cpu_threads(nb * H * br * nk, FLOW_GRAIN_COSTLY); /* rows are independent: same bits */
 #pragma omp parallel for collapse(2) num_threads(t) if (t > 1)
@@ -393,7 +312,6 @@ static int GEN(attention_forward)(const heads *o, const heads *lse, const heads 
         for (int64_t i = 0; i < br; i++) {
           real *s = GEN(row)(&hs, b, h, i);
           *GEN(row)(lse, b, h, r0 + i) = GEN(prob_row)(s, causal ? r0 + i + 1 : nk, nk);
-          GEN(keep_bf16)(&hs, b, h, i, s, nk);
         }
     heads ob = heads_at(*o, 0, r0);
     if (d->Dv > 0 && GEN(heads_gemm)(nb, H, false, false, br, d->Dv, nk, 1, &hs, v, 0, &ob)) return -1;
@@ -405,9 +323,8 @@ static int GEN(attention_forward)(const heads *o, const heads *lse, const heads 
  * and dlse the gradient of lse (d lse_i / d S_ij = P_ij):
  *   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - Di + dlse_i),  dQ = scale * dS K,  dK += scale * dS^T Q.
  * g: dq, dk, dv (dense), q, k, v, o, lse, dout, dlse. S holds two [nb, H, BLOCK, Tk] scratches (P and
- * dP, then dS in its place), S16 their bf16 twins (or NULL) that the GEMMs after them read. */
-static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64_t nb, const dims *d, real scale,
-                                   bool causal) {
+ * dP, then dS in its place). */
+static int GEN(attention_backward)(const heads *g, real *S, int64_t nb, const dims *d, real scale, bool causal) {
   const heads *dq = &g[0], *dk = &g[1], *dv = &g[2], *q = &g[3], *k = &g[4], *v = &g[5], *o = &g[6], *lse = &g[7],
               *dout = &g[8], *dlse = &g[9];
   int64_t H = d->H, Tk = d->Tk;
@@ -422,7 +339,7 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
   for (int64_t r0 = (d->Tq - 1) / BLOCK * BLOCK; r0 >= 0; r0 -= BLOCK, into = 1) {
     int64_t br = d->Tq - r0 < BLOCK ? d->Tq - r0 : BLOCK, nk = keys_for(r0, br, Tk, causal);
     int64_t sz = nb * H * br * nk;
-    heads P = dense_heads(S, S16, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, S16 ? S16 + sz : NULL, H, br, nk, sizeof(real));
+    heads P = dense_heads(S, H, br, nk, sizeof(real)), dP = dense_heads(S + sz, H, br, nk, sizeof(real));
     heads qb = heads_at(*q, 0, r0), db = heads_at(*dout, 0, r0), dqb = heads_at(*dq, 0, r0);
     if (GEN(heads_gemm)(nb, H, false, true, br, nk, d->D, scale, &qb, k, 0, &P)) return -1;
     int t = flow_cpu_threads(nb * H * br * nk, FLOW_GRAIN_COSTLY); /* rows are independent: same bits */
@@ -434,7 +351,6 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
           int64_t lim = causal ? r0 + i + 1 : nk;
           GEN(flow_cpu_exp_shift)(p, p, lim, *GEN(row)(lse, b, h, r0 + i));
           memset(p + lim, 0, (size_t)(nk - lim) * sizeof(real));
-          GEN(keep_bf16)(&P, b, h, i, p, nk);
         }
     if (d->Dv > 0) {
       if (GEN(heads_gemm)(nb, H, true, false, nk, d->Dv, br, 1, &P, &db, into, dv)) return -1;
@@ -446,10 +362,9 @@ static int GEN(attention_backward)(const heads *g, real *S, uint16_t *S16, int64
     for (int64_t b = 0; b < nb; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < br; i++) {
-          real *dp = GEN(row)(&dP, b, h, i), gbuf[MAX_HALF_D], obuf[MAX_HALF_D];
-          GEN(ds_row)(dp, GEN(row)(&P, b, h, i), GEN(row_in)(&db, b, h, i, gbuf, d->Dv),
-                      GEN(row_in)(o, b, h, r0 + i, obuf, d->Dv), d->Dv, nk, *GEN(row)(dlse, b, h, r0 + i));
-          GEN(keep_bf16)(&dP, b, h, i, dp, nk);
+          real *dp = GEN(row)(&dP, b, h, i);
+          GEN(ds_row)(dp, GEN(row)(&P, b, h, i), GEN(row)(&db, b, h, i), GEN(row)(o, b, h, r0 + i), d->Dv, nk,
+                      *GEN(row)(dlse, b, h, r0 + i));
         }
     if (GEN(heads_gemm)(nb, H, false, false, br, d->D, nk, scale, &dP, k, 0, &dqb)) return -1;
     if (GEN(heads_gemm)(nb, H, true, false, nk, d->D, br, scale, &dP, &qb, into, dk)) return -1;

@@ -40,6 +40,14 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
                                 const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                 const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
                                 double scale, bool causal);
+/* The same in bf16 on AVX512-BF16 (attention_bf16.c), for bfloat16 tensors and float32 ones under bf16
+ * autocast: callers check flow_onednn_bf16_native(), Tq >= 1 and Dv >= 1 first. */
+int flow_cpu_attention_forward_bf16(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
+                                    const flow_tensor *v, double scale, bool causal);
+int flow_cpu_attention_backward_bf16(flow_tensor *dq, flow_tensor *dk, flow_tensor *dv, const flow_tensor *q,
+                                     const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
+                                     const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
+                                     double scale, bool causal);
 
 /* One AdamW step (PyTorch's formula) on p, m and v in place; all four tensors share a shape. */
 typedef struct flow_adamw_hyper {

@@ -1,0 +1,433 @@
+/* Scaled dot-product attention on AVX512-BF16: under bf16 autocast (float32 tensors) and for
+ * bfloat16 tensors, one (batch, head) at a time, each product on our own register-tiled kernel of
+ * VDPBF16PS. A head of the benchmark GPT is [128, 32]: oneDNN's GEMMs on such blocks spent as long
+ * packing their operands as multiplying (its copy kernels were 40% of attention's GEMM time), and
+ * each operand was rounded to bf16 in a pass of its own first. Here a head's q, k, v (and dO) are
+ * rounded once, into the layouts the products read, and stay in L1 with the [64, Tk] block of
+ * scores, probabilities and dS. The maths is that of attention.c's float32 kernels (same blocks of
+ * query rows, same log-sum-exp; q, k, v, dO, P and dS rounded to bf16 for the products, float32
+ * accumulation), as oneDNN's bf16 GEMMs ran it before: the same bits on the benchmark's shapes.
+ * A layer of the benchmark GPT (B8 H8 T128 D32, causal), forward and backward, one thread: 3.9 ms
+ * on oneDNN's bf16 GEMMs, 3.1 ms here (float32: 4.5), in one run.
+ *
+ * Two things cost more than the arithmetic on this CPU (AMD, AVX-512 on 256-bit units): a masked
+ * load that misses the cache (so whole vectors move unmasked, load_n), and a row read back right
+ * after narrower stores to it (exp's), which cannot forward: each loop over a block's rows finishes
+ * before the next reads them.
+ *
+ * A product reads its operands as 32-bit words, each a pair of bf16 along the summed axis (what
+ * VDPBF16PS multiplies and adds into one float32 lane):
+ *   rows   [R][C2]   a matrix's rows, pairs along its columns (plain bf16 row-major, C even);
+ *   tpairs [C2][ldw] the same words transposed: pairs along columns, one row per lane;
+ *   rpairs [R2][ldw] pairs along rows: word (r2, c) = (x[2 r2][c], x[2 r2 + 1][c]).
+ * B operands are tpairs or rpairs with ldw a multiple of 16 and zeros beyond their columns.
+ * Everything here is compiled for AVX-512 with BF16: callers check flow_onednn_bf16_native() first. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../../core/dtype.h"
+#include "../../core/error.h"
+#include "cpu.h"
+#include "iter.h"
+#include "nn.h"
+#include "onednn.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+
+/* Query rows per block (even: blocks start on a pair). */
+#define BQ 64
+/* Rows ahead that pack_rows fetches. */
+#define PREFETCH 16
+
+static int64_t up16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+static int64_t half_up(int64_t n) { return (n + 1) / 2; }
+static __mmask16 mask_of(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+/* The n (>= 1) floats from p, up to 16: a masked move only for a part of a vector (masked loads
+ * cost far more here than plain ones when they miss the cache, and a masked store forwards to no
+ * load after it). */
+static inline __m512 load_n(const float *p, int64_t n) {
+  return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask_of(n), p);
+}
+static inline void store_n(float *p, __m512 x, int64_t n) {
+  if (n >= 16) _mm512_storeu_ps(p, x);
+  else _mm512_mask_storeu_ps(p, mask_of(n), x);
+}
+
+/* ---- the product ------------------------------------------------------------------------------ */
+
+/* One tile of C: MR rows by NV vectors of 16 columns, `last` of them in the last vector:
+ * C = alpha sum_k A(m, k) . B[k][n] (+ C when acc), A(m, k) = a[m am + k ak]. */
+static inline __attribute__((always_inline)) void tile(const int MR, const int NV, int64_t K2, const uint32_t *a,
+                                                       int64_t am, int64_t ak, const uint32_t *b, int64_t ldb,
+                                                       float *c, int64_t ldc, float alpha, bool acc,
+                                                       int64_t last) {
+  __m512 s[12][4];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) s[i][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K2; k++) {
+    __m512bh bv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) bv[v] = (__m512bh)_mm512_loadu_si512(b + k * ldb + 16 * v);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) {
+      __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * am + k * ak]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) s[i][v] = _mm512_dpbf16_ps(s[i][v], av, bv[v]);
+    }
+  }
+  __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+      float *p = c + i * ldc + 16 * v;
+      int64_t n = v < NV - 1 ? 16 : last;
+      __m512 r = _mm512_mul_ps(s[i][v], al);
+      if (acc) r = _mm512_add_ps(r, load_n(p, n));
+      store_n(p, r, n);
+    }
+}
+
+/* C [M, N] (leading dimension ldc) = alpha A B (+ C when acc), summing K2 pairs: A(m, k) =
+ * a[m am + k ak], B [K2][ldb] words with zeros from column N to the next multiple of 16. Column
+ * blocks of 64 outside (a block of B stays in L1), row tiles inside: 6 rows of 4 vectors, 8 of 3, 12
+ * of 2 or 1 (24-27 accumulators of the 32 registers). */
+static void product(int64_t M, int64_t N, int64_t K2, const uint32_t *a, int64_t am, int64_t ak, const uint32_t *b,
+                    int64_t ldb, float *c, int64_t ldc, float alpha, bool acc) {
+  for (int64_t n0 = 0; n0 < N; n0 += 64) {
+    int64_t nn = N - n0 < 64 ? N - n0 : 64;
+    int nv = (int)((nn + 15) / 16), mmax = nv == 4 ? 6 : nv == 3 ? 8 : 12;
+    int64_t last = nn - 16 * (nv - 1);
+    for (int64_t m0 = 0; m0 < M; m0 += mmax) {
+      int mr = M - m0 < mmax ? (int)(M - m0) : mmax;
+      const uint32_t *ap = a + m0 * am, *bp = b + n0;
+      float *cp = c + m0 * ldc + n0;
+#define T(R, V)                                                                                  \
+  case R * 8 + V:                                                                                \
+    tile(R, V, K2, ap, am, ak, bp, ldb, cp, ldc, alpha, acc, last);                              \
+    break;
+#define T4(R) T(R, 1) T(R, 2) T(R, 3) T(R, 4)
+#define T2(R) T(R, 1) T(R, 2)
+      switch (mr * 8 + nv) {
+        T4(1) T4(2) T4(3) T4(4) T4(5) T4(6)
+        T(7, 1) T(7, 2) T(7, 3) T(8, 1) T(8, 2) T(8, 3)
+        T2(9) T2(10) T2(11) T2(12)
+      }
+#undef T
+#undef T4
+#undef T2
+    }
+  }
+}
+
+/* ---- packing ---------------------------------------------------------------------------------- */
+
+/* One head's [rows, cols] matrix of a tensor: element (r, c) at p + (r sr + c sc) elements. */
+typedef struct mat {
+  const char *p;
+  int64_t sr, sc;
+  bool bf16;
+} mat;
+
+static mat head_of(const flow_tensor *t, int64_t b, int64_t h) {
+  size_t es = flow_dtype_size(t->dtype);
+  return (mat){(const char *)flow_tensor_data(t) + (b * t->stride[0] + h * t->stride[1]) * (int64_t)es,
+               t->stride[2], t->stride[3], t->dtype == FLOW_BF16};
+}
+
+/* Row r of m as float32: m's own row when it is one, else widened into buf. */
+static const float *row_f32(const mat *m, int64_t r, int64_t n, float *buf) {
+  const char *p = m->p + r * m->sr * (m->bf16 ? 2 : 4);
+  if (!m->bf16 && m->sc == 1) return (const float *)p;
+  if (m->bf16) flow_cpu_widen_half(buf, p, m->sc * 2, n, FLOW_BF16);
+  else
+    for (int64_t c = 0; c < n; c++) buf[c] = ((const float *)p)[c * m->sc];
+  return buf;
+}
+
+/* dst[j] = bf16(x[j] * s) for j < n, zeros from n to pad. */
+static void round_scaled(uint16_t *dst, const float *x, float s, int64_t n, int64_t pad) {
+  __m512 sv = _mm512_set1_ps(s);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + j), sv)));
+  if (j < n)
+    _mm256_mask_storeu_epi16(dst + j, mask_of(n - j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(load_n(x + j, n - j), sv)));
+  memset(dst + n, 0, (size_t)(pad - n) * 2);
+}
+
+/* rows: m's R rows of C columns in bf16, ld (even) apart, zeros from C to ld. A head's row is
+ * short (32 elements in the benchmark GPT): rounded inline, one call per row cost more. */
+static void pack_rows(uint16_t *dst, int64_t ld, const mat *m, int64_t R, int64_t C) {
+  int64_t es = m->bf16 ? 2 : 4, bytes = C * m->sc * es;
+  for (int64_t r = 0; r < R; r++) {
+    uint16_t *o = dst + r * ld;
+    const char *p = m->p + r * m->sr * es;
+    if (r + PREFETCH < R)   /* the rows of a head are far apart (a projection's): no prefetcher follows them */
+      for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + PREFETCH * m->sr * es + b, _MM_HINT_T0);
+    if (m->bf16 && m->sc == 1) {
+      memcpy(o, p, (size_t)C * 2);
+      memset(o + C, 0, (size_t)(ld - C) * 2);
+    } else if (m->sc == 1) {
+      round_scaled(o, (const float *)p, 1, C, ld);
+    } else {
+      for (int64_t c = 0; c < C; c++)
+        o[c] = m->bf16 ? ((const uint16_t *)p)[c * m->sc] : flow_float_to_bf16(((const float *)p)[c * m->sc]);
+      memset(o + C, 0, (size_t)(ld - C) * 2);
+    }
+  }
+}
+
+/* tpairs [C2][ldw] from rows [R][C2]; zeros from R to ldw. */
+static void pack_tpairs(uint32_t *dst, int64_t ldw, const uint32_t *rows, int64_t R, int64_t C2) {
+  for (int64_t c = 0; c < C2; c++) {
+    uint32_t *o = dst + c * ldw;
+    for (int64_t r = 0; r < R; r++) o[r] = rows[r * C2 + c];
+    memset(o + R, 0, (size_t)(ldw - R) * 4);
+  }
+}
+
+/* Words (x[j], y[j]) for j < n, zeros from n to pad: from bf16 rows (y NULL: zeros). */
+static void pair16(uint32_t *w, const uint16_t *x, const uint16_t *y, int64_t n, int64_t pad) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 k = mask_of(n - j);
+    if (k == 0xffff) {   /* plain moves where they can (load_n) */
+      __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + j)));
+      __m512i hi = y ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(y + j))) : _mm512_setzero_si512();
+      _mm512_storeu_si512(w + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      continue;
+    }
+    __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, x + j));
+    __m512i hi = y ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, y + j)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(w + j, k, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+  memset(w + n, 0, (size_t)(pad - n) * 4);
+}
+
+/* The same from float32 rows, each element rounded (as VCVTNEPS2BF16 rounds, oneDNN's reorder). */
+static void pair32(uint32_t *w, const float *x, const float *y, int64_t n, int64_t pad) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 k = mask_of(n - j);
+    __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(load_n(x + j, n - j)));
+    __m512i hi = y ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(load_n(y + j, n - j))) : _mm512_setzero_si512();
+    __m512i x2 = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    if (k == 0xffff) _mm512_storeu_si512(w + j, x2);
+    else _mm512_mask_storeu_epi32(w + j, k, x2);
+  }
+  memset(w + n, 0, (size_t)(pad - n) * 4);
+}
+
+/* rpairs [half_up(R)][ldw] from bf16 rows [R][ld16] of C columns. */
+static void pack_rpairs(uint32_t *dst, int64_t ldw, const uint16_t *rows, int64_t ld16, int64_t R, int64_t C) {
+  for (int64_t r = 0; r < R; r += 2)
+    pair16(dst + r / 2 * ldw, rows + r * ld16, r + 1 < R ? rows + (r + 1) * ld16 : NULL, C, ldw);
+}
+
+/* n float32 into an output row of dtype bf16 (rounded as casts round) or float32. */
+static void put_row(void *dst, bool bf16, const float *src, int64_t n) {
+  if (bf16) flow_cpu_narrow_half(dst, 2, src, n, FLOW_BF16);
+  else memcpy(dst, src, (size_t)n * 4);
+}
+
+/* ---- one call --------------------------------------------------------------------------------- */
+
+typedef struct sizes {
+  int64_t B, H, Tq, Tk, D, Dv;
+  int64_t D2, Dv2, Tkp, Dp, Dvp;   /* pairs of D and Dv; Tk, D, Dv up to multiples of 16 */
+} sizes;
+
+static sizes sizes_of(const flow_tensor *q, const flow_tensor *v) {
+  sizes z = {q->shape[0], q->shape[1], q->shape[2], v->shape[2], q->shape[3], v->shape[3]};
+  z.D2 = half_up(z.D);
+  z.Dv2 = half_up(z.Dv);
+  z.Tkp = up16(z.Tk);
+  z.Dp = up16(z.D);
+  z.Dvp = up16(z.Dv);
+  return z;
+}
+
+/* Per-thread scratch in 4-byte words, from the tensor allocator (memory already touched); t of them. */
+static flow_tensor *scratch(int t, int64_t words, const char *op) {
+  int64_t n = t * words;
+  flow_tensor *s = flow_tensor_new(FLOW_F32, FLOW_DEVICE_CPU, 1, &n);
+  if (!s) flow_error_prefix("%s", op);
+  return s;
+}
+
+static int threads_for(const sizes *z) {
+  int t = flow_cpu_threads(z->B * z->H * z->Tq * (z->Tk + z->D), FLOW_GRAIN_COSTLY);
+  t = t < z->B * z->H ? t : (int)(z->B * z->H);
+  return t < 1 ? 1 : t;
+}
+
+/* Forward of head (b, h), per block of query rows: S = scale Q K^T, P = softmax(S) (keys j <= i when
+ * causal), lse = log sum exp S, O = P V. */
+static void forward_head(flow_tensor *o, float *lse, const flow_tensor *q, const flow_tensor *k,
+                         const flow_tensor *v, const sizes *z, float scale, bool causal, int64_t b, int64_t h,
+                         uint32_t *w) {
+  int64_t Tq = z->Tq, Tk = z->Tk;
+  uint32_t *qw = w, *kr = qw + Tq * z->D2, *kd = kr + Tk * z->D2, *vt = kd + z->D2 * z->Tkp;
+  uint16_t *vr = (uint16_t *)(vt + half_up(Tk) * z->Dvp);
+  float *S = (float *)(vr + Tk * 2 * z->Dv2), *ob = S + BQ * z->Tkp;
+  uint16_t *P = (uint16_t *)(ob + BQ * z->Dv);
+  float *inv = (float *)P + BQ * (z->Tkp / 2 + 1);   /* 1 / sum of each row */
+  mat mq = head_of(q, b, h), mk = head_of(k, b, h), mv = head_of(v, b, h);
+  pack_rows((uint16_t *)qw, 2 * z->D2, &mq, Tq, z->D);
+  pack_rows((uint16_t *)kr, 2 * z->D2, &mk, Tk, z->D);
+  pack_tpairs(kd, z->Tkp, kr, Tk, z->D2);
+  pack_rows(vr, 2 * z->Dv2, &mv, Tk, z->Dv);
+  pack_rpairs(vt, z->Dvp, vr, 2 * z->Dv2, Tk, z->Dv);
+  bool bf = o->dtype == FLOW_BF16;
+  char *obase = (char *)flow_tensor_data(o) + (b * z->H + h) * Tq * z->Dv * (bf ? 2 : 4);
+  float *lrow = lse + (b * z->H + h) * Tq;
+  for (int64_t i0 = 0; i0 < Tq; i0 += BQ) {
+    int64_t br = Tq - i0 < BQ ? Tq - i0 : BQ, nk = causal ? i0 + br : Tk, nk2 = half_up(nk);
+    product(br, nk, z->D2, qw + i0 * z->D2, z->D2, 1, kd, z->Tkp, S, z->Tkp, scale, false);
+    /* every row's exponentials first, then their rounding: a row read back straight after its
+     * stores waited for them (the loads are wider than exp's stores, so nothing forwards) */
+    for (int64_t i = 0; i < br; i++) {
+      float *s = S + i * z->Tkp;
+      int64_t lim = causal ? i0 + i + 1 : nk;
+      float m = flow_cpu_row_max_f32(s, lim), sum = flow_cpu_exp_shift_f32(s, s, lim, m);
+      lrow[i0 + i] = m + logf(sum);
+      inv[i] = 1 / sum;
+    }
+    for (int64_t i = 0; i < br; i++)
+      round_scaled(P + i * 2 * nk2, S + i * z->Tkp, inv[i], causal ? i0 + i + 1 : nk, 2 * nk2);
+    float *out = bf ? ob : (float *)obase + i0 * z->Dv;
+    product(br, z->Dv, nk2, (const uint32_t *)P, nk2, 1, vt, z->Dvp, out, z->Dv, 1, false);
+    if (bf)
+      for (int64_t i = 0; i < br; i++) put_row(obase + (i0 + i) * z->Dv * 2, true, ob + i * z->Dv, z->Dv);
+  }
+}
+
+static int64_t forward_words(const sizes *z) {
+  return z->Tq * z->D2 + z->Tk * z->D2 + z->D2 * z->Tkp + half_up(z->Tk) * z->Dvp + z->Tk * z->Dv2 +
+         BQ * z->Tkp + BQ * z->Dv + BQ * (z->Tkp / 2 + 1) + BQ;
+}
+
+int flow_cpu_attention_forward_bf16(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
+                                    const flow_tensor *v, double scale, bool causal) {
+  sizes z = sizes_of(q, v);
+  int t = threads_for(&z);
+  int64_t words = forward_words(&z);
+  flow_tensor *st = scratch(t, words, "scaled_dot_product_attention");
+  if (!st) return -1;
+  uint32_t *base = flow_tensor_data(st);
+  float *lp = flow_tensor_data(lse);
+#pragma omp parallel for schedule(static) num_threads(t) if (t > 1)
+  for (int64_t bh = 0; bh < z.B * z.H; bh++)
+    forward_head(o, lp, q, k, v, &z, (float)scale, causal, bh / z.H, bh % z.H,
+                 base + omp_get_thread_num() * words);
+  flow_tensor_decref(st);
+  return 0;
+}
+
+/* The backward's operands. */
+typedef struct grads {
+  flow_tensor *dq, *dk, *dv;
+  const flow_tensor *q, *k, *v, *o, *dout;
+  const float *lse, *dlse;
+} grads;
+
+/* Backward of head (b, h), P recomputed per block from q, k and lse, Di = dO_i . O_i - dlse_i:
+ *   dV += P^T dO,  dP = dO V^T,  dS = P (dP - Di),  dQ = scale dS K,  dK += scale dS^T Q. */
+static void backward_head(const grads *g, const sizes *z, float scale, bool causal, int64_t b, int64_t h,
+                          uint32_t *w) {
+  int64_t Tq = z->Tq, Tk = z->Tk, Tq2 = half_up(Tq), Tk2 = half_up(Tk), Tkp = z->Tkp, D = z->D, Dv = z->Dv;
+  uint32_t *qw = w, *qi = qw + Tq * z->D2, *kr = qi + Tq2 * z->Dp, *kd = kr + Tk * z->D2, *kt = kd + z->D2 * Tkp;
+  uint32_t *vr = kt + Tk2 * z->Dp, *vd = vr + Tk * z->Dv2, *gw = vd + z->Dv2 * Tkp, *gi = gw + Tq * z->Dv2;
+  uint32_t *pi = gi + Tq2 * z->Dvp, *si = pi + BQ / 2 * Tkp, *sw = si + BQ / 2 * Tkp;
+  float *S = (float *)(sw + BQ * (Tkp / 2)), *dP = S + BQ * Tkp, *dk = dP + BQ * Tkp, *dv = dk + Tk * z->Dp;
+  float *qb = dv + Tk * z->Dvp, *buf = qb + BQ * z->Dp;   /* buf: two rows of Dv */
+  mat mq = head_of(g->q, b, h), mk = head_of(g->k, b, h), mv = head_of(g->v, b, h);
+  mat mo = head_of(g->o, b, h), mg = head_of(g->dout, b, h);
+  pack_rows((uint16_t *)qw, 2 * z->D2, &mq, Tq, D);
+  pack_rpairs(qi, z->Dp, (uint16_t *)qw, 2 * z->D2, Tq, D);
+  pack_rows((uint16_t *)kr, 2 * z->D2, &mk, Tk, D);
+  pack_tpairs(kd, Tkp, kr, Tk, z->D2);
+  pack_rpairs(kt, z->Dp, (uint16_t *)kr, 2 * z->D2, Tk, D);
+  pack_rows((uint16_t *)vr, 2 * z->Dv2, &mv, Tk, Dv);
+  pack_tpairs(vd, Tkp, vr, Tk, z->Dv2);
+  pack_rows((uint16_t *)gw, 2 * z->Dv2, &mg, Tq, Dv);
+  pack_rpairs(gi, z->Dvp, (uint16_t *)gw, 2 * z->Dv2, Tq, Dv);
+  memset(dk, 0, (size_t)(Tk * z->Dp) * 4);
+  memset(dv, 0, (size_t)(Tk * z->Dvp) * 4);
+  int64_t hq = (b * z->H + h) * Tq;
+  const float *lse = g->lse + hq, *dlse = g->dlse + hq;
+  bool bf = g->dq->dtype == FLOW_BF16;
+  size_t es = bf ? 2 : 4;
+  for (int64_t i0 = 0; i0 < Tq; i0 += BQ) {
+    int64_t br = Tq - i0 < BQ ? Tq - i0 : BQ, br2 = half_up(br), nk = causal ? i0 + br : Tk, nk2 = half_up(nk);
+    product(br, nk, z->D2, qw + i0 * z->D2, z->D2, 1, kd, Tkp, S, Tkp, scale, false);
+    for (int64_t i = 0; i < br; i++) {
+      float *p = S + i * Tkp;
+      int64_t lim = causal ? i0 + i + 1 : nk;
+      flow_cpu_exp_shift_f32(p, p, lim, lse[i0 + i]);
+      memset(p + lim, 0, (size_t)(nk - lim) * 4);
+    }
+    for (int64_t i = 0; i < br; i += 2) pair32(pi + i / 2 * Tkp, S + i * Tkp, i + 1 < br ? S + (i + 1) * Tkp : NULL, nk, nk);
+    product(nk, Dv, br2, pi, 1, Tkp, gi + i0 / 2 * z->Dvp, z->Dvp, dv, z->Dvp, 1, true);
+    product(br, nk, z->Dv2, gw + i0 * z->Dv2, z->Dv2, 1, vd, Tkp, dP, Tkp, 1, false);
+    for (int64_t i = 0; i < br; i++) {
+      const float *gr = row_f32(&mg, i0 + i, Dv, buf), *orow = row_f32(&mo, i0 + i, Dv, buf + Dv);
+      float Di = -dlse[i0 + i];
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < Dv; c += 16) acc = _mm512_fmadd_ps(load_n(gr + c, Dv - c), load_n(orow + c, Dv - c), acc);
+      Di += _mm512_reduce_add_ps(acc);
+      float *dp = dP + i * Tkp;
+      const float *p = S + i * Tkp;
+      __m512 dv_ = _mm512_set1_ps(Di);
+      for (int64_t j = 0; j < nk; j += 16)
+        store_n(dp + j, _mm512_mul_ps(load_n(p + j, nk - j), _mm512_sub_ps(load_n(dp + j, nk - j), dv_)), nk - j);
+    }
+    for (int64_t i = 0; i < br; i++) round_scaled((uint16_t *)(sw + i * nk2), dP + i * Tkp, 1, nk, 2 * nk2);
+    for (int64_t i = 0; i < br; i += 2) pair32(si + i / 2 * Tkp, dP + i * Tkp, i + 1 < br ? dP + (i + 1) * Tkp : NULL, nk, nk);
+    float *dqo = bf ? qb : (float *)((char *)flow_tensor_data(g->dq) + (hq + i0) * D * es);
+    product(br, D, nk2, sw, nk2, 1, kt, z->Dp, dqo, bf ? z->Dp : D, scale, false);
+    if (bf)
+      for (int64_t i = 0; i < br; i++)
+        put_row((char *)flow_tensor_data(g->dq) + (hq + i0 + i) * D * es, true, qb + i * z->Dp, D);
+    product(nk, D, br2, si, 1, Tkp, qi + i0 / 2 * z->Dp, z->Dp, dk, z->Dp, scale, true);
+  }
+  int64_t hk = (b * z->H + h) * Tk;
+  for (int64_t j = 0; j < Tk; j++) {
+    put_row((char *)flow_tensor_data(g->dk) + (hk + j) * D * es, bf, dk + j * z->Dp, D);
+    put_row((char *)flow_tensor_data(g->dv) + (hk + j) * Dv * es, bf, dv + j * z->Dvp, Dv);
+  }
+}
+
+static int64_t backward_words(const sizes *z) {
+  int64_t Tq2 = half_up(z->Tq), Tk2 = half_up(z->Tk);
+  return z->Tq * z->D2 + Tq2 * z->Dp + z->Tk * z->D2 + z->D2 * z->Tkp + Tk2 * z->Dp + z->Tk * z->Dv2 +
+         z->Dv2 * z->Tkp + z->Tq * z->Dv2 + Tq2 * z->Dvp + BQ * z->Tkp + BQ * (z->Tkp / 2) + 2 * BQ * z->Tkp +
+         z->Tk * z->Dp + z->Tk * z->Dvp + BQ * z->Dp + 2 * z->Dv;
+}
+
+int flow_cpu_attention_backward_bf16(flow_tensor *dq, flow_tensor *dk, flow_tensor *dv, const flow_tensor *q,
+                                     const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
+                                     const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
+                                     double scale, bool causal) {
+  sizes z = sizes_of(q, v);
+  flow_tensor *tl = NULL, *tdl = NULL;
+  const float *lp = flow_cpu_dense(lse, &tl), *dlp = lp ? flow_cpu_dense(dlse, &tdl) : NULL;
+  int t = threads_for(&z);
+  int64_t words = backward_words(&z);
+  flow_tensor *st = dlp ? scratch(t, words, "scaled_dot_product_attention_grad") : NULL;
+  if (st) {
+    grads g = {dq, dk, dv, q, k, v, o, dout, lp, dlp};
+    uint32_t *base = flow_tensor_data(st);
+#pragma omp parallel for schedule(static) num_threads(t) if (t > 1)
+    for (int64_t bh = 0; bh < z.B * z.H; bh++)
+      backward_head(&g, &z, (float)scale, causal, bh / z.H, bh % z.H, base + omp_get_thread_num() * words);
+  }
+  flow_tensor_decref(tl);
+  flow_tensor_decref(tdl);
+  flow_tensor_decref(st);
+  return st ? 0 : -1;
+}
