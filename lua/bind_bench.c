@@ -81,7 +81,7 @@ static int l_matmul_reference(lua_State *L) {
  * the primitives built so far, whether bf16 autocast would run natively, and the GEMMs cut into
  * pieces so far, cut_nested of them inside a parallel region (none should be). */
 static int l_onednn(lua_State *L) {
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 6);
   lua_pushinteger(L, flow_onednn_num_threads());
   lua_setfield(L, -2, "threads");
   lua_pushinteger(L, flow_onednn_primitives_built());
@@ -94,6 +94,8 @@ static int l_onednn(lua_State *L) {
   lua_setfield(L, -2, "cut");
   lua_pushinteger(L, nested);
   lua_setfield(L, -2, "cut_nested");
+  lua_pushinteger(L, flow_onednn_bf16_carried());
+  lua_setfield(L, -2, "carried");
   return 1;
 }
 

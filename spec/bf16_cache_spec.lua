@@ -147,6 +147,40 @@ describe("the bf16 cache of GEMM operands", function()
     assert.is_true(diff(y, flow.matmul(rounded(a), rounded(w))) < 1e-4)
   end)
 
+  it_bf16("carries each weight's copy across the optimizer step, with the bits of a fresh rounding", function()
+    -- the step rounds each weight its GEMMs rounded into their copy as it writes it; the next
+    -- region's GEMMs read that copy. `fresh` bumps each weight's version after the step (add_(0)
+    -- changes no value), so the next region rounds them anew.
+    local function train(fresh)
+      flow.manual_seed(19)
+      local model = flow.nn.Sequential(flow.nn.Linear(24, 40), flow.nn.GELU(), flow.nn.Linear(40, 8))
+      local opt = flow.optim.AdamW(model:parameters(), { lr = 0.05 })
+      local x, losses = flow.randn({ 16, 24 }), {}
+      local before = flow._bench.onednn().carried
+      for step = 1, 4 do
+        losses[step] = bf16(function()
+          local l = flow.sum(model(x) ^ 2)
+          l:backward()
+          return l
+        end):item()
+        opt:step()
+        opt:zero_grad()
+        if fresh then
+          for _, p in ipairs(model:parameters()) do p:detach():add_(0) end
+        end
+      end
+      return losses, model[3].weight:detach(), flow._bench.onednn().carried - before
+    end
+    local l0, w0, carried = train(false)
+    local l1, w1, none = train(true)
+    -- the 2 weights (the biases are no GEMM operand) in steps 2 to 4; none once bumped
+    assert.are.equal(6, carried)
+    assert.are.equal(0, none)
+    for i = 1, 4 do assert.are.equal(l1[i], l0[i]) end
+    assert.are.equal(0, diff(w0, w1))
+    assert.is_true(l0[4] < l0[1])
+  end)
+
   it_bf16("frees the copies of ended regions: many regions of fresh weights hold no memory", function()
     flow.manual_seed(17)
     local x = flow.randn({ 4, 512 })

@@ -7,6 +7,7 @@
 
 #include "iter.h"
 #include "nn.h"
+#include "onednn.h"
 
 /* The step's scalars, folded once in double. */
 typedef struct adamw_consts {
@@ -15,6 +16,8 @@ typedef struct adamw_consts {
   double step_size;    /* lr / (1 - beta1^step) */
   double sqrt_bc2;     /* sqrt(1 - beta2^step) */
   double eps;
+  const char *p;       /* with a bf16 copy to fill (twin): p's data (contiguous), and the copy's */
+  uint16_t *twin;
 } adamw_consts;
 
 #define FLOW_GENERIC_FILE "adamw.c"
@@ -30,10 +33,17 @@ int flow_cpu_adamw(flow_tensor *p, const flow_tensor *g, flow_tensor *m, flow_te
       .sqrt_bc2 = sqrt(1 - pow(h->beta2, (double)h->step)),
       .eps = h->eps,
   };
+  /* a weight that bf16 autocast rounded for its GEMMs gets its next copy here, rounded as the
+   * parameter is written, not in a pass of its own at its next GEMM (onednn.h: carrying) */
+  flow_tensor *twin = p->dtype == FLOW_F32 ? flow_onednn_bf16_carry(p) : NULL;
+  c.p = flow_tensor_data(p);
+  c.twin = twin ? flow_tensor_data(twin) : NULL;
   flow_iter it;
   flow_tensor *ops[4] = {p, (flow_tensor *)g, m, v};
   flow_iter_init(&it, ops, 4);
-  flow_iter_run_parallel(&it, p->dtype == FLOW_F32 ? adamw_loop_f32 : adamw_loop_f64, &c, FLOW_GRAIN_COSTLY);
+  flow_iter_run_parallel(&it, twin ? adamw_twin_loop_f32 : p->dtype == FLOW_F32 ? adamw_loop_f32 : adamw_loop_f64, &c,
+                         FLOW_GRAIN_COSTLY);
+  flow_tensor_decref(twin);
   return 0;
 }
 
@@ -72,6 +82,26 @@ static void GEN(adamw_loop)(char **ptr, const int64_t *stride, int64_t n, void *
   for (int64_t i = 0; i < n; i++, pp += stride[0], pg += stride[1], pm += stride[2], pv += stride[3])
     ADAMW_UPDATE(*(real *)pp, *(const real *)pg, *(real *)pm, *(real *)pv);
 }
+
+/* The same, and the updated parameter rounded to bf16 into its copy (float32 only; the parameter
+ * contiguous, its element i at copy element i), a chunk at a time while the chunk is in L1, by the
+ * rounding the GEMMs' own copies get (flow_onednn_round_bf16). */
+#define CHUNK 1024
+__attribute__((unused)) static void GEN(adamw_twin_loop)(char **ptr, const int64_t *stride, int64_t n, void *ctx) {
+  const adamw_consts *c = ctx;
+  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+    int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
+    char *part[4];
+    for (int k = 0; k < 4; k++) part[k] = ptr[k] + i0 * stride[k];
+    GEN(adamw_loop)(part, stride, len, ctx);
+    for (int64_t i = 0; i < len; i += stride[0] == sizeof(real) ? len : 1) {
+      const char *pi = part[0] + i * stride[0];
+      flow_onednn_round_bf16(c->twin + (pi - c->p) / (int64_t)sizeof(real), (const float *)pi,
+                             stride[0] == sizeof(real) ? len : 1);
+    }
+  }
+}
+#undef CHUNK
 
 #undef ADAMW_UPDATE
 

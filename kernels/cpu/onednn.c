@@ -501,7 +501,13 @@ static bool column_major(const flow_onednn_mat *m) {
  * (actor registers are rewritten between steps without a bump). A copy holds its storage, so the
  * storage cannot die and come back as another under the same address; when the cache's is the last
  * reference, the copy goes, as do this thread's copies of ended regions and older versions of the
- * same view, each time a copy is added. At most CACHE_BYTES of copies, least recently used first out. */
+ * same view, each time a copy is added. At most CACHE_BYTES of copies, least recently used first out.
+ *
+ * Carrying: the optimizer step between two regions rewrites each weight; AdamW asks for the weight's
+ * copy (flow_onednn_bf16_carry) and rounds the new values into it as it writes them. The copy is then
+ * `carried`: it matches the weight's version after the step in the next region of its thread only
+ * (the first lookup there makes it that region's own), and no copy of an ended region is dropped
+ * while it waits. A write to the weight in between bumps its version, and the copy no longer matches. */
 #define CACHE_SLOTS 1024
 #define CACHE_BYTES ((int64_t)64 << 20)
 
@@ -511,11 +517,12 @@ typedef struct copy {
   const void *owner;        /* the thread that made it: see me */
   int64_t used;             /* cache clock at the last hit */
   flow_tensor *held;        /* the bf16 copy, dense row-major */
+  bool carry;               /* valid from the region after `region` on (carrying, above) */
 } copy;
 
 static copy copies[CACHE_SLOTS];
 static int ncopies;
-static int64_t copy_bytes, copy_clock;
+static int64_t copy_bytes, copy_clock, carried;
 static pthread_mutex_t copies_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local char me;   /* &me tells this thread's copies from others' */
 
@@ -537,7 +544,11 @@ static void drop(int i) {
 static flow_tensor *cache_find(const flow_onednn_mat *m, uint64_t r) {
   for (int i = 0; i < ncopies; i++) {
     copy *c = &copies[i];
-    if (c->region == r && c->owner == &me && c->version == m->storage->version && same_view(&c->m, m)) {
+    if ((c->region == r || (c->carry && r > c->region)) && c->owner == &me && c->version == m->storage->version &&
+        same_view(&c->m, m)) {
+      carried += c->carry;
+      c->region = r;
+      c->carry = false;
       c->used = ++copy_clock;
       flow_tensor_incref(c->held);
       return c->held;
@@ -554,8 +565,8 @@ static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
   if (bytes > CACHE_BYTES / 4) return;
   for (int i = ncopies - 1; i >= 0; i--) {
     const copy *c = &copies[i];
-    if (__atomic_load_n(&c->m.storage->refcount, __ATOMIC_ACQUIRE) == 1 ||
-        (c->owner == &me && (c->region != r || same_view(&c->m, m))))
+    if (__atomic_load_n(&c->m.storage->refcount, __ATOMIC_ACQUIRE) == 1 || c->version < c->m.storage->version ||
+        (c->owner == &me && ((c->region != r && !c->carry) || same_view(&c->m, m))))
       drop(i);
   }
   while (ncopies == CACHE_SLOTS || copy_bytes + bytes > CACHE_BYTES) {
@@ -566,7 +577,7 @@ static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
   }
   __atomic_fetch_add(&m->storage->refcount, 1, __ATOMIC_RELAXED);
   flow_tensor_incref(h);
-  copies[ncopies++] = (copy){*m, m->storage->version, r, &me, ++copy_clock, h};
+  copies[ncopies++] = (copy){*m, m->storage->version, r, &me, ++copy_clock, h, false};
   copy_bytes += bytes;
 }
 
@@ -601,6 +612,37 @@ flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_
   }
   if (flip) swap_last(out);
   return h;
+}
+
+flow_tensor *flow_onednn_bf16_carry(const flow_tensor *p) {
+  if (!p->storage || !flow_tensor_is_contiguous(p)) return NULL;
+  const void *data = flow_tensor_data(p);
+  int64_t numel = flow_shape_numel(p->ndim, p->shape);
+  flow_tensor *h = NULL;
+  pthread_mutex_lock(&copies_mu);
+  for (int i = 0; i < ncopies && !h; i++) {
+    copy *c = &copies[i];
+    /* this thread's copy of p's current values, in p's own element order, held by the cache alone */
+    if (c->owner != &me || c->m.storage != p->storage || c->m.data != data || c->version != p->storage->version ||
+        flow_shape_numel(c->m.ndim, c->m.dims) != numel || __atomic_load_n(&c->held->refcount, __ATOMIC_ACQUIRE) != 1)
+      continue;
+    bool dense = true;
+    for (int64_t d = c->m.ndim - 1, s = 1; d >= 0; s *= c->m.dims[d], d--) dense &= c->m.dims[d] == 1 || c->m.strides[d] == s;
+    if (!dense) continue;
+    c->version = p->storage->version + 1;   /* the in-place op's bump, after the kernel */
+    c->region = flow_autocast_region();
+    c->carry = true;
+    flow_tensor_incref(h = c->held);
+  }
+  pthread_mutex_unlock(&copies_mu);
+  return h;
+}
+
+int64_t flow_onednn_bf16_carried(void) {
+  pthread_mutex_lock(&copies_mu);
+  int64_t n = carried;
+  pthread_mutex_unlock(&copies_mu);
+  return n;
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */

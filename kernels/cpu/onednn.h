@@ -104,6 +104,14 @@ flow_tensor *flow_onednn_to_bf16(const char *op, const flow_onednn_mat *m, flow_
 /* dst[i] = bf16(src[i]) for i < n, rounded as flow_onednn_to_bf16 rounds; only where
  * flow_onednn_bf16() holds (the CPU has AVX512-BF16). */
 void flow_onednn_round_bf16(uint16_t *dst, const float *src, int64_t n);
+/* For an optimizer about to rewrite parameter p in place (one kernel, then the op's version bump):
+ * this thread's bf16 copy of p, for the caller to fill with the new values rounded by
+ * flow_onednn_round_bf16; the next autocast region's GEMMs then read it as p's copy (onednn.c: the
+ * bf16 cache, carrying). NULL (fill nothing) when no GEMM of this thread's last region rounded p
+ * whole, or the copy is in use. A new reference. */
+flow_tensor *flow_onednn_bf16_carry(const flow_tensor *p);
+/* Carried copies read so far by a GEMM (benchmarks and specs: _bench.onednn().carried). */
+int64_t flow_onednn_bf16_carried(void);
 
 /* GEMMs on several threads are cut into one piece per thread, each on oneDNN's one-thread kernel
  * (faster here than oneDNN's own cutting); flow_onednn_whole(true) makes this thread's GEMMs run
