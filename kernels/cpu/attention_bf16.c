@@ -56,32 +56,92 @@ static inline void store_n(float *p, __m512 x, int64_t n) {
   else _mm512_mask_storeu_ps(p, mask_of(n), x);
 }
 
-/* s[j] = e^(s[j] - shift) for j < n (shift at least every s[j], as a row's max or log-sum-exp);
- * returns their sum. Good to bf16's precision, which P and dS are rounded to before any product:
- * x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-5 Taylor polynomial (relative error < 4e-6,
- * against 2^-9 for the rounding after), 2^k by VSCALEFPS; below e^-104, 0; NaN stays NaN. 10
- * instructions for 16 elements, where the float32 kernels' exp (1 ulp, softmax.c) takes about 25
- * for 8: a third of a bf16 step's attention was exp. */
-static float exp_row(float *s, int64_t n, float shift) {
-  const __m512 lo = _mm512_set1_ps(-104.0f), l2e = _mm512_set1_ps(1.44269504088896341f),
-               ln2 = _mm512_set1_ps(0.693147180559945309f), one = _mm512_set1_ps(1.0f);
-  __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    int64_t left = n - j;
-    __m512 x = _mm512_max_ps(lo, _mm512_sub_ps(load_n(s + j, left), sh));   /* max(lo, NaN) is NaN */
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, l2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, ln2, x);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 120), r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, one);
-    p = _mm512_fmadd_ps(p, r, one);
-    __m512 e = _mm512_scalef_ps(p, k);
-    if (left < 16) e = _mm512_maskz_mov_ps(mask_of(left), e);
-    store_n(s + j, e, left);
+/* e^x for 16 x <= 0 (scores less their row's max or log-sum-exp), good to bf16's precision, which P
+ * and dS are rounded to before any product: x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-5
+ * Taylor polynomial (relative error < 4e-6, against 2^-9 for the rounding after), 2^k by VSCALEFPS;
+ * below e^-104, 0; NaN stays NaN. 10 instructions for 16 elements, where the float32 kernels' exp
+ * (1 ulp, softmax.c) takes about 25 for 8: a third of a bf16 step's attention was exp. */
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);   /* max(lo, NaN) is NaN */
+  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693147180559945309f), x), one = _mm512_set1_ps(1.0f);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 120), r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, one);
+  p = _mm512_fmadd_ps(p, r, one);
+  return _mm512_scalef_ps(p, k);
+}
+
+/* 16 bf16 (as VCVTNEPS2BF16 rounds) of x in the low halves of 16 words, y's in the high halves. */
+static inline __m512i pair_words(__m512 x, __m512 y) {
+  __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(y)), 16));
+}
+
+/* The forward's probabilities, unnormalised: dst[j] = bf16(e^(s[j] - m)) for j < n (m, the row's
+ * max), zeros from n to pad; returns the sum of the e^(s[j] - m) (float32, unrounded). */
+static float exp_row16(uint16_t *dst, const float *s, int64_t n, float m, int64_t pad) {
+  __m512 sh = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), sh));
+    _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(e));
     acc = _mm512_add_ps(acc, e);
   }
+  if (j < n) {
+    __mmask16 k = mask_of(n - j);
+    __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(load_n(s + j, n - j), sh)));
+    _mm256_mask_storeu_epi16(dst + j, k, (__m256i)_mm512_cvtneps_pbh(e));
+    acc = _mm512_add_ps(acc, e);
+  }
+  memset(dst + n, 0, (size_t)(pad - n) * 2);
   return _mm512_reduce_add_ps(acc);
+}
+
+/* The backward's probabilities of rows x and y (NULL: none, zeros) of n columns, from their log-sum-
+ * exps: P = e^(s - lse) for j < lim, 0 from lim to n, written back over the rows, and as pairs
+ * (x's, y's) into w[0 .. n). */
+static void exp_pair(uint32_t *w, float *x, float *y, int64_t lx, int64_t ly, float sx, float sy, int64_t n) {
+  __m512 hx = _mm512_set1_ps(sx), hy = _mm512_set1_ps(sy);
+  for (int64_t j = 0; j < n; j += 16) {
+    int64_t left = n - j;
+    __m512 ex = _mm512_maskz_mov_ps(mask_of(lx - j > 0 ? lx - j : 0), exp16(_mm512_sub_ps(load_n(x + j, left), hx)));
+    __m512 ey = y ? _mm512_maskz_mov_ps(mask_of(ly - j > 0 ? ly - j : 0), exp16(_mm512_sub_ps(load_n(y + j, left), hy)))
+                  : _mm512_setzero_ps();
+    store_n(x + j, ex, left);
+    if (y) store_n(y + j, ey, left);
+    __m512i pw = pair_words(ex, ey);
+    if (left >= 16) _mm512_storeu_si512(w + j, pw);
+    else _mm512_mask_storeu_epi32(w + j, mask_of(left), pw);
+  }
+}
+
+/* dS of rows x and y (NULL: none) of n columns: ds = p (dp - D), into bf16 rows dx and dy (zeros from
+ * n to pad) and as pairs (x's, y's) into w[0 .. n). */
+static void ds_pair(uint32_t *w, uint16_t *dx, uint16_t *dy, const float *px, const float *py, const float *gx,
+                    const float *gy, float Dx, float Dy, int64_t n, int64_t pad) {
+  __m512 vx = _mm512_set1_ps(Dx), vy = _mm512_set1_ps(Dy);
+  for (int64_t j = 0; j < n; j += 16) {
+    int64_t left = n - j;
+    __m512 sx = _mm512_mul_ps(load_n(px + j, left), _mm512_sub_ps(load_n(gx + j, left), vx));
+    __m512 sy = py ? _mm512_mul_ps(load_n(py + j, left), _mm512_sub_ps(load_n(gy + j, left), vy)) : _mm512_setzero_ps();
+    __m512i pw = pair_words(sx, sy);
+    __m256i bx = (__m256i)_mm512_cvtneps_pbh(sx), by = (__m256i)_mm512_cvtneps_pbh(sy);
+    if (left >= 16) {
+      _mm512_storeu_si512(w + j, pw);
+      _mm256_storeu_si256((__m256i *)(dx + j), bx);
+      if (dy) _mm256_storeu_si256((__m256i *)(dy + j), by);
+    } else {
+      __mmask16 k = mask_of(left);
+      _mm512_mask_storeu_epi32(w + j, k, pw);
+      _mm256_mask_storeu_epi16(dx + j, k, bx);
+      if (dy) _mm256_mask_storeu_epi16(dy + j, k, by);
+    }
+  }
+  memset(dx + n, 0, (size_t)(pad - n) * 2);
+  if (dy) memset(dy + n, 0, (size_t)(pad - n) * 2);
 }
 
 /* ---- the product ------------------------------------------------------------------------------ */
@@ -178,14 +238,11 @@ static const float *row_f32(const mat *m, int64_t r, int64_t n, float *buf) {
   return buf;
 }
 
-/* dst[j] = bf16(x[j] * s) for j < n, zeros from n to pad. */
-static void round_scaled(uint16_t *dst, const float *x, float s, int64_t n, int64_t pad) {
-  __m512 sv = _mm512_set1_ps(s);
+/* dst[j] = bf16(x[j]) for j < n, zeros from n to pad. */
+static void round_row(uint16_t *dst, const float *x, int64_t n, int64_t pad) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + j), sv)));
-  if (j < n)
-    _mm256_mask_storeu_epi16(dst + j, mask_of(n - j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(load_n(x + j, n - j), sv)));
+  for (; j + 16 <= n; j += 16) _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
+  if (j < n) _mm256_mask_storeu_epi16(dst + j, mask_of(n - j), (__m256i)_mm512_cvtneps_pbh(load_n(x + j, n - j)));
   memset(dst + n, 0, (size_t)(pad - n) * 2);
 }
 
@@ -202,7 +259,7 @@ static void pack_rows(uint16_t *dst, int64_t ld, const mat *m, int64_t R, int64_
       memcpy(o, p, (size_t)C * 2);
       memset(o + C, 0, (size_t)(ld - C) * 2);
     } else if (m->sc == 1) {
-      round_scaled(o, (const float *)p, 1, C, ld);
+      round_row(o, (const float *)p, C, ld);
     } else {
       for (int64_t c = 0; c < C; c++)
         o[c] = m->bf16 ? ((const uint16_t *)p)[c * m->sc] : flow_float_to_bf16(((const float *)p)[c * m->sc]);
@@ -233,19 +290,6 @@ static void pair16(uint32_t *w, const uint16_t *x, const uint16_t *y, int64_t n,
     __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, x + j));
     __m512i hi = y ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, y + j)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(w + j, k, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-  }
-  memset(w + n, 0, (size_t)(pad - n) * 4);
-}
-
-/* The same from float32 rows, each element rounded (as VCVTNEPS2BF16 rounds, oneDNN's reorder). */
-static void pair32(uint32_t *w, const float *x, const float *y, int64_t n, int64_t pad) {
-  for (int64_t j = 0; j < n; j += 16) {
-    __mmask16 k = mask_of(n - j);
-    __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(load_n(x + j, n - j)));
-    __m512i hi = y ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(load_n(y + j, n - j))) : _mm512_setzero_si512();
-    __m512i x2 = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-    if (k == 0xffff) _mm512_storeu_si512(w + j, x2);
-    else _mm512_mask_storeu_epi32(w + j, k, x2);
   }
   memset(w + n, 0, (size_t)(pad - n) * 4);
 }
@@ -316,21 +360,22 @@ static void forward_head(flow_tensor *o, float *lse, const flow_tensor *q, const
   for (int64_t i0 = 0; i0 < Tq; i0 += BQ) {
     int64_t br = Tq - i0 < BQ ? Tq - i0 : BQ, nk = causal ? i0 + br : Tk, nk2 = half_up(nk);
     product(br, nk, z->D2, qw + i0 * z->D2, z->D2, 1, kd, z->Tkp, S, z->Tkp, scale, false);
-    /* every row's exponentials first, then their rounding: a row read back straight after its
-     * stores waited for them (the loads are wider than exp's stores, so nothing forwards) */
+    /* P unnormalised, rounded as it is made; O's rows divided by their sums after */
     for (int64_t i = 0; i < br; i++) {
-      float *s = S + i * z->Tkp;
+      const float *s = S + i * z->Tkp;
       int64_t lim = causal ? i0 + i + 1 : nk;
-      float m = flow_cpu_row_max_f32(s, lim), sum = exp_row(s, lim, m);
+      float m = flow_cpu_row_max_f32(s, lim), sum = exp_row16(P + i * 2 * nk2, s, lim, m, 2 * nk2);
       lrow[i0 + i] = m + logf(sum);
       inv[i] = 1 / sum;
     }
-    for (int64_t i = 0; i < br; i++)
-      round_scaled(P + i * 2 * nk2, S + i * z->Tkp, inv[i], causal ? i0 + i + 1 : nk, 2 * nk2);
     float *out = bf ? ob : (float *)obase + i0 * z->Dv;
     product(br, z->Dv, nk2, (const uint32_t *)P, nk2, 1, vt, z->Dvp, out, z->Dv, 1, false);
-    if (bf)
-      for (int64_t i = 0; i < br; i++) put_row(obase + (i0 + i) * z->Dv * 2, true, ob + i * z->Dv, z->Dv);
+    for (int64_t i = 0; i < br; i++) {
+      float *row = out + i * z->Dv;
+      __m512 r = _mm512_set1_ps(inv[i]);
+      for (int64_t c = 0; c < z->Dv; c += 16) store_n(row + c, _mm512_mul_ps(load_n(row + c, z->Dv - c), r), z->Dv - c);
+      if (bf) put_row(obase + (i0 + i) * z->Dv * 2, true, row, z->Dv);
+    }
   }
 }
 
@@ -350,8 +395,7 @@ int flow_cpu_attention_forward_bf16(flow_tensor *o, flow_tensor *lse, const flow
   float *lp = flow_tensor_data(lse);
 #pragma omp parallel for schedule(static) num_threads(t) if (t > 1)
   for (int64_t bh = 0; bh < z.B * z.H; bh++)
-    forward_head(o, lp, q, k, v, &z, (float)scale, causal, bh / z.H, bh % z.H,
-                 base + omp_get_thread_num() * words);
+    forward_head(o, lp, q, k, v, &z, (float)scale, causal, bh / z.H, bh % z.H, base + omp_get_thread_num() * words);
   flow_tensor_decref(st);
   return 0;
 }
@@ -372,7 +416,7 @@ static void backward_head(const grads *g, const sizes *z, float scale, bool caus
   uint32_t *vr = kt + Tk2 * z->Dp, *vd = vr + Tk * z->Dv2, *gw = vd + z->Dv2 * Tkp, *gi = gw + Tq * z->Dv2;
   uint32_t *pi = gi + Tq2 * z->Dvp, *si = pi + BQ / 2 * Tkp, *sw = si + BQ / 2 * Tkp;
   float *S = (float *)(sw + BQ * (Tkp / 2)), *dP = S + BQ * Tkp, *dk = dP + BQ * Tkp, *dv = dk + Tk * z->Dp;
-  float *qb = dv + Tk * z->Dvp, *buf = qb + BQ * z->Dp;   /* buf: two rows of Dv */
+  float *qb = dv + Tk * z->Dvp, *buf = qb + BQ * z->Dp, *Dr = buf + 2 * Dv;   /* buf: two rows of Dv */
   mat mq = head_of(g->q, b, h), mk = head_of(g->k, b, h), mv = head_of(g->v, b, h);
   mat mo = head_of(g->o, b, h), mg = head_of(g->dout, b, h);
   pack_rows((uint16_t *)qw, 2 * z->D2, &mq, Tq, D);
@@ -393,29 +437,27 @@ static void backward_head(const grads *g, const sizes *z, float scale, bool caus
   for (int64_t i0 = 0; i0 < Tq; i0 += BQ) {
     int64_t br = Tq - i0 < BQ ? Tq - i0 : BQ, br2 = half_up(br), nk = causal ? i0 + br : Tk, nk2 = half_up(nk);
     product(br, nk, z->D2, qw + i0 * z->D2, z->D2, 1, kd, Tkp, S, Tkp, scale, false);
-    for (int64_t i = 0; i < br; i++) {
-      float *p = S + i * Tkp;
+    /* rows in pairs: P (and dS) as float32 rows, bf16 rows and pairs along the rows in one pass */
+    for (int64_t i = 0; i < br; i += 2) {
+      bool two = i + 1 < br;
       int64_t lim = causal ? i0 + i + 1 : nk;
-      exp_row(p, lim, lse[i0 + i]);
-      memset(p + lim, 0, (size_t)(nk - lim) * 4);
+      exp_pair(pi + i / 2 * Tkp, S + i * Tkp, two ? S + (i + 1) * Tkp : NULL, lim, causal ? lim + 1 : nk,
+               lse[i0 + i], two ? lse[i0 + i + 1] : 0, nk);
     }
-    for (int64_t i = 0; i < br; i += 2) pair32(pi + i / 2 * Tkp, S + i * Tkp, i + 1 < br ? S + (i + 1) * Tkp : NULL, nk, nk);
     product(nk, Dv, br2, pi, 1, Tkp, gi + i0 / 2 * z->Dvp, z->Dvp, dv, z->Dvp, 1, true);
     product(br, nk, z->Dv2, gw + i0 * z->Dv2, z->Dv2, 1, vd, Tkp, dP, Tkp, 1, false);
-    for (int64_t i = 0; i < br; i++) {
+    for (int64_t i = 0; i < br; i++) {   /* D_i = dO_i . O_i - dlse_i */
       const float *gr = row_f32(&mg, i0 + i, Dv, buf), *orow = row_f32(&mo, i0 + i, Dv, buf + Dv);
-      float Di = -dlse[i0 + i];
       __m512 acc = _mm512_setzero_ps();
       for (int64_t c = 0; c < Dv; c += 16) acc = _mm512_fmadd_ps(load_n(gr + c, Dv - c), load_n(orow + c, Dv - c), acc);
-      Di += _mm512_reduce_add_ps(acc);
-      float *dp = dP + i * Tkp;
-      const float *p = S + i * Tkp;
-      __m512 dv_ = _mm512_set1_ps(Di);
-      for (int64_t j = 0; j < nk; j += 16)
-        store_n(dp + j, _mm512_mul_ps(load_n(p + j, nk - j), _mm512_sub_ps(load_n(dp + j, nk - j), dv_)), nk - j);
+      Dr[i] = _mm512_reduce_add_ps(acc) - dlse[i0 + i];
     }
-    for (int64_t i = 0; i < br; i++) round_scaled((uint16_t *)(sw + i * nk2), dP + i * Tkp, 1, nk, 2 * nk2);
-    for (int64_t i = 0; i < br; i += 2) pair32(si + i / 2 * Tkp, dP + i * Tkp, i + 1 < br ? dP + (i + 1) * Tkp : NULL, nk, nk);
+    for (int64_t i = 0; i < br; i += 2) {
+      bool two = i + 1 < br;
+      ds_pair(si + i / 2 * Tkp, (uint16_t *)(sw + i * nk2), two ? (uint16_t *)(sw + (i + 1) * nk2) : NULL, S + i * Tkp,
+              two ? S + (i + 1) * Tkp : NULL, dP + i * Tkp, two ? dP + (i + 1) * Tkp : NULL, Dr[i], two ? Dr[i + 1] : 0,
+              nk, 2 * nk2);
+    }
     float *dqo = bf ? qb : (float *)((char *)flow_tensor_data(g->dq) + (hq + i0) * D * es);
     product(br, D, nk2, sw, nk2, 1, kt, z->Dp, dqo, bf ? z->Dp : D, scale, false);
     if (bf)
@@ -434,7 +476,7 @@ static int64_t backward_words(const sizes *z) {
   int64_t Tq2 = half_up(z->Tq), Tk2 = half_up(z->Tk);
   return z->Tq * z->D2 + Tq2 * z->Dp + z->Tk * z->D2 + z->D2 * z->Tkp + Tk2 * z->Dp + z->Tk * z->Dv2 +
          z->Dv2 * z->Tkp + z->Tq * z->Dv2 + Tq2 * z->Dvp + BQ * z->Tkp + BQ * (z->Tkp / 2) + 2 * BQ * z->Tkp +
-         z->Tk * z->Dp + z->Tk * z->Dvp + BQ * z->Dp + 2 * z->Dv;
+         z->Tk * z->Dp + z->Tk * z->Dvp + BQ * z->Dp + 2 * z->Dv + BQ;
 }
 
 int flow_cpu_attention_backward_bf16(flow_tensor *dq, flow_tensor *dk, flow_tensor *dv, const flow_tensor *q,
