@@ -94,6 +94,7 @@ flow_storage *flow_storage_new(flow_device dev, size_t nbytes) {
   s->data = impl->alloc(dev.index, nbytes);
   if (!s->data) { cache_put(&storage_cache, s); return NULL; }
   s->refcount = 1;
+  s->cached = 0;
   s->device = dev;
   s->nbytes = nbytes;
   mem_count(dev.type, (int64_t)nbytes);

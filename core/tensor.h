@@ -14,6 +14,7 @@
 
 typedef struct flow_storage {
   int refcount;
+  int cached;         /* of those, the bf16 cache's (kernels/cpu/onednn.c): no alias, as a copy matches one version */
   flow_device device;
   size_t nbytes;
   void *data;

@@ -139,10 +139,13 @@ int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, con
 }
 
 /* Is t a gradient nobody else sees: this reference is its only one, it owns its whole storage
- * (no view shares it), it is dense, real (not a value being traced) and local? Such a tensor may
- * be added into in place, or kept as a leaf's .grad without a copy. */
+ * (no view shares it; the bf16 cache's references are no views: its copies match only the version
+ * they were made from, and an in-place add bumps it), it is dense, real (not a value being traced)
+ * and local? Such a tensor may be added into in place, or kept as a leaf's .grad without a copy. */
 static bool exclusive(const flow_tensor *t) {
-  return t->refcount == 1 && !t->global && !t->lazy && !t->grad_fn && t->storage && t->storage->refcount == 1 &&
+  return t->refcount == 1 && !t->global && !t->lazy && !t->grad_fn && t->storage &&
+         __atomic_load_n(&t->storage->refcount, __ATOMIC_ACQUIRE) -
+                 __atomic_load_n(&t->storage->cached, __ATOMIC_ACQUIRE) == 1 &&
          t->offset == 0 && flow_tensor_is_contiguous(t) &&
          t->storage->nbytes == (size_t)flow_tensor_numel(t) * flow_dtype_size(t->dtype);
 }

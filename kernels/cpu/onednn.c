@@ -536,6 +536,7 @@ static bool same_view(const flow_onednn_mat *a, const flow_onednn_mat *b) {
 static void drop(int i) {
   copy_bytes -= (int64_t)flow_tensor_nbytes(copies[i].held);
   flow_tensor_decref(copies[i].held);
+  __atomic_fetch_sub(&copies[i].m.storage->cached, 1, __ATOMIC_RELAXED);
   flow_storage_decref(copies[i].m.storage);
   copies[i] = copies[--ncopies];
 }
@@ -565,7 +566,8 @@ static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
   if (bytes > CACHE_BYTES / 4) return;
   for (int i = ncopies - 1; i >= 0; i--) {
     const copy *c = &copies[i];
-    if (__atomic_load_n(&c->m.storage->refcount, __ATOMIC_ACQUIRE) == 1 || c->version < c->m.storage->version ||
+    if (__atomic_load_n(&c->m.storage->refcount, __ATOMIC_ACQUIRE) == __atomic_load_n(&c->m.storage->cached, __ATOMIC_ACQUIRE) ||
+        c->version < c->m.storage->version ||
         (c->owner == &me && ((c->region != r && !c->carry) || same_view(&c->m, m))))
       drop(i);
   }
@@ -576,6 +578,7 @@ static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
     drop(lru);
   }
   __atomic_fetch_add(&m->storage->refcount, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&m->storage->cached, 1, __ATOMIC_RELAXED);
   flow_tensor_incref(h);
   copies[ncopies++] = (copy){*m, m->storage->version, r, &me, ++copy_clock, h, false};
   copy_bytes += bytes;
