@@ -75,7 +75,7 @@ local sections = {
     {"micro_batches", 1, "split each batch into this many, gradients accumulated (needs --mode graph)"},
     {"zero", 0, "ZeRO stage 0-3: shard optimizer state, gradients, parameters (needs --mode graph)"},
     {"device", "cpu", "cpu, cuda (this rank's GPU) or cuda:N"},
-    {"amp", "off", "off, or bf16 (autocast matmuls and attention; needs --device cuda)"}},
+    {"amp", "off", "off, or bf16 (autocast matmuls and attention; on the CPU with AVX512-BF16, else float32)"}},
 }
 local names = {}
 for _, sec in ipairs(sections) do
