@@ -10,7 +10,9 @@ local native = flow._bench.onednn().bf16
 
 local function it_bf16(name, fn)
   it(name, function()
-    if not native then return pending("this CPU has no AVX512-BF16 (or FLOW_NO_BF16 is set): no bf16 kernel to test") end
+    if not native then
+      return pending("this CPU has no AVX512-BF16 (or FLOW_NO_BF16 is set): no bf16 kernel to test")
+    end
     fn()
   end)
 end

@@ -69,7 +69,8 @@ static flow_onednn_mat heads_mat(const heads *m, int64_t nb, int64_t H, int64_t 
  * op(B) [K, N], op transposing when ta / tb. float32: one batched oneDNN matmul. */
 static int heads_gemm_f32(int64_t nb, int64_t H, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                           const heads *A, const heads *B, float beta, const heads *C) {
-  flow_onednn_mat a = heads_mat(A, nb, H, M, K, ta), b = heads_mat(B, nb, H, K, N, tb), c = heads_mat(C, nb, H, M, N, false);
+  flow_onednn_mat a = heads_mat(A, nb, H, M, K, ta), b = heads_mat(B, nb, H, K, N, tb),
+                  c = heads_mat(C, nb, H, M, N, false);
   return flow_onednn_gemm("scaled_dot_product_attention", &a, &b, &c, NULL, alpha, beta);
 }
 
@@ -214,8 +215,8 @@ int flow_cpu_attention_forward(flow_tensor *o, flow_tensor *lse, const flow_tens
   flow_tensor *st = scratch_new(q->dtype, t * n);
   int rc = st ? 0 : -1;
   for (int i = 0; rc == 0 && i < 3; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
-  attention_job job = {{dense_heads(flow_tensor_data(o), d.H, d.Tq, d.Dv, es), dense_heads(flow_tensor_data(lse), d.H, d.Tq, 1, es),
-                        m[0], m[1], m[2]},
+  attention_job job = {{dense_heads(flow_tensor_data(o), d.H, d.Tq, d.Dv, es),
+                        dense_heads(flow_tensor_data(lse), d.H, d.Tq, 1, es), m[0], m[1], m[2]},
                        d, scale, causal, q->dtype == FLOW_F32};
   if (rc == 0) rc = run_team(t, &d, G, n, st, forward_group, &job);
   flow_tensor_decref(st);
@@ -242,7 +243,8 @@ int flow_cpu_attention_backward(flow_tensor *dq, flow_tensor *dk, flow_tensor *d
   for (int i = 0; rc == 0 && i < 5; i++) rc = heads_of(&m[i], in[i], &tmp[i]);
   const char *lp = rc == 0 ? flow_cpu_dense(lse, &tmp[5]) : NULL, *dlp = lp ? flow_cpu_dense(dlse, &tmp[6]) : NULL;
   if (rc == 0 && !dlp) rc = -1;
-  attention_job job = {{dense_heads(flow_tensor_data(dq), d.H, d.Tq, d.D, es), dense_heads(flow_tensor_data(dk), d.H, d.Tk, d.D, es),
+  attention_job job = {{dense_heads(flow_tensor_data(dq), d.H, d.Tq, d.D, es),
+                        dense_heads(flow_tensor_data(dk), d.H, d.Tk, d.D, es),
                         dense_heads(flow_tensor_data(dv), d.H, d.Tk, d.Dv, es), m[0], m[1], m[2], m[3],
                         dense_heads((void *)lp, d.H, d.Tq, 1, es), m[4], dense_heads((void *)dlp, d.H, d.Tq, 1, es)},
                        d, scale, causal, q->dtype == FLOW_F32};
@@ -297,7 +299,8 @@ FLOW_CPU_DISPATCH static void GEN(ds_row)(real *dp, const real *p, const real *g
 /* nb batch items of every head: for each block of query rows,
  *   S = scale * Q K^T,  row i sees keys j < lim(i) (lim = i + 1 when causal, else Tk),
  *   lse_i = log sum_j exp S_ij,  P = exp(S - lse) (0 beyond lim),  O = P V.
- * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch. Tk >= 1 and D >= 1 (the op checks), so every row sees at least one key. */
+ * o and lse are dense; S is the [nb, H, BLOCK, Tk] scratch. Tk >= 1 and D >= 1 (the op checks), so
+ * every row sees at least one key. */
 static int GEN(attention_forward)(const heads *o, const heads *lse, const heads *q, const heads *k, const heads *v,
                                   real *S, int64_t nb, const dims *d, real scale, bool causal) {
   int64_t H = d->H;

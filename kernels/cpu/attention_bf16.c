@@ -6,14 +6,14 @@
  * rounded once, into the layouts the products read, and stay in L1 with the [64, Tk] block of
  * scores, probabilities and dS. The maths is that of attention.c's float32 kernels (same blocks of
  * query rows, same log-sum-exp; q, k, v, dO, P and dS rounded to bf16 for the products, float32
- * accumulation), as oneDNN's bf16 GEMMs ran it before: the same bits on the benchmark's shapes.
- * A layer of the benchmark GPT (B8 H8 T128 D32, causal), forward and backward, one thread: 3.9 ms
- * on oneDNN's bf16 GEMMs, 3.1 ms here (float32: 4.5), in one run.
+ * accumulation), with an exp good to bf16's precision (exp16) and the roundings of P and dS made in
+ * the loops that compute them. A layer of the benchmark GPT (B8 H8 T128 D32, causal), forward and
+ * backward, one thread (scripts/bench/attention.lua): 3.19 ms on oneDNN's bf16 GEMMs, 1.93 ms here
+ * (float32 on oneDNN: 3.55), in one run.
  *
  * Two things cost more than the arithmetic on this CPU (AMD, AVX-512 on 256-bit units): a masked
  * load that misses the cache (so whole vectors move unmasked, load_n), and a row read back right
- * after narrower stores to it (exp's), which cannot forward: each loop over a block's rows finishes
- * before the next reads them.
+ * after narrower or masked stores to it, which cannot forward.
  *
  * A product reads its operands as 32-bit words, each a pair of bf16 along the summed axis (what
  * VDPBF16PS multiplies and adds into one float32 lane):
@@ -60,7 +60,7 @@ static inline void store_n(float *p, __m512 x, int64_t n) {
  * and dS are rounded to before any product: x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-5
  * Taylor polynomial (relative error < 4e-6, against 2^-9 for the rounding after), 2^k by VSCALEFPS;
  * below e^-104, 0; NaN stays NaN. 10 instructions for 16 elements, where the float32 kernels' exp
- * (1 ulp, softmax.c) takes about 25 for 8: a third of a bf16 step's attention was exp. */
+ * (1 ulp, softmax.c) takes about 25 for 8: exp had been a sixth of bf16 attention's time. */
 static inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);   /* max(lo, NaN) is NaN */
   __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -241,7 +241,8 @@ static const float *row_f32(const mat *m, int64_t r, int64_t n, float *buf) {
 /* dst[j] = bf16(x[j]) for j < n, zeros from n to pad. */
 static void round_row(uint16_t *dst, const float *x, int64_t n, int64_t pad) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
   if (j < n) _mm256_mask_storeu_epi16(dst + j, mask_of(n - j), (__m256i)_mm512_cvtneps_pbh(load_n(x + j, n - j)));
   memset(dst + n, 0, (size_t)(pad - n) * 2);
 }

@@ -566,8 +566,9 @@ static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
   if (bytes > CACHE_BYTES / 4) return;
   for (int i = ncopies - 1; i >= 0; i--) {
     const copy *c = &copies[i];
-    if (__atomic_load_n(&c->m.storage->refcount, __ATOMIC_ACQUIRE) == __atomic_load_n(&c->m.storage->cached, __ATOMIC_ACQUIRE) ||
-        c->version < c->m.storage->version ||
+    const flow_storage *s = c->m.storage;   /* dead but for the cache, or written since */
+    if (__atomic_load_n(&s->refcount, __ATOMIC_ACQUIRE) == __atomic_load_n(&s->cached, __ATOMIC_ACQUIRE) ||
+        c->version < s->version ||
         (c->owner == &me && ((c->region != r && !c->carry) || same_view(&c->m, m))))
       drop(i);
   }
@@ -630,7 +631,8 @@ flow_tensor *flow_onednn_bf16_carry(const flow_tensor *p) {
         flow_shape_numel(c->m.ndim, c->m.dims) != numel || __atomic_load_n(&c->held->refcount, __ATOMIC_ACQUIRE) != 1)
       continue;
     bool dense = true;
-    for (int64_t d = c->m.ndim - 1, s = 1; d >= 0; s *= c->m.dims[d], d--) dense &= c->m.dims[d] == 1 || c->m.strides[d] == s;
+    for (int64_t d = c->m.ndim - 1, s = 1; d >= 0; s *= c->m.dims[d], d--)
+      dense &= c->m.dims[d] == 1 || c->m.strides[d] == s;
     if (!dense) continue;
     c->version = p->storage->version + 1;   /* the in-place op's bump, after the kernel */
     c->region = flow_autocast_region();
