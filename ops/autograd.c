@@ -350,7 +350,13 @@ int flow_backward(flow_tensor *t, flow_tensor *grad, bool retain_graph) {
                             flow_shape_str(grad->ndim, grad->shape, a, sizeof a),
                             flow_shape_str(t->ndim, t->shape, b, sizeof b));
     }
-    flow_tensor_incref(g0);
+    /* a gradient of another dtype is cast to the tensor's, as torch's engine does (an int64
+     * gradient read as float32 had summed its bits) */
+    if (grad->dtype != t->dtype) {
+      if (!(g0 = flow_cast(grad, t->dtype))) return flow_error_prefix("backward");
+    } else {
+      flow_tensor_incref(g0);
+    }
   }
   bool prev = flow_grad_set_enabled(false);
   int rc = 0;

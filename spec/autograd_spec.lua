@@ -205,6 +205,17 @@ describe("backward errors", function()
     assert.matches("add_.*in%-place", error_of(function() w:add_(1) end))
   end)
 
+  it("an explicit gradient of another dtype is cast to the tensor's, as torch's engine does", function()
+    local x = flow.tensor({1, 2, 3}, {dtype = "float32", requires_grad = true})
+    local y = x * 2
+    y:backward(flow.tensor({1, 10, 100}))   -- int64
+    close({2, 20, 200}, x.grad:totable())
+    local z = flow.tensor({1, 2}, {dtype = "float64", requires_grad = true})
+    ;(z * 3):backward(flow.tensor({0.5, 0.25}, {dtype = "float32"}))
+    close({1.5, 0.75}, z.grad:totable())
+    assert.are.equal("float64", z.grad.dtype)
+  end)
+
   it("a non-scalar output needs an explicit gradient", function()
     local x = leaf({1, 2, 3})
     local y = x * 2
