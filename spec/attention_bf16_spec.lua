@@ -69,6 +69,18 @@ describe("bf16 attention on AVX512-BF16", function()
     end)
   end
 
+  it_bf16("recomputes P from the saved log-sum-exp exactly enough for bf16: uniform attention over 3 keys", function()
+    -- q = 0: every score is 0, P = 1/3 (lse = log 3, from the forward), rounded to bf16 as
+    -- 0.333984375 (1/3 lies 1e-3 above the rounding midpoint, far more than exp's and log's error);
+    -- dO holds small integers, so dV = 0.333984375 * the column sums of dO, exactly
+    local q = flow.zeros({ 1, 1, 3, 2 }):requires_grad_(true)
+    local k, v = flow.randn({ 1, 1, 3, 2 }):requires_grad_(true), flow.randn({ 1, 1, 3, 2 }):requires_grad_(true)
+    local go = flow.tensor({ { { { 1, 2 }, { 3, 4 }, { 5, 6 } } } })
+    amp(function() F.scaled_dot_product_attention(q, k, v):backward(go) end)
+    assert.are.same({ { { { 3.005859375, 4.0078125 }, { 3.005859375, 4.0078125 }, { 3.005859375, 4.0078125 } } } },
+      v.grad:totable())
+  end)
+
   it_bf16("gives the same bits on 2 threads as on 1 (heads are independent)", function()
     local c = cases[1]
     flow.manual_seed(5)
