@@ -55,6 +55,18 @@ static inline void store_n(float *p, __m512 x, int64_t n) {
   if (n >= 16) _mm512_storeu_ps(p, x);
   else _mm512_mask_storeu_ps(p, mask_of(n), x);
 }
+/* The same for 16 bf16 and 16 words. */
+static inline __m256i load16_n(const uint16_t *p, int64_t n) {
+  return n >= 16 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(mask_of(n), p);
+}
+static inline void store16_n(uint16_t *p, __m256i x, int64_t n) {
+  if (n >= 16) _mm256_storeu_si256((__m256i *)p, x);
+  else _mm256_mask_storeu_epi16(p, mask_of(n), x);
+}
+static inline void store32_n(uint32_t *p, __m512i x, int64_t n) {
+  if (n >= 16) _mm512_storeu_si512(p, x);
+  else _mm512_mask_storeu_epi32(p, mask_of(n), x);
+}
 
 /* e^x for 16 x <= 0 (scores less their row's max or log-sum-exp), good to bf16's precision, which P
  * and dS are rounded to before any product: x = k ln2 + r, |r| <= ln2 / 2, e^r by its degree-5
@@ -88,10 +100,12 @@ static inline __m512 log16(__m512 x) {
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147180559945309f), _mm512_mul_ps(_mm512_add_ps(t, t), p));
 }
 
-/* 16 bf16 (as VCVTNEPS2BF16 rounds) of x in the low halves of 16 words, y's in the high halves. */
-static inline __m512i pair_words(__m512 x, __m512 y) {
-  __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(y)), 16));
+/* 16 bf16 of x (as VCVTNEPS2BF16 rounds, oneDNN's reorder) */
+static inline __m256i bf16_of(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+
+/* 16 words: x's bf16 in their low halves, y's in their high halves. */
+static inline __m512i pair_words(__m256i x, __m256i y) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(x), _mm512_slli_epi32(_mm512_cvtepu16_epi32(y), 16));
 }
 
 /* The forward's probabilities, unnormalised: dst[j] = bf16(e^(s[j] - m)) for j < n (m, the row's
@@ -101,13 +115,12 @@ static float exp_row16(uint16_t *dst, const float *s, int64_t n, float m, int64_
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), sh));
-    _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(e));
+    _mm256_storeu_si256((__m256i *)(dst + j), bf16_of(e));
     acc = _mm512_add_ps(acc, e);
   }
-  if (j < n) {
-    __mmask16 k = mask_of(n - j);
-    __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(load_n(s + j, n - j), sh)));
-    _mm256_mask_storeu_epi16(dst + j, k, (__m256i)_mm512_cvtneps_pbh(e));
+  if (j < n) {   /* the part of a vector left */
+    __m512 e = _mm512_maskz_mov_ps(mask_of(n - j), exp16(_mm512_sub_ps(load_n(s + j, n - j), sh)));
+    store16_n(dst + j, bf16_of(e), n - j);
     acc = _mm512_add_ps(acc, e);
   }
   memset(dst + n, 0, (size_t)(pad - n) * 2);
@@ -126,9 +139,7 @@ static void exp_pair(uint32_t *w, float *x, float *y, int64_t lx, int64_t ly, fl
                   : _mm512_setzero_ps();
     store_n(x + j, ex, left);
     if (y) store_n(y + j, ey, left);
-    __m512i pw = pair_words(ex, ey);
-    if (left >= 16) _mm512_storeu_si512(w + j, pw);
-    else _mm512_mask_storeu_epi32(w + j, mask_of(left), pw);
+    store32_n(w + j, pair_words(bf16_of(ex), bf16_of(ey)), left);
   }
 }
 
@@ -139,20 +150,12 @@ static void ds_pair(uint32_t *w, uint16_t *dx, uint16_t *dy, const float *px, co
   __m512 vx = _mm512_set1_ps(Dx), vy = _mm512_set1_ps(Dy);
   for (int64_t j = 0; j < n; j += 16) {
     int64_t left = n - j;
-    __m512 sx = _mm512_mul_ps(load_n(px + j, left), _mm512_sub_ps(load_n(gx + j, left), vx));
-    __m512 sy = py ? _mm512_mul_ps(load_n(py + j, left), _mm512_sub_ps(load_n(gy + j, left), vy)) : _mm512_setzero_ps();
-    __m512i pw = pair_words(sx, sy);
-    __m256i bx = (__m256i)_mm512_cvtneps_pbh(sx), by = (__m256i)_mm512_cvtneps_pbh(sy);
-    if (left >= 16) {
-      _mm512_storeu_si512(w + j, pw);
-      _mm256_storeu_si256((__m256i *)(dx + j), bx);
-      if (dy) _mm256_storeu_si256((__m256i *)(dy + j), by);
-    } else {
-      __mmask16 k = mask_of(left);
-      _mm512_mask_storeu_epi32(w + j, k, pw);
-      _mm256_mask_storeu_epi16(dx + j, k, bx);
-      if (dy) _mm256_mask_storeu_epi16(dy + j, k, by);
-    }
+    __m256i bx = bf16_of(_mm512_mul_ps(load_n(px + j, left), _mm512_sub_ps(load_n(gx + j, left), vx)));
+    __m256i by = py ? bf16_of(_mm512_mul_ps(load_n(py + j, left), _mm512_sub_ps(load_n(gy + j, left), vy)))
+                    : _mm256_setzero_si256();
+    store32_n(w + j, pair_words(bx, by), left);
+    store16_n(dx + j, bx, left);
+    if (dy) store16_n(dy + j, by, left);
   }
   memset(dx + n, 0, (size_t)(pad - n) * 2);
   if (dy) memset(dy + n, 0, (size_t)(pad - n) * 2);
@@ -255,9 +258,8 @@ static const float *row_f32(const mat *m, int64_t r, int64_t n, float *buf) {
 /* dst[j] = bf16(x[j]) for j < n, zeros from n to pad. */
 static void round_row(uint16_t *dst, const float *x, int64_t n, int64_t pad) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
-  if (j < n) _mm256_mask_storeu_epi16(dst + j, mask_of(n - j), (__m256i)_mm512_cvtneps_pbh(load_n(x + j, n - j)));
+  for (; j + 16 <= n; j += 16) _mm256_storeu_si256((__m256i *)(dst + j), bf16_of(_mm512_loadu_ps(x + j)));
+  if (j < n) store16_n(dst + j, bf16_of(load_n(x + j, n - j)), n - j);
   memset(dst + n, 0, (size_t)(pad - n) * 2);
 }
 
@@ -283,7 +285,6 @@ static void pack_rows(uint16_t *dst, int64_t ld, const mat *m, int64_t R, int64_
   }
 }
 
-/* tpairs [C2][ldw] from rows [R][C2]; zeros from R to ldw. */
 /* The 16 x 16 words of r transposed in place: 32-bit, then 64-bit interleaves within 128-bit
  * lanes, then two rounds of lane shuffles (after the 64-bit round, lane L of r[4 g + j] holds
  * column 4 L + j of rows 4 g .. 4 g + 3). */
@@ -329,23 +330,13 @@ static void pack_tpairs(uint32_t *dst, int64_t ldw, const uint32_t *rows, int64_
       transpose16(x);
       for (int64_t c = 0; c < 16 && c0 + c < C2; c++) _mm512_storeu_si512(dst + (c0 + c) * ldw + r0, x[c]);
     }
-  int64_t from = (R + 15) & ~(int64_t)15;
-  for (int64_t c = 0; c < C2; c++) memset(dst + c * ldw + from, 0, (size_t)(ldw - from) * 4);
+  for (int64_t c = 0; c < C2; c++) memset(dst + c * ldw + up16(R), 0, (size_t)(ldw - up16(R)) * 4);
 }
 
 /* Words (x[j], y[j]) for j < n, zeros from n to pad: from bf16 rows (y NULL: zeros). */
 static void pair16(uint32_t *w, const uint16_t *x, const uint16_t *y, int64_t n, int64_t pad) {
   for (int64_t j = 0; j < n; j += 16) {
-    __mmask16 k = mask_of(n - j);
-    if (k == 0xffff) {   /* plain moves where they can (load_n) */
-      __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + j)));
-      __m512i hi = y ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(y + j))) : _mm512_setzero_si512();
-      _mm512_storeu_si512(w + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-      continue;
-    }
-    __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, x + j));
-    __m512i hi = y ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, y + j)) : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi32(w + j, k, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    store32_n(w + j, pair_words(load16_n(x + j, n - j), y ? load16_n(y + j, n - j) : _mm256_setzero_si256()), n - j);
   }
   memset(w + n, 0, (size_t)(pad - n) * 4);
 }
@@ -387,6 +378,19 @@ static flow_tensor *scratch(int t, int64_t words, const char *op) {
   return s;
 }
 
+/* A thread's scratch, carved in order: take(c, n) is the next n words (NULL when c only counts). One
+ * function per pass lays its buffers out, both to size the scratch and to find them in it. */
+typedef struct carve {
+  uint32_t *at;
+  int64_t words;
+} carve;
+
+static void *take(carve *c, int64_t n) {
+  void *p = c->at ? c->at + c->words : NULL;
+  c->words += n;
+  return p;
+}
+
 static int threads_for(const sizes *z) {
   int t = flow_cpu_threads(z->B * z->H * z->Tq * (z->Tk + z->D), FLOW_GRAIN_COSTLY);
   t = t < z->B * z->H ? t : (int)(z->B * z->H);
@@ -395,15 +399,36 @@ static int threads_for(const sizes *z) {
 
 /* Forward of head (b, h), per block of query rows: S = scale Q K^T, P = softmax(S) (keys j <= i when
  * causal), lse = log sum exp S, O = P V. */
+typedef struct fwd_scratch {
+  uint32_t *qw, *kr, *kd, *vt;   /* q and k rows, k's tpairs, v's rpairs */
+  uint16_t *vr, *P;              /* v's rows; a block's probabilities, bf16 rows */
+  float *S, *ob, *inv;           /* a block's scores, its output rows (bf16 outputs), 1 / each row's sum */
+} fwd_scratch;
+
+/* The forward's buffers in the scratch at w (w NULL: none); returns its words. */
+static int64_t forward_scratch(const sizes *z, uint32_t *w, fwd_scratch *s) {
+  carve c = {w, 0};
+  s->qw = take(&c, z->Tq * z->D2);
+  s->kr = take(&c, z->Tk * z->D2);
+  s->kd = take(&c, z->D2 * z->Tkp);
+  s->vt = take(&c, half_up(z->Tk) * z->Dvp);
+  s->vr = take(&c, z->Tk * z->Dv2);
+  s->S = take(&c, BQ * z->Tkp);
+  s->ob = take(&c, BQ * z->Dv);
+  s->P = take(&c, BQ * (z->Tkp / 2));
+  s->inv = take(&c, BQ);
+  return c.words;
+}
+
 static void forward_head(flow_tensor *o, float *lse, const flow_tensor *q, const flow_tensor *k,
                          const flow_tensor *v, const sizes *z, float scale, bool causal, int64_t b, int64_t h,
                          uint32_t *w) {
   int64_t Tq = z->Tq, Tk = z->Tk;
-  uint32_t *qw = w, *kr = qw + Tq * z->D2, *kd = kr + Tk * z->D2, *vt = kd + z->D2 * z->Tkp;
-  uint16_t *vr = (uint16_t *)(vt + half_up(Tk) * z->Dvp);
-  float *S = (float *)(vr + Tk * 2 * z->Dv2), *ob = S + BQ * z->Tkp;
-  uint16_t *P = (uint16_t *)(ob + BQ * z->Dv);
-  float *inv = (float *)P + BQ * (z->Tkp / 2 + 1);   /* 1 / sum of each row */
+  fwd_scratch sc;
+  forward_scratch(z, w, &sc);
+  uint32_t *qw = sc.qw, *kr = sc.kr, *kd = sc.kd, *vt = sc.vt;
+  uint16_t *vr = sc.vr, *P = sc.P;
+  float *S = sc.S, *ob = sc.ob, *inv = sc.inv;
   mat mq = head_of(q, b, h), mk = head_of(k, b, h), mv = head_of(v, b, h);
   pack_rows((uint16_t *)qw, 2 * z->D2, &mq, Tq, z->D);
   pack_rows((uint16_t *)kr, 2 * z->D2, &mk, Tk, z->D);
@@ -439,16 +464,12 @@ static void forward_head(flow_tensor *o, float *lse, const flow_tensor *q, const
   }
 }
 
-static int64_t forward_words(const sizes *z) {
-  return z->Tq * z->D2 + z->Tk * z->D2 + z->D2 * z->Tkp + half_up(z->Tk) * z->Dvp + z->Tk * z->Dv2 +
-         BQ * z->Tkp + BQ * z->Dv + BQ * (z->Tkp / 2 + 1) + BQ;
-}
-
 int flow_cpu_attention_forward_bf16(flow_tensor *o, flow_tensor *lse, const flow_tensor *q, const flow_tensor *k,
                                     const flow_tensor *v, double scale, bool causal) {
   sizes z = sizes_of(q, v);
   int t = threads_for(&z);
-  int64_t words = forward_words(&z);
+  fwd_scratch none;
+  int64_t words = forward_scratch(&z, NULL, &none);
   flow_tensor *st = scratch(t, words, "scaled_dot_product_attention");
   if (!st) return -1;
   uint32_t *base = flow_tensor_data(st);
@@ -469,14 +490,47 @@ typedef struct grads {
 
 /* Backward of head (b, h), P recomputed per block from q, k and lse, Di = dO_i . O_i - dlse_i:
  *   dV += P^T dO,  dP = dO V^T,  dS = P (dP - Di),  dQ = scale dS K,  dK += scale dS^T Q. */
+typedef struct bwd_scratch {
+  uint32_t *qw, *qi, *kr, *kd, *kt, *vr, *vd, *gw, *gi;   /* q, k, v, dO: rows (w, r), tpairs (d), rpairs (i, t) */
+  uint32_t *pi, *si, *sw;   /* a block's P and dS as rpairs, dS as bf16 rows */
+  float *S, *dP, *dk, *dv;  /* a block's P and dP (then dS); dK and dV summed over the blocks */
+  float *qb, *buf, *Dr;     /* dQ's rows (bf16 outputs), two rows of Dv, each row's D */
+} bwd_scratch;
+
+/* The backward's buffers in the scratch at w (w NULL: none); returns its words. */
+static int64_t backward_scratch(const sizes *z, uint32_t *w, bwd_scratch *s) {
+  int64_t Tq2 = half_up(z->Tq), Tk2 = half_up(z->Tk);
+  carve c = {w, 0};
+  s->qw = take(&c, z->Tq * z->D2);
+  s->qi = take(&c, Tq2 * z->Dp);
+  s->kr = take(&c, z->Tk * z->D2);
+  s->kd = take(&c, z->D2 * z->Tkp);
+  s->kt = take(&c, Tk2 * z->Dp);
+  s->vr = take(&c, z->Tk * z->Dv2);
+  s->vd = take(&c, z->Dv2 * z->Tkp);
+  s->gw = take(&c, z->Tq * z->Dv2);
+  s->gi = take(&c, Tq2 * z->Dvp);
+  s->pi = take(&c, BQ / 2 * z->Tkp);
+  s->si = take(&c, BQ / 2 * z->Tkp);
+  s->sw = take(&c, BQ * (z->Tkp / 2));
+  s->S = take(&c, BQ * z->Tkp);
+  s->dP = take(&c, BQ * z->Tkp);
+  s->dk = take(&c, z->Tk * z->Dp);
+  s->dv = take(&c, z->Tk * z->Dvp);
+  s->qb = take(&c, BQ * z->Dp);
+  s->buf = take(&c, 2 * z->Dv);
+  s->Dr = take(&c, BQ);
+  return c.words;
+}
+
 static void backward_head(const grads *g, const sizes *z, float scale, bool causal, int64_t b, int64_t h,
                           uint32_t *w) {
-  int64_t Tq = z->Tq, Tk = z->Tk, Tq2 = half_up(Tq), Tk2 = half_up(Tk), Tkp = z->Tkp, D = z->D, Dv = z->Dv;
-  uint32_t *qw = w, *qi = qw + Tq * z->D2, *kr = qi + Tq2 * z->Dp, *kd = kr + Tk * z->D2, *kt = kd + z->D2 * Tkp;
-  uint32_t *vr = kt + Tk2 * z->Dp, *vd = vr + Tk * z->Dv2, *gw = vd + z->Dv2 * Tkp, *gi = gw + Tq * z->Dv2;
-  uint32_t *pi = gi + Tq2 * z->Dvp, *si = pi + BQ / 2 * Tkp, *sw = si + BQ / 2 * Tkp;
-  float *S = (float *)(sw + BQ * (Tkp / 2)), *dP = S + BQ * Tkp, *dk = dP + BQ * Tkp, *dv = dk + Tk * z->Dp;
-  float *qb = dv + Tk * z->Dvp, *buf = qb + BQ * z->Dp, *Dr = buf + 2 * Dv;   /* buf: two rows of Dv */
+  int64_t Tq = z->Tq, Tk = z->Tk, Tkp = z->Tkp, D = z->D, Dv = z->Dv;
+  bwd_scratch sc;
+  backward_scratch(z, w, &sc);
+  uint32_t *qw = sc.qw, *qi = sc.qi, *kr = sc.kr, *kd = sc.kd, *kt = sc.kt, *vr = sc.vr, *vd = sc.vd, *gw = sc.gw;
+  uint32_t *gi = sc.gi, *pi = sc.pi, *si = sc.si, *sw = sc.sw;
+  float *S = sc.S, *dP = sc.dP, *dk = sc.dk, *dv = sc.dv, *qb = sc.qb, *buf = sc.buf, *Dr = sc.Dr;
   mat mq = head_of(g->q, b, h), mk = head_of(g->k, b, h), mv = head_of(g->v, b, h);
   mat mo = head_of(g->o, b, h), mg = head_of(g->dout, b, h);
   pack_rows((uint16_t *)qw, 2 * z->D2, &mq, Tq, D);
@@ -532,13 +586,6 @@ static void backward_head(const grads *g, const sizes *z, float scale, bool caus
   }
 }
 
-static int64_t backward_words(const sizes *z) {
-  int64_t Tq2 = half_up(z->Tq), Tk2 = half_up(z->Tk);
-  return z->Tq * z->D2 + Tq2 * z->Dp + z->Tk * z->D2 + z->D2 * z->Tkp + Tk2 * z->Dp + z->Tk * z->Dv2 +
-         z->Dv2 * z->Tkp + z->Tq * z->Dv2 + Tq2 * z->Dvp + BQ * z->Tkp + BQ * (z->Tkp / 2) + 2 * BQ * z->Tkp +
-         z->Tk * z->Dp + z->Tk * z->Dvp + BQ * z->Dp + 2 * z->Dv + BQ;
-}
-
 int flow_cpu_attention_backward_bf16(flow_tensor *dq, flow_tensor *dk, flow_tensor *dv, const flow_tensor *q,
                                      const flow_tensor *k, const flow_tensor *v, const flow_tensor *o,
                                      const flow_tensor *lse, const flow_tensor *dout, const flow_tensor *dlse,
@@ -547,7 +594,8 @@ int flow_cpu_attention_backward_bf16(flow_tensor *dq, flow_tensor *dk, flow_tens
   flow_tensor *tl = NULL, *tdl = NULL;
   const float *lp = flow_cpu_dense(lse, &tl), *dlp = lp ? flow_cpu_dense(dlse, &tdl) : NULL;
   int t = threads_for(&z);
-  int64_t words = backward_words(&z);
+  bwd_scratch none;
+  int64_t words = backward_scratch(&z, NULL, &none);
   flow_tensor *st = dlp ? scratch(t, words, "scaled_dot_product_attention_grad") : NULL;
   if (st) {
     grads g = {dq, dk, dv, q, k, v, o, dout, lp, dlp};
