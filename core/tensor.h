@@ -21,6 +21,11 @@ typedef struct flow_storage {
   uint64_t version;   /* bumped by every in-place write; autograd checks it */
 } flow_storage;
 
+/* References to s that can see its data: all but the bf16 cache's. */
+static inline int flow_storage_users(const flow_storage *s) {
+  return __atomic_load_n(&s->refcount, __ATOMIC_ACQUIRE) - __atomic_load_n(&s->cached, __ATOMIC_ACQUIRE);
+}
+
 struct flow_node;
 
 typedef struct flow_tensor {

@@ -144,9 +144,7 @@ int flow_autograd_record(const flow_op *op, flow_tensor *const *in, int nin, con
  * and local? Such a tensor may be added into in place, or kept as a leaf's .grad without a copy. */
 static bool exclusive(const flow_tensor *t) {
   return t->refcount == 1 && !t->global && !t->lazy && !t->grad_fn && t->storage &&
-         __atomic_load_n(&t->storage->refcount, __ATOMIC_ACQUIRE) -
-                 __atomic_load_n(&t->storage->cached, __ATOMIC_ACQUIRE) == 1 &&
-         t->offset == 0 && flow_tensor_is_contiguous(t) &&
+         flow_storage_users(t->storage) == 1 && t->offset == 0 && flow_tensor_is_contiguous(t) &&
          t->storage->nbytes == (size_t)flow_tensor_numel(t) * flow_dtype_size(t->dtype);
 }
 

@@ -94,11 +94,11 @@ __attribute__((unused)) static void GEN(adamw_twin_loop)(char **ptr, const int64
     char *part[4];
     for (int k = 0; k < 4; k++) part[k] = ptr[k] + i0 * stride[k];
     GEN(adamw_loop)(part, stride, len, ctx);
-    for (int64_t i = 0; i < len; i += stride[0] == sizeof(real) ? len : 1) {
-      const char *pi = part[0] + i * stride[0];
-      flow_onednn_round_bf16(c->twin + (pi - c->p) / (int64_t)sizeof(real), (const float *)pi,
-                             stride[0] == sizeof(real) ? len : 1);
-    }
+    uint16_t *h = c->twin + (part[0] - c->p) / (int64_t)sizeof(real);
+    if (stride[0] == sizeof(real)) flow_onednn_round_bf16(h, (const float *)part[0], len);
+    else   /* the parameter is contiguous, so its elements step through the copy alike */
+      for (int64_t i = 0; i < len; i++)
+        flow_onednn_round_bf16(h + i * stride[0] / (int64_t)sizeof(real), (const float *)(part[0] + i * stride[0]), 1);
   }
 }
 #undef CHUNK

@@ -566,9 +566,7 @@ static void cache_add(const flow_onednn_mat *m, uint64_t r, flow_tensor *h) {
   if (bytes > CACHE_BYTES / 4) return;
   for (int i = ncopies - 1; i >= 0; i--) {
     const copy *c = &copies[i];
-    const flow_storage *s = c->m.storage;   /* dead but for the cache, or written since */
-    if (__atomic_load_n(&s->refcount, __ATOMIC_ACQUIRE) == __atomic_load_n(&s->cached, __ATOMIC_ACQUIRE) ||
-        c->version < s->version ||
+    if (flow_storage_users(c->m.storage) == 0 || c->version < c->m.storage->version ||   /* dead, or written since */
         (c->owner == &me && ((c->region != r && !c->carry) || same_view(&c->m, m))))
       drop(i);
   }
